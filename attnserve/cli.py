@@ -1,0 +1,148 @@
+"""The `attnserve` command line: one console script, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from attnserve.engine.options import DecodingOptions, InvalidOption
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "ende-small"
+
+log = logging.getLogger("attnserve")
+
+
+def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--num-hypotheses", type=int, default=1)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--min-new-tokens", type=int, default=0)
+    p.add_argument("--sampling", action="store_true", help="sample instead of greedy/beam")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
+
+
+def _decoding_options(args: argparse.Namespace) -> DecodingOptions:
+    return DecodingOptions(
+        beam_size=args.beam_size,
+        num_hypotheses=args.num_hypotheses,
+        length_penalty=args.length_penalty,
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
+        sampling=args.sampling,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+    )
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from attnserve.engine.translator import Translator
+
+    options = _decoding_options(args)
+    translator = Translator.from_model_dir(args.model, backend=args.backend, threads=args.threads)
+    options.validate(max_new_tokens_limit=translator.backend.spec.max_positions)
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    start = time.perf_counter()
+    results = translator.translate(
+        lines, options, target_lang=args.target_lang, max_batch_size=args.max_batch_size
+    )
+    seconds = time.perf_counter() - start
+    out = sys.stdout
+    for result in results:
+        if options.num_hypotheses > 1:
+            out.write(" ||| ".join(f"{text} ({score:.4f})" for text, score in result.hypotheses) + "\n")
+        else:
+            out.write(result.text + "\n")
+    out.flush()
+    target_tokens = sum(r.output_tokens for r in results)
+    summary = {
+        "sentences": len(results),
+        "source_tokens": sum(r.input_tokens for r in results),
+        "target_tokens": target_tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(target_tokens / seconds, 2) if seconds > 0 else None,
+        "backend": args.backend,
+        "beam_size": options.beam_size,
+        "max_batch_size": args.max_batch_size,
+    }
+    sys.stderr.write(json.dumps(summary) + "\n")
+    return 0
+
+
+def cmd_import_marian(args: argparse.Namespace) -> int:
+    from attnserve.model.marian import import_marian
+
+    import_marian(args.src, args.out)
+    log.info("imported %s -> %s", args.src, args.out)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    sys.stderr.write(
+        "attnserve serve: the HTTP service is not built yet (issue 5); "
+        "use `attnserve translate --model DIR` for offline translation.\n"
+    )
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnserve", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("translate", help="translate stdin lines to stdout")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
+    p.add_argument("--backend", choices=["torch"], default="torch")
+    p.add_argument("--max-batch-size", type=int, default=32, help="sentences per batch")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads")
+    p.add_argument("--source-lang", default=None, help="source language (informational)")
+    p.add_argument("--target-lang", default=None, help="target language tag, e.g. de")
+    _add_decoding_flags(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("import-marian", help="convert a Hugging Face Marian directory")
+    p.add_argument("src", type=Path, help="MarianMTModel directory (config.json, *.spm, vocab.json)")
+    p.add_argument("out", type=Path, help="output model directory")
+    p.set_defaults(func=cmd_import_marian)
+
+    p = sub.add_parser("serve", help="serve models over HTTP")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args))
+    except InvalidOption as exc:
+        sys.stderr.write(f"attnserve: invalid option {exc}\n")
+        return 2
+    except (FileNotFoundError, ValueError) as exc:
+        sys.stderr.write(f"attnserve: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

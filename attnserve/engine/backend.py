@@ -1,0 +1,63 @@
+"""The Backend protocol: everything search and scheduling need from a model runtime.
+
+A backend runs the two halves of the model on numpy arrays. Its decoding state (encoder output,
+cross-attention K/V, self-attention KV cache) is opaque to callers, who only move rows around
+with `select` and `concat`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float32]
+
+State = TypeVar("State")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The facts about a model that decoding needs."""
+
+    vocab_size: int  # target vocabulary size V
+    pad_id: int
+    eos_id: int
+    start_id: int  # first decoder input (Marian: the pad id)
+    max_positions: int  # longest source and longest target, in tokens
+
+
+class Backend(Protocol[State]):
+    """A model runtime (torch, ONNX Runtime) seen as encode + step + row operations."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    def encode(self, src_ids: IntArray, src_lengths: IntArray) -> State:
+        """src_ids (B, S) right-padded with pad_id, src_lengths (B,) -> state with an empty cache."""
+        ...
+
+    def step(self, tokens: IntArray, state: State) -> tuple[FloatArray, State]:
+        """Feed the last token of every row (B,) -> log-probs (B, V) float32 and the grown state."""
+        ...
+
+    def select(self, state: State, rows: IntArray) -> State:
+        """Keep rows `rows` of the state in that order; rows may repeat (beam expansion)."""
+        ...
+
+    def concat(self, states: Sequence[State]) -> State:
+        """One state holding the rows of `states` in order (rows of different lengths may mix)."""
+        ...
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[IntArray, IntArray]:
+    """Right-pad token id lists into (B, S) int64 ids and (B,) lengths."""
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    ids = np.full((len(sequences), int(lengths.max(initial=1))), pad_id, dtype=np.int64)
+    for i, seq in enumerate(sequences):
+        ids[i, : len(seq)] = seq
+    return ids, lengths

@@ -1,0 +1,70 @@
+"""Decoding options (CTranslate2/Marian parity) and their validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+class InvalidOption(ValueError):
+    """A decoding option outside its range; `param` names it (for a 422 answer)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode one request. Defaults: greedy, up to 256 new tokens."""
+
+    beam_size: int = 1
+    num_hypotheses: int = 1
+    # Hypothesis score = sum of log-probs / (generated length incl. EOS) ** length_penalty.
+    length_penalty: float = 1.0
+    # Beam stop rule, as in Hugging Face: False = heuristic, True = once beam_size hypotheses
+    # finished, "never" = only when no running beam can improve (with the max length bound).
+    early_stopping: bool | Literal["never"] = False
+    max_new_tokens: int = 256
+    min_new_tokens: int = 0
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+    repetition_penalty: float = 1.0  # 1.0 = off
+    no_repeat_ngram_size: int = 0  # 0 = off
+
+    def replace(self, **changes: Any) -> DecodingOptions:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self, *, max_beam_size: int = 64, max_new_tokens_limit: int | None = None) -> None:
+        """Raise InvalidOption naming the first option out of range."""
+        if not 1 <= self.beam_size <= max_beam_size:
+            raise InvalidOption("beam_size", f"must be between 1 and {max_beam_size}")
+        if not 1 <= self.num_hypotheses <= self.beam_size:
+            raise InvalidOption("num_hypotheses", "must be between 1 and beam_size")
+        if self.max_new_tokens < 1:
+            raise InvalidOption("max_new_tokens", "must be at least 1")
+        if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
+            raise InvalidOption("max_new_tokens", f"must be at most {max_new_tokens_limit}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise InvalidOption("min_new_tokens", "must be between 0 and max_new_tokens")
+        if self.early_stopping not in (True, False, "never"):
+            raise InvalidOption("early_stopping", 'must be true, false or "never"')
+        if not -10.0 <= self.length_penalty <= 10.0:
+            raise InvalidOption("length_penalty", "must be between -10 and 10")
+        if self.sampling and self.beam_size > 1:
+            raise InvalidOption("beam_size", "sampling decodes one row: use beam_size 1")
+        if not self.temperature > 0.0:
+            raise InvalidOption("temperature", "must be greater than 0")
+        if self.top_k < 0:
+            raise InvalidOption("top_k", "must be 0 (off) or positive")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidOption("top_p", "must be in (0, 1]")
+        if not self.repetition_penalty > 0.0:
+            raise InvalidOption("repetition_penalty", "must be greater than 0")
+        if self.no_repeat_ngram_size < 0:
+            raise InvalidOption("no_repeat_ngram_size", "must be 0 (off) or positive")

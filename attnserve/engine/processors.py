@@ -1,0 +1,87 @@
+"""Log-prob processors: the rules that forbid or reweight tokens before a token is chosen.
+
+They work in place on a (R, V) float32 array of one request's rows, given each row's generated
+tokens so far. Order and formulas follow Hugging Face's processors, so outputs match generate().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from attnserve.engine.backend import FloatArray, ModelSpec
+from attnserve.engine.options import DecodingOptions
+
+NEG_INF = np.float32(-np.inf)
+
+
+class LogProbProcessor:
+    """Applies repetition penalty, no-repeat n-grams, banned tokens and the min length."""
+
+    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+        self.options = options
+        self.eos_id = spec.eos_id
+        # The pad token is never generated (Marian); neither is a distinct decoder start token.
+        self.banned = sorted({spec.pad_id, spec.start_id} - {spec.eos_id})
+
+    def __call__(self, log_probs: FloatArray, histories: Sequence[Sequence[int]]) -> FloatArray:
+        """log_probs (R, V), histories: R lists of generated tokens (equal lengths)."""
+        opts = self.options
+        if opts.repetition_penalty != 1.0:
+            for row, history in zip(log_probs, histories, strict=True):
+                apply_repetition_penalty(row, history, opts.repetition_penalty)
+        if opts.no_repeat_ngram_size > 0:
+            for row, history in zip(log_probs, histories, strict=True):
+                row[banned_ngram_tokens(history, opts.no_repeat_ngram_size)] = NEG_INF
+        log_probs[:, self.banned] = NEG_INF
+        if len(histories[0]) < opts.min_new_tokens:
+            log_probs[:, self.eos_id] = NEG_INF
+        return log_probs
+
+
+def apply_repetition_penalty(row: FloatArray, history: Sequence[int], penalty: float) -> None:
+    """CTRL's penalty (HF): scores of seen tokens are multiplied (if < 0) or divided by it."""
+    if not history:
+        return
+    seen = np.unique(np.asarray(history, dtype=np.int64))
+    scores = row[seen]
+    row[seen] = np.where(scores < 0, scores * penalty, scores / penalty)
+
+
+def banned_ngram_tokens(history: Sequence[int], n: int) -> list[int]:
+    """Tokens that would repeat an n-gram already in `history`."""
+    if len(history) + 1 < n:
+        return []
+    prefix = tuple(history[len(history) - n + 1 :]) if n > 1 else ()
+    return [
+        history[i + n - 1]
+        for i in range(len(history) - n + 1)
+        if tuple(history[i : i + n - 1]) == prefix
+    ]
+
+
+def top_k_mask(logits: FloatArray, k: int) -> FloatArray:
+    """Keep the k highest logits of a (V,) row, -inf elsewhere (ties with the k-th kept)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k)[-k]
+    return np.where(logits < kth, NEG_INF, logits).astype(np.float32)
+
+
+def top_p_mask(logits: FloatArray, p: float) -> FloatArray:
+    """Nucleus: keep the smallest set of highest-probability tokens whose mass reaches p."""
+    if p >= 1.0:
+        return logits
+    order = np.argsort(-logits, kind="stable")
+    probs = softmax(logits[order])
+    # Keep a token if the mass before it is still below p (the first token is always kept).
+    before = np.cumsum(probs) - probs
+    keep = np.zeros(logits.shape[-1], dtype=bool)
+    keep[order[before < p]] = True
+    return np.where(keep, logits, NEG_INF).astype(np.float32)
+
+
+def softmax(x: FloatArray) -> FloatArray:
+    z = np.exp(x - np.max(x))
+    return (z / z.sum()).astype(np.float32)

@@ -1,0 +1,186 @@
+"""Search algorithms for one request: greedy, sampling, beam.
+
+A `Search` owns `num_rows` rows of a running batch. Each step it receives its rows' log-probs
+(R, V), chooses tokens, and returns the parent row of every row it keeps for the next step
+(beam reordering; an empty array once it is done). It never sees a runtime, a tensor or the
+other requests, so one batch can mix greedy, sampling and beam requests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.processors import LogProbProcessor, softmax, top_k_mask, top_p_mask
+
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished output: generated tokens (without EOS) and its scores."""
+
+    tokens: tuple[int, ...]
+    score: float  # log_prob / (length incl. EOS) ** length_penalty
+    log_prob: float  # sum of the (processed) log-probs of the chosen tokens
+    ended_with_eos: bool
+
+
+def normalized(log_prob: float, length: int, length_penalty: float) -> float:
+    return float(log_prob / (length**length_penalty))
+
+
+class Search(ABC):
+    """Decoding state of one request."""
+
+    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+        self.options = options
+        self.spec = spec
+        self.process = LogProbProcessor(options, spec)
+        self.num_rows = 1
+        self.last_tokens: IntArray = np.array([spec.start_id], dtype=np.int64)
+        self.done = False
+        self.steps = 0
+
+    @abstractmethod
+    def step(self, log_probs: FloatArray) -> IntArray:
+        """Consume log-probs (num_rows, V); return parent rows (R',) for the next step."""
+
+    @abstractmethod
+    def hypotheses(self) -> list[Hypothesis]:
+        """The n-best list, best first (at most num_hypotheses)."""
+
+    def _finish(self) -> IntArray:
+        self.done = True
+        self.num_rows = 0
+        self.last_tokens = EMPTY
+        return EMPTY
+
+
+class GreedySearch(Search):
+    """The most likely token at every step."""
+
+    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+        super().__init__(options, spec)
+        self.tokens: list[int] = []
+        self.log_prob = 0.0
+        self.ended_with_eos = False
+
+    def choose(self, log_probs: FloatArray) -> int:
+        """log_probs (V,) -> token id"""
+        return int(np.argmax(log_probs))
+
+    def step(self, log_probs: FloatArray) -> IntArray:
+        row = self.process(log_probs, [self.tokens])[0]
+        token = self.choose(row)
+        self.log_prob += float(row[token])
+        self.steps += 1
+        if token == self.spec.eos_id:
+            self.ended_with_eos = True
+            return self._finish()
+        self.tokens.append(token)
+        if self.steps >= self.options.max_new_tokens:
+            return self._finish()
+        self.last_tokens = np.array([token], dtype=np.int64)
+        return np.zeros(1, dtype=np.int64)
+
+    def hypotheses(self) -> list[Hypothesis]:
+        score = normalized(self.log_prob, max(self.steps, 1), self.options.length_penalty)
+        return [Hypothesis(tuple(self.tokens), score, self.log_prob, self.ended_with_eos)]
+
+
+class SamplingSearch(GreedySearch):
+    """Random sampling with temperature, top-k and top-p, reproducible per request seed."""
+
+    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+        super().__init__(options, spec)
+        self.rng = np.random.default_rng(options.seed)
+
+    def choose(self, log_probs: FloatArray) -> int:
+        opts = self.options
+        logits = (log_probs / opts.temperature).astype(np.float32)
+        logits = top_p_mask(top_k_mask(logits, opts.top_k), opts.top_p)
+        cdf = np.cumsum(softmax(logits), dtype=np.float64)
+        token = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return min(token, logits.shape[0] - 1)
+
+
+class BeamSearch(Search):
+    """Beam search with Hugging Face's candidate, finalisation and stopping rules.
+
+    Each step takes the 2k best continuations of all beams; those among the top k that end
+    (EOS, or the length limit) become hypotheses scored log_prob / length ** length_penalty, and
+    the k best that do not end keep running. The first step runs one row (all beams are equal).
+    """
+
+    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+        super().__init__(options, spec)
+        self.k = options.beam_size
+        self.sequences: list[list[int]] = [[]]
+        self.scores = np.zeros(1, dtype=np.float32)  # running sums of log-probs (R,)
+        self.finished: list[Hypothesis] = []  # best first, at most k
+        self.improvable = True
+
+    def step(self, log_probs: FloatArray) -> IntArray:
+        opts, k, vocab = self.options, self.k, log_probs.shape[1]
+        processed = self.process(log_probs, self.sequences)
+        candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
+        n = min(2 * k, candidates.size)
+        top = np.argpartition(-candidates, n - 1)[:n]
+        top = top[np.argsort(-candidates[top], kind="stable")]
+        parents, tokens, scores = top // vocab, top % vocab, candidates[top]
+        self.steps += 1
+        at_limit = self.steps >= opts.max_new_tokens
+        ends = (tokens == self.spec.eos_id) | at_limit
+
+        if self.improvable and not (opts.early_stopping is True and len(self.finished) >= k):
+            for rank in np.flatnonzero(ends[:k]):
+                eos = bool(tokens[rank] == self.spec.eos_id)
+                seq = self.sequences[parents[rank]] + ([] if eos else [int(tokens[rank])])
+                score = normalized(float(scores[rank]), self.steps, opts.length_penalty)
+                self._add(Hypothesis(tuple(seq), score, float(scores[rank]), eos))
+
+        keep = np.flatnonzero(~ends)[:k]
+        if at_limit or keep.size == 0:
+            return self._finish()
+        self.sequences = [self.sequences[p] + [int(t)] for p, t in zip(parents[keep], tokens[keep])]
+        self.scores = scores[keep].astype(np.float32)
+        self.last_tokens = tokens[keep].astype(np.int64)
+        self.num_rows = int(keep.size)
+        self.improvable = self._can_improve()
+        if not self.improvable or (opts.early_stopping is True and len(self.finished) >= k):
+            return self._finish()
+        return parents[keep].astype(np.int64)
+
+    def _add(self, hyp: Hypothesis) -> None:
+        self.finished.append(hyp)
+        self.finished.sort(key=lambda h: -h.score)
+        del self.finished[self.k :]
+
+    def _can_improve(self) -> bool:
+        """Could the best running beam still beat the worst kept hypothesis? (HF's heuristic)"""
+        if len(self.finished) < self.k:
+            return True
+        opts = self.options
+        if opts.early_stopping == "never" and opts.length_penalty > 0:
+            best_length = opts.max_new_tokens
+        else:
+            best_length = self.steps
+        best_possible = normalized(float(self.scores[0]), best_length, opts.length_penalty)
+        return best_possible > self.finished[-1].score
+
+    def hypotheses(self) -> list[Hypothesis]:
+        return self.finished[: self.options.num_hypotheses]
+
+
+def make_search(options: DecodingOptions, spec: ModelSpec) -> Search:
+    """The search for these options (validated by the caller)."""
+    if options.beam_size > 1:
+        return BeamSearch(options, spec)
+    if options.sampling:
+        return SamplingSearch(options, spec)
+    return GreedySearch(options, spec)

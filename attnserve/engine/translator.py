@@ -1,0 +1,105 @@
+"""Offline translation: text in, text out, through any Backend, in length-sorted batches."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnserve.engine.backend import Backend
+from attnserve.engine.batch import RunningBatch
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.search import Hypothesis, make_search
+
+if TYPE_CHECKING:
+    from attnserve.model.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Translation:
+    """One translated text: the best hypothesis first, the n-best list when asked for."""
+
+    text: str
+    score: float
+    output_tokens: int
+    input_tokens: int
+    hypotheses: list[tuple[str, float]] = field(default_factory=list)
+
+
+def decode_batch(
+    backend: Backend[Any], sources: Sequence[Sequence[int]], options: Sequence[DecodingOptions]
+) -> list[list[Hypothesis]]:
+    """Decode token-id sources together, one batch, rows leaving as they finish."""
+    batch: RunningBatch[Any] = RunningBatch(backend)
+    searches = [make_search(opt, backend.spec) for opt in options]
+    batch.join(searches, batch.encode(sources))
+    while len(batch):
+        batch.step()
+    return [s.hypotheses() for s in searches]
+
+
+def length_sorted_batches(lengths: Sequence[int], max_batch_size: int) -> Iterator[list[int]]:
+    """Indices grouped into batches of similar length (longest first), at most max_batch_size."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for start in range(0, len(order), max_batch_size):
+        yield order[start : start + max_batch_size]
+
+
+class Translator:
+    """Tokenize, batch by length, decode, detokenize; outputs come back in input order."""
+
+    def __init__(self, backend: Backend[Any], tokenizer: Tokenizer) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_model_dir(
+        cls, model_dir: str | Path, *, backend: str = "torch", threads: int | None = None, **kwargs: Any
+    ) -> Translator:
+        from attnserve.engine.loading import load_backend
+        from attnserve.model.tokenizer import Tokenizer
+
+        return cls(load_backend(model_dir, backend, threads=threads, **kwargs), Tokenizer.load(model_dir))
+
+    def encode(self, text: str, target_lang: str | None = None) -> list[int]:
+        """Source ids, truncated to the model's max positions (documented behaviour)."""
+        return self.tokenizer.encode_source(
+            text, target_lang=target_lang, max_length=self.backend.spec.max_positions
+        )
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        options: DecodingOptions | None = None,
+        *,
+        target_lang: str | None = None,
+        max_batch_size: int = 32,
+    ) -> list[Translation]:
+        options = options or DecodingOptions()
+        options.validate(max_new_tokens_limit=self.backend.spec.max_positions)
+        sources = [self.encode(t, target_lang) if t.strip() else [] for t in texts]
+        results: list[Translation | None] = [None] * len(texts)
+        todo = [i for i, src in enumerate(sources) if src]
+        for i in set(range(len(texts))) - set(todo):
+            results[i] = Translation(text="", score=0.0, output_tokens=0, input_tokens=0)
+        for batch in length_sorted_batches([len(sources[i]) for i in todo], max_batch_size):
+            indices = [todo[j] for j in batch]
+            nbest = decode_batch(self.backend, [sources[i] for i in indices], [options] * len(indices))
+            for i, hyps in zip(indices, nbest, strict=True):
+                results[i] = self._translation(hyps, len(sources[i]))
+        return [r for r in results if r is not None]
+
+    def _translation(self, hyps: list[Hypothesis], input_tokens: int) -> Translation:
+        texts = [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
+        best = hyps[0]
+        return Translation(
+            text=texts[0][0],
+            score=best.score,
+            output_tokens=len(best.tokens) + int(best.ended_with_eos),
+            input_tokens=input_tokens,
+            hypotheses=texts,
+        )

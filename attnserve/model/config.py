@@ -1,0 +1,121 @@
+"""ModelConfig: the architecture of an encoder-decoder Transformer, as data (no torch import)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Activation = Literal["relu", "gelu", "swish"]
+NormPlacement = Literal["post", "pre"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture and special token ids.
+
+    Defaults follow Marian / OPUS-MT (post-LN, scaled embeddings, sinusoidal positions,
+    shared and tied embeddings, a final logits bias, eos=0, decoder start = pad).
+    """
+
+    vocab_size: int = 8000
+    # Target vocabulary when it differs from the source one (Marian's separate vocabs).
+    tgt_vocab_size: int | None = None
+    d_model: int = 512
+    n_heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    ffn_dim: int = 2048
+    activation: Activation = "relu"
+    norm_placement: NormPlacement = "post"
+    scale_embedding: bool = True
+    # Encoder and decoder input embeddings are one matrix (needs tgt vocab == src vocab).
+    shared_embeddings: bool = True
+    # Output projection = decoder input embedding (transposed).
+    tied_output: bool = True
+    final_logits_bias: bool = True
+    max_positions: int = 512
+    layer_norm_eps: float = 1e-5
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    pad_id: int = 1
+    eos_id: int = 0
+    unk_id: int = 2
+    decoder_start_id: int | None = None  # None: the pad id, as in Marian
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.activation not in ("relu", "gelu", "swish"):
+            raise ValueError(f"unknown activation {self.activation!r}")
+        if self.norm_placement not in ("post", "pre"):
+            raise ValueError(f"unknown norm_placement {self.norm_placement!r}")
+        if self.shared_embeddings and self.target_vocab_size != self.vocab_size:
+            raise ValueError("shared_embeddings needs tgt_vocab_size == vocab_size")
+        for name in ("pad_id", "eos_id", "unk_id"):
+            if not 0 <= getattr(self, name) < self.target_vocab_size:
+                raise ValueError(f"{name}={getattr(self, name)} is outside the vocabulary")
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def start_id(self) -> int:
+        return self.pad_id if self.decoder_start_id is None else self.decoder_start_id
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {', '.join(unknown)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named preset (`tiny`, `small`, `base`) with optional overrides."""
+        try:
+            base = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
+        return base.replace(**overrides) if overrides else base
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Builds in milliseconds; for tests.
+    "tiny": ModelConfig(
+        vocab_size=64, d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, ffn_dim=64,
+        max_positions=128, dropout=0.0,
+    ),
+    # The default model's size class: trains in a few CPU hours.
+    "small": ModelConfig(
+        vocab_size=16000, d_model=256, n_heads=4, encoder_layers=6, decoder_layers=3,
+        ffn_dim=1024, max_positions=256,
+    ),
+    # transformer-base (Vaswani et al. 2017), the shape of most OPUS-MT models.
+    "base": ModelConfig(
+        vocab_size=32000, d_model=512, n_heads=8, encoder_layers=6, decoder_layers=6,
+        ffn_dim=2048, max_positions=512,
+    ),
+}

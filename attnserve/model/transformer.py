@@ -1,0 +1,143 @@
+"""EncoderDecoder: the Vaswani et al. Transformer, configurable to match Marian / OPUS-MT exactly.
+
+`encode()` and `decode_step()` are the two halves that serving uses (and the two ONNX graphs);
+`forward()` is teacher-forced decoding of whole target sequences for training.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnserve.model.cache import EncoderState, KVCache
+from attnserve.model.config import ModelConfig
+from attnserve.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        cfg = self.config = config
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.tgt_embed = (
+            self.src_embed
+            if cfg.shared_embeddings
+            else nn.Embedding(cfg.target_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        )
+        self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm_placement == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else None
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else None
+        self.lm_head = nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
+        if cfg.tied_output:
+            self.lm_head.weight = self.tgt_embed.weight
+        self.logits_bias = (
+            nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.final_logits_bias else None
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform matrices, N(0, d^-1/2) embeddings, zero biases."""
+        for name, p in self.named_parameters():
+            if "embed" in name:
+                nn.init.normal_(p, std=self.config.d_model**-0.5)
+            elif p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif "norm" not in name:
+                nn.init.zeros_(p)
+        with torch.no_grad():
+            self.src_embed.weight[self.config.pad_id].zero_()
+            self.tgt_embed.weight[self.config.pad_id].zero_()
+
+    # -- embeddings -------------------------------------------------------------------------
+
+    def _embed(self, embed: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
+        """ids, positions (B, T) -> (B, T, C)"""
+        return self.dropout(embed(ids) * self.embed_scale + self.positions(positions))
+
+    def _logits(self, h: Tensor) -> Tensor:
+        """Decoder output (B, T, C) -> logits (B, T, V)"""
+        if self.decoder_norm is not None:
+            h = self.decoder_norm(h)
+        logits = self.lm_head(h)
+        return logits + self.logits_bias if self.logits_bias is not None else logits
+
+    # -- encoder ----------------------------------------------------------------------------
+
+    def encode_hidden(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """src_ids (B, S) int64, src_mask (B, S) bool -> encoder output (B, S, C)"""
+        positions = torch.arange(src_ids.shape[1], device=src_ids.device).expand_as(src_ids)
+        x = self._embed(self.src_embed, src_ids, positions)
+        attn_mask = src_mask[:, None, :]  # (B, 1, S)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        return self.encoder_norm(x) if self.encoder_norm is not None else x
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor) -> EncoderState:
+        """Run the encoder and project the cross-attention K/V of every decoder layer once."""
+        memory = self.encode_hidden(src_ids, src_mask)
+        keys, values = [], []
+        for layer in self.decoder_layers:
+            k, v = layer.encoder_attn.project_kv(memory)  # (B, H, S, D) each
+            keys.append(k)
+            values.append(v)
+        return EncoderState(keys, values, src_mask)
+
+    def empty_cache(self, batch: int) -> KVCache:
+        cfg = self.config
+        dtype = self.lm_head.weight.dtype
+        device = self.lm_head.weight.device
+        return KVCache.empty(batch, cfg.decoder_layers, cfg.n_heads, cfg.head_dim, dtype=dtype, device=device)
+
+    # -- decoder ----------------------------------------------------------------------------
+
+    def decode(
+        self, tokens: Tensor, positions: Tensor, self_mask: Tensor, state: EncoderState, cache: KVCache
+    ) -> tuple[Tensor, KVCache]:
+        """Decode T new tokens per row on top of `cache`.
+
+        tokens, positions (B, T) int64; self_mask (B, T, P+T) bool over past + new columns.
+        Returns logits (B, T, V) and the cache grown by T columns (its mask is left to the caller).
+        """
+        x = self._embed(self.tgt_embed, tokens, positions)
+        cross_mask = state.src_mask[:, None, :]  # (B, 1, S)
+        keys, values = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            x, k, v = layer(
+                x, cache.keys[i], cache.values[i], self_mask,
+                state.cross_keys[i], state.cross_values[i], cross_mask,
+            )
+            keys.append(k)
+            values.append(v)
+        return self._logits(x), KVCache(keys, values, cache.mask)
+
+    def decode_step(self, tokens: Tensor, state: EncoderState, cache: KVCache) -> tuple[Tensor, KVCache]:
+        """One step: last tokens (B,) -> logits (B, V) and the cache with one more column."""
+        positions = cache.positions()[:, None]  # (B, 1)
+        new = torch.ones(tokens.shape[0], 1, dtype=torch.bool, device=tokens.device)
+        mask = torch.cat([cache.mask, new], dim=1)  # (B, P+1)
+        logits, grown = self.decode(tokens[:, None], positions, mask[:, None, :], state, cache)
+        return logits[:, 0], KVCache(grown.keys, grown.values, mask)
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor, tgt_mask: Tensor) -> Tensor:
+        """Teacher forcing: decoder inputs tgt_ids (B, T) with tgt_mask (B, T) -> logits (B, T, V)."""
+        state = self.encode(src_ids, src_mask)
+        return self.decode_full(tgt_ids, tgt_mask, state)
+
+    def decode_full(self, tgt_ids: Tensor, tgt_mask: Tensor, state: EncoderState) -> Tensor:
+        """All target positions at once with a causal mask (no cache). Right padding only."""
+        b, t = tgt_ids.shape
+        positions = torch.arange(t, device=tgt_ids.device).expand(b, t)
+        causal = torch.ones(t, t, dtype=torch.bool, device=tgt_ids.device).tril()
+        self_mask = causal[None] & tgt_mask[:, None, :]  # (B, T, T)
+        logits, _ = self.decode(tgt_ids, positions, self_mask, state, self.empty_cache(b))
+        return logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

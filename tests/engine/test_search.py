@@ -1,0 +1,214 @@
+"""Search algorithms against hand-written probability tables with exact expected outputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnserve.engine.backend import ModelSpec
+from attnserve.engine.options import DecodingOptions, InvalidOption
+from attnserve.engine.processors import banned_ngram_tokens, top_k_mask, top_p_mask
+from attnserve.engine.search import BeamSearch, GreedySearch, SamplingSearch, make_search
+from attnserve.engine.translator import decode_batch
+from tests.engine.fakes import TableBackend
+
+EOS, PAD, A, B = 0, 1, 2, 3
+V = 4
+
+# P(next | prefix); pad gets no mass (it is banned anyway).
+TABLE = {
+    (): {EOS: 0.1, A: 0.6, B: 0.3},
+    (A,): {EOS: 0.5, A: 0.05, B: 0.45},
+    (B,): {EOS: 0.7, A: 0.25, B: 0.05},
+    (A, B): {EOS: 0.9, A: 0.05, B: 0.05},
+    (B, A): {EOS: 0.5, A: 0.3, B: 0.2},
+}
+
+
+def table(src: tuple[int, ...], prefix: tuple[int, ...]) -> list[float]:
+    probs = TABLE.get(prefix, {EOS: 0.8, A: 0.1, B: 0.1})
+    return [probs.get(t, 0.0) for t in range(V)]
+
+
+def run(options: DecodingOptions, table_fn=table, n: int = 1):
+    backend = TableBackend(table_fn, V)
+    return decode_batch(backend, [[5, EOS]] * n, [options] * n), backend
+
+
+def test_greedy_follows_the_most_likely_token() -> None:
+    [[hyp]], _ = run(DecodingOptions())
+    assert hyp.tokens == (A,)
+    assert hyp.ended_with_eos
+    assert hyp.log_prob == pytest.approx(math.log(0.6 * 0.5), rel=1e-6)
+
+
+def test_beam_search_exact_hypotheses_and_scores() -> None:
+    [hyps], _ = run(DecodingOptions(beam_size=2, num_hypotheses=2, length_penalty=1.0))
+    # Step 2 finishes [A] (rank 0 ends with EOS); step 3 finishes [A, B] and [B, A];
+    # the best running beam (B, A, A) cannot beat the worst kept hypothesis, so search stops.
+    assert [h.tokens for h in hyps] == [(A, B), (A,)]
+    assert hyps[0].score == pytest.approx(math.log(0.6 * 0.45 * 0.9) / 3, rel=1e-5)
+    assert hyps[1].score == pytest.approx(math.log(0.6 * 0.5) / 2, rel=1e-5)
+
+
+def test_length_penalty_changes_the_order() -> None:
+    [hyps], _ = run(DecodingOptions(beam_size=2, num_hypotheses=2, length_penalty=0.0))
+    assert [h.tokens for h in hyps] == [(A,), (A, B)]
+    assert hyps[0].score == pytest.approx(math.log(0.3), rel=1e-5)
+    assert hyps[1].score == pytest.approx(math.log(0.243), rel=1e-5)
+
+
+def test_candidates_ranked_below_beam_size_never_finish() -> None:
+    # (B, EOS) scores 0.21 at step 2 but ranks third: it must not become a hypothesis.
+    [hyps], _ = run(DecodingOptions(beam_size=2, num_hypotheses=2, length_penalty=0.0))
+    assert (B,) not in [h.tokens for h in hyps]
+
+
+def test_beam_size_one_equals_greedy() -> None:
+    [[greedy]], _ = run(DecodingOptions())
+    [[beam]], _ = run(DecodingOptions(beam_size=1))
+    assert beam.tokens == greedy.tokens
+    assert beam.score == pytest.approx(greedy.score, rel=1e-6)
+
+
+def test_early_stopping_true_stops_once_beam_is_full() -> None:
+    [hyps], backend = run(DecodingOptions(beam_size=2, num_hypotheses=2, early_stopping=True))
+    assert [h.tokens for h in hyps] == [(A, B), (A,)]
+    assert len(backend.step_rows) == 3
+
+
+def test_max_new_tokens_finishes_without_eos() -> None:
+    def never_ends(src, prefix):
+        return [0.01, 0.0, 0.6, 0.39]
+
+    [[greedy]], _ = run(DecodingOptions(max_new_tokens=3), never_ends)
+    assert greedy.tokens == (A, A, A)
+    assert not greedy.ended_with_eos
+    [beams], _ = run(DecodingOptions(beam_size=3, num_hypotheses=3, max_new_tokens=2), never_ends)
+    assert [h.tokens for h in beams] == [(A, A), (A, B), (B, A)]
+    assert all(not h.ended_with_eos for h in beams)
+
+
+def test_min_new_tokens_forbids_early_eos() -> None:
+    [[hyp]], _ = run(DecodingOptions(min_new_tokens=2))
+    assert hyp.tokens == (A, B)  # EOS banned at step 2, B is next best
+
+
+def test_pad_is_never_generated() -> None:
+    def likes_pad(src, prefix):
+        return [0.1, 0.8, 0.05, 0.05] if len(prefix) < 2 else [0.9, 0.1, 0.0, 0.0]
+
+    [[hyp]], _ = run(DecodingOptions(), likes_pad)
+    assert PAD not in hyp.tokens
+
+
+def test_repetition_penalty_matches_hf_formula() -> None:
+    def repeats(src, prefix):
+        return [0.0, 0.0, 0.55, 0.45] if len(prefix) < 3 else [1.0, 0.0, 0.0, 0.0]
+
+    [[plain]], _ = run(DecodingOptions(), repeats)
+    assert plain.tokens == (A, A, A)
+    # Seen tokens' log-probs are multiplied: log(0.55) * 1.2 = -0.717 still beats log(0.45) = -0.799.
+    [[mild]], _ = run(DecodingOptions(repetition_penalty=1.2), repeats)
+    assert mild.tokens == (A, A, A)
+    [[strong]], _ = run(DecodingOptions(repetition_penalty=2.0), repeats)
+    # log(0.55) * 2 = -1.196 loses to log(0.45) = -0.799; then both are seen and A wins again.
+    assert strong.tokens == (A, B, A)
+
+
+def test_no_repeat_ngram() -> None:
+    assert banned_ngram_tokens([A, B, A], 2) == [B]
+    assert banned_ngram_tokens([A, B, A, B], 3) == [A]
+    assert banned_ngram_tokens([A], 2) == []
+    assert sorted(banned_ngram_tokens([A, B], 1)) == [A, B]
+
+    def repeats(src, prefix):
+        return [0.0, 0.0, 0.55, 0.45] if len(prefix) < 4 else [1.0, 0.0, 0.0, 0.0]
+
+    [[hyp]], _ = run(DecodingOptions(no_repeat_ngram_size=2), repeats)
+    assert hyp.tokens == (A, A, B, A)  # AA and AB seen: after B, A is still allowed
+
+
+def test_sampling_is_reproducible_and_top_k_one_is_greedy() -> None:
+    def flat(src, prefix):
+        return [0.1, 0.0, 0.5, 0.4] if len(prefix) < 6 else [1.0, 0.0, 0.0, 0.0]
+
+    opts = DecodingOptions(sampling=True, seed=7)
+    first, _ = run(opts, flat)
+    again, _ = run(opts, flat)
+    assert first[0][0].tokens == again[0][0].tokens
+    seeds = {run(opts.replace(seed=s), flat)[0][0][0].tokens for s in range(20)}
+    assert len(seeds) > 1  # different seeds sample different outputs
+    [[greedy]], _ = run(DecodingOptions(), flat)
+    for seed in range(5):
+        [[topk1]], _ = run(DecodingOptions(sampling=True, top_k=1, seed=seed), flat)
+        assert topk1.tokens == greedy.tokens
+
+
+def test_sampling_same_seed_same_output_in_any_batch() -> None:
+    opts = DecodingOptions(sampling=True, seed=3, temperature=1.5)
+    alone, _ = run(opts)
+    together, _ = run(opts, n=4)
+    assert all(h[0].tokens == alone[0][0].tokens for h in together)
+
+
+def test_top_p_masks_as_specified() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    kept = np.isfinite(top_p_mask(logits, 0.8))
+    assert kept.tolist() == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    assert np.isfinite(top_p_mask(logits, 0.81)).tolist() == [True, True, True, False]
+    assert np.isfinite(top_p_mask(logits, 0.1)).tolist() == [True, False, False, False]
+    assert np.isfinite(top_p_mask(logits, 1.0)).all()
+    assert np.isfinite(top_k_mask(logits, 2)).tolist() == [True, True, False, False]
+
+
+def test_top_p_never_samples_outside_the_nucleus() -> None:
+    def dist(src, prefix):
+        return [0.0, 0.0, 0.7, 0.3] if not prefix else [1.0, 0.0, 0.0, 0.0]
+
+    for seed in range(30):
+        [[hyp]], _ = run(DecodingOptions(sampling=True, top_p=0.6, seed=seed), dist)
+        assert hyp.tokens == (A,)
+
+
+def test_rows_leave_the_batch_as_they_finish() -> None:
+    def by_source(src, prefix):
+        # The source's first token says how many tokens to generate before EOS.
+        return [1.0, 0.0, 0.0, 0.0] if len(prefix) >= src[0] else [0.0, 0.0, 1.0, 0.0]
+
+    backend = TableBackend(by_source, V)
+    out = decode_batch(backend, [[1], [3], [2]], [DecodingOptions()] * 3)
+    assert [h[0].tokens for h in out] == [(A,), (A, A, A), (A, A)]
+    assert backend.step_rows == [3, 3, 2, 1]
+
+
+def test_make_search_picks_the_algorithm() -> None:
+    spec = ModelSpec(4, PAD, EOS, PAD, 16)
+    assert isinstance(make_search(DecodingOptions(beam_size=3), spec), BeamSearch)
+    assert isinstance(make_search(DecodingOptions(sampling=True), spec), SamplingSearch)
+    assert type(make_search(DecodingOptions(), spec)) is GreedySearch
+
+
+@pytest.mark.parametrize(
+    ("changes", "param"),
+    [
+        ({"beam_size": 0}, "beam_size"),
+        ({"beam_size": 1000}, "beam_size"),
+        ({"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"min_new_tokens": 300}, "min_new_tokens"),
+        ({"sampling": True, "temperature": 0.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"no_repeat_ngram_size": -2}, "no_repeat_ngram_size"),
+        ({"sampling": True, "beam_size": 4}, "beam_size"),
+    ],
+)
+def test_invalid_options_name_the_parameter(changes: dict, param: str) -> None:
+    with pytest.raises(InvalidOption) as err:
+        DecodingOptions().replace(**changes).validate()
+    assert err.value.param == param
