@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from attnserve.engine.options import DecodingOptions, InvalidOption
 
@@ -64,7 +65,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     out = sys.stdout
     for result in results:
         if options.num_hypotheses > 1:
-            out.write(" ||| ".join(f"{text} ({score:.4f})" for text, score in result.hypotheses) + "\n")
+            out.write(
+                " ||| ".join(f"{text} ({score:.4f})" for text, score in result.hypotheses) + "\n"
+            )
         else:
             out.write(result.text + "\n")
     out.flush()
@@ -88,6 +91,51 @@ def cmd_import_marian(args: argparse.Namespace) -> int:
 
     import_marian(args.src, args.out)
     log.info("imported %s -> %s", args.src, args.out)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from attnserve.engine.backend import Backend
+    from attnserve.engine.loading import load_backend
+    from attnserve.loadtest.bench import random_sources, time_decoding
+
+    if args.preset:
+        import torch
+
+        from attnserve.engine.torch_backend import TorchBackend
+        from attnserve.model.config import ModelConfig
+        from attnserve.model.transformer import EncoderDecoder
+
+        torch.manual_seed(0)
+        config = ModelConfig.preset(args.preset)
+        backends: dict[str, Backend[Any]] = {
+            "torch": TorchBackend(EncoderDecoder(config), threads=args.threads)
+        }
+    else:
+        backends = {
+            b: load_backend(args.model, b, threads=args.threads) for b in args.backends.split(",")
+        }
+    spec = next(iter(backends.values())).spec
+    sources = random_sources(args.sentences, spec.vocab_size, eos_id=spec.eos_id)
+    results = []
+    for name, backend in backends.items():
+        for beam in (int(b) for b in args.beam_sizes.split(",")):
+            # Fixed output length: every backend produces exactly the same number of tokens.
+            options = DecodingOptions(
+                beam_size=beam, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
+            )
+            for batch in (int(b) for b in args.batch_sizes.split(",")):
+                result = time_decoding(
+                    backend,
+                    sources,
+                    options,
+                    batch,
+                    repeats=args.repeats,
+                    name=name,
+                    progress=log.info,
+                )
+                results.append(result.to_dict())
+                print(json.dumps(result.to_dict()), flush=True)
     return 0
 
 
@@ -115,9 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("import-marian", help="convert a Hugging Face Marian directory")
-    p.add_argument("src", type=Path, help="MarianMTModel directory (config.json, *.spm, vocab.json)")
+    p.add_argument(
+        "src", type=Path, help="MarianMTModel directory (config.json, *.spm, vocab.json)"
+    )
     p.add_argument("out", type=Path, help="output model directory")
     p.set_defaults(func=cmd_import_marian)
+
+    p = sub.add_parser("bench", help="offline decoding speed (target tokens/s)")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
+    p.add_argument("--preset", default=None, help="random weights of a preset instead of --model")
+    p.add_argument("--backends", default="torch")
+    p.add_argument("--beam-sizes", default="1,4")
+    p.add_argument("--batch-sizes", default="1,32")
+    p.add_argument("--sentences", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=32, help="fixed output length")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="serve models over HTTP")
     p.add_argument("--model", default=str(DEFAULT_MODEL))

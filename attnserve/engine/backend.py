@@ -38,7 +38,7 @@ class Backend(Protocol[State]):
     def spec(self) -> ModelSpec: ...
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> State:
-        """src_ids (B, S) right-padded with pad_id, src_lengths (B,) -> state with an empty cache."""
+        """src_ids (B, S) right-padded with pad_id, src_lengths (B,) -> state, empty cache."""
         ...
 
     def step(self, tokens: IntArray, state: State) -> tuple[FloatArray, State]:

@@ -147,7 +147,9 @@ class BeamSearch(Search):
         keep = np.flatnonzero(~ends)[:k]
         if at_limit or keep.size == 0:
             return self._finish()
-        self.sequences = [self.sequences[p] + [int(t)] for p, t in zip(parents[keep], tokens[keep])]
+        self.sequences = [
+            self.sequences[p] + [int(t)] for p, t in zip(parents[keep], tokens[keep], strict=True)
+        ]
         self.scores = scores[keep].astype(np.float32)
         self.last_tokens = tokens[keep].astype(np.int64)
         self.num_rows = int(keep.size)

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 class TorchState:
     encoder: EncoderState
     cache: KVCache
+    # Which encoded source every row decodes (ids unique per encode call): lets `select` skip
+    # copying the cross-attention K/V when rows only move among beams of the same source.
+    sources: IntArray
 
 
 class TorchBackend:
@@ -33,6 +36,7 @@ class TorchBackend:
         if threads:
             torch.set_num_threads(threads)
         self.model = model.eval()
+        self._next_source = 0
         self.device = next(model.parameters()).device
         cfg = model.config
         self._spec = ModelSpec(
@@ -67,7 +71,10 @@ class TorchBackend:
         mask = torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]
         with torch.inference_mode():
             encoder = self.model.encode(ids, mask)
-        return TorchState(encoder, self.model.empty_cache(ids.shape[0]))
+        rows = ids.shape[0]
+        sources = np.arange(self._next_source, self._next_source + rows, dtype=np.int64)
+        self._next_source += rows
+        return TorchState(encoder, self.model.empty_cache(rows), sources)
 
     def step(self, tokens: IntArray, state: TorchState) -> tuple[FloatArray, TorchState]:
         import torch
@@ -75,11 +82,14 @@ class TorchBackend:
         with torch.inference_mode():
             logits, cache = self.model.decode_step(self._tensor(tokens), state.encoder, state.cache)
             log_probs = torch.log_softmax(logits.float(), dim=-1)
-        return log_probs.cpu().numpy(), TorchState(state.encoder, cache)
+        return log_probs.cpu().numpy(), TorchState(state.encoder, cache, state.sources)
 
     def select(self, state: TorchState, rows: IntArray) -> TorchState:
         index = self._tensor(rows)
-        return TorchState(state.encoder.select(index), state.cache.select(index))
+        sources = state.sources[rows]
+        same_sources = np.array_equal(sources, state.sources)
+        encoder = state.encoder if same_sources else state.encoder.select(index)
+        return TorchState(encoder, state.cache.select(index), sources)
 
     def concat(self, states: Sequence[TorchState]) -> TorchState:
         from attnserve.model.cache import EncoderState, KVCache
@@ -87,4 +97,5 @@ class TorchBackend:
         return TorchState(
             EncoderState.concat([s.encoder for s in states]),
             KVCache.concat([s.cache for s in states]),
+            np.concatenate([s.sources for s in states]),
         )

@@ -58,12 +58,19 @@ class Translator:
 
     @classmethod
     def from_model_dir(
-        cls, model_dir: str | Path, *, backend: str = "torch", threads: int | None = None, **kwargs: Any
+        cls,
+        model_dir: str | Path,
+        *,
+        backend: str = "torch",
+        threads: int | None = None,
+        **kwargs: Any,
     ) -> Translator:
         from attnserve.engine.loading import load_backend
         from attnserve.model.tokenizer import Tokenizer
 
-        return cls(load_backend(model_dir, backend, threads=threads, **kwargs), Tokenizer.load(model_dir))
+        return cls(
+            load_backend(model_dir, backend, threads=threads, **kwargs), Tokenizer.load(model_dir)
+        )
 
     def encode(self, text: str, target_lang: str | None = None) -> list[int]:
         """Source ids, truncated to the model's max positions (documented behaviour)."""
@@ -88,7 +95,9 @@ class Translator:
             results[i] = Translation(text="", score=0.0, output_tokens=0, input_tokens=0)
         for batch in length_sorted_batches([len(sources[i]) for i in todo], max_batch_size):
             indices = [todo[j] for j in batch]
-            nbest = decode_batch(self.backend, [sources[i] for i in indices], [options] * len(indices))
+            nbest = decode_batch(
+                self.backend, [sources[i] for i in indices], [options] * len(indices)
+            )
             for i, hyps in zip(indices, nbest, strict=True):
                 results[i] = self._translation(hyps, len(sources[i]))
         return [r for r in results if r is not None]

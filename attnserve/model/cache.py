@@ -70,7 +70,13 @@ class KVCache:
 
     @classmethod
     def empty(
-        cls, batch: int, n_layers: int, n_heads: int, head_dim: int, *, dtype: torch.dtype,
+        cls,
+        batch: int,
+        n_layers: int,
+        n_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> KVCache:
         shape = (batch, n_heads, 0, head_dim)

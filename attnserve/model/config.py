@@ -105,17 +105,33 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # Builds in milliseconds; for tests.
     "tiny": ModelConfig(
-        vocab_size=64, d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, ffn_dim=64,
-        max_positions=128, dropout=0.0,
+        vocab_size=64,
+        d_model=32,
+        n_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        ffn_dim=64,
+        max_positions=128,
+        dropout=0.0,
     ),
     # The default model's size class: trains in a few CPU hours.
     "small": ModelConfig(
-        vocab_size=16000, d_model=256, n_heads=4, encoder_layers=6, decoder_layers=3,
-        ffn_dim=1024, max_positions=256,
+        vocab_size=16000,
+        d_model=256,
+        n_heads=4,
+        encoder_layers=6,
+        decoder_layers=3,
+        ffn_dim=1024,
+        max_positions=256,
     ),
     # transformer-base (Vaswani et al. 2017), the shape of most OPUS-MT models.
     "base": ModelConfig(
-        vocab_size=32000, d_model=512, n_heads=8, encoder_layers=6, decoder_layers=6,
-        ffn_dim=2048, max_positions=512,
+        vocab_size=32000,
+        d_model=512,
+        n_heads=8,
+        encoder_layers=6,
+        decoder_layers=6,
+        ffn_dim=2048,
+        max_positions=512,
     ),
 }

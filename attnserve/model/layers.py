@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +11,11 @@ from torch import Tensor, nn
 
 from attnserve.model.config import ModelConfig
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swish": F.silu,
+}
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
@@ -65,10 +70,14 @@ class MultiHeadAttention(nn.Module):
         return self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-        """x (B, T, C) attends over keys/values (B, H, S, D); mask (B, 1|T, S) bool, True = visible."""
+        """x (B, T, C) attends to keys/values (B, H, S, D); mask (B, 1|T, S), True = visible."""
         q = self._heads(self.q_proj(x))  # (B, H, T, D)
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask[:, None], dropout_p=self.dropout if self.training else 0.0
+            q,
+            keys,
+            values,
+            attn_mask=mask[:, None],
+            dropout_p=self.dropout if self.training else 0.0,
         )  # (B, H, T, D)
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -94,10 +103,10 @@ class _Sublayers(nn.Module):
         self.pre = cfg.norm_placement == "pre"
         self.drop = nn.Dropout(cfg.dropout)
 
-    def residual(self, x: Tensor, norm: nn.LayerNorm, fn: object) -> Tensor:
+    def residual(self, x: Tensor, norm: nn.LayerNorm, fn: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre:
-            return x + self.drop(fn(norm(x)))  # type: ignore[operator]
-        return norm(x + self.drop(fn(x)))  # type: ignore[operator]
+            return x + self.drop(fn(norm(x)))
+        return norm(x + self.drop(fn(x)))
 
 
 class EncoderLayer(_Sublayers):
@@ -156,7 +165,9 @@ class DecoderLayer(_Sublayers):
 
         x = self.residual(x, self.self_attn_layer_norm, self_attend)
         x = self.residual(
-            x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn(h, cross_k, cross_v, cross_mask)
+            x,
+            self.encoder_attn_layer_norm,
+            lambda h: self.encoder_attn(h, cross_k, cross_v, cross_mask),
         )
         x = self.residual(x, self.final_layer_norm, self.ffn)
         return x, present[0], present[1]

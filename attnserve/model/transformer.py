@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -84,7 +85,7 @@ class EncoderDecoder(nn.Module):
         memory = self.encode_hidden(src_ids, src_mask)
         keys, values = [], []
         for layer in self.decoder_layers:
-            k, v = layer.encoder_attn.project_kv(memory)  # (B, H, S, D) each
+            k, v = cast(DecoderLayer, layer).encoder_attn.project_kv(memory)  # (B, H, S, D)
             keys.append(k)
             values.append(v)
         return EncoderState(keys, values, src_mask)
@@ -93,12 +94,19 @@ class EncoderDecoder(nn.Module):
         cfg = self.config
         dtype = self.lm_head.weight.dtype
         device = self.lm_head.weight.device
-        return KVCache.empty(batch, cfg.decoder_layers, cfg.n_heads, cfg.head_dim, dtype=dtype, device=device)
+        return KVCache.empty(
+            batch, cfg.decoder_layers, cfg.n_heads, cfg.head_dim, dtype=dtype, device=device
+        )
 
     # -- decoder ----------------------------------------------------------------------------
 
     def decode(
-        self, tokens: Tensor, positions: Tensor, self_mask: Tensor, state: EncoderState, cache: KVCache
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        self_mask: Tensor,
+        state: EncoderState,
+        cache: KVCache,
     ) -> tuple[Tensor, KVCache]:
         """Decode T new tokens per row on top of `cache`.
 
@@ -110,14 +118,21 @@ class EncoderDecoder(nn.Module):
         keys, values = [], []
         for i, layer in enumerate(self.decoder_layers):
             x, k, v = layer(
-                x, cache.keys[i], cache.values[i], self_mask,
-                state.cross_keys[i], state.cross_values[i], cross_mask,
+                x,
+                cache.keys[i],
+                cache.values[i],
+                self_mask,
+                state.cross_keys[i],
+                state.cross_values[i],
+                cross_mask,
             )
             keys.append(k)
             values.append(v)
         return self._logits(x), KVCache(keys, values, cache.mask)
 
-    def decode_step(self, tokens: Tensor, state: EncoderState, cache: KVCache) -> tuple[Tensor, KVCache]:
+    def decode_step(
+        self, tokens: Tensor, state: EncoderState, cache: KVCache
+    ) -> tuple[Tensor, KVCache]:
         """One step: last tokens (B,) -> logits (B, V) and the cache with one more column."""
         positions = cache.positions()[:, None]  # (B, 1)
         new = torch.ones(tokens.shape[0], 1, dtype=torch.bool, device=tokens.device)
@@ -125,8 +140,10 @@ class EncoderDecoder(nn.Module):
         logits, grown = self.decode(tokens[:, None], positions, mask[:, None, :], state, cache)
         return logits[:, 0], KVCache(grown.keys, grown.values, mask)
 
-    def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor, tgt_mask: Tensor) -> Tensor:
-        """Teacher forcing: decoder inputs tgt_ids (B, T) with tgt_mask (B, T) -> logits (B, T, V)."""
+    def forward(
+        self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor, tgt_mask: Tensor
+    ) -> Tensor:
+        """Teacher forcing: decoder inputs tgt_ids, tgt_mask (B, T) -> logits (B, T, V)."""
         state = self.encode(src_ids, src_mask)
         return self.decode_full(tgt_ids, tgt_mask, state)
 

@@ -30,14 +30,26 @@ class TableBackend:
     def spec(self) -> ModelSpec:
         return self._spec
 
-    def encode(self, src_ids: IntArray, src_lengths: IntArray) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        return [(tuple(int(t) for t in ids[:n]), ()) for ids, n in zip(src_ids, src_lengths, strict=True)]
+    def encode(
+        self, src_ids: IntArray, src_lengths: IntArray
+    ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        return [
+            (tuple(int(t) for t in ids[:n]), ())
+            for ids, n in zip(src_ids, src_lengths, strict=True)
+        ]
 
     def step(self, tokens: IntArray, state: list) -> tuple[FloatArray, list]:
         self.step_rows.append(len(state))
         grown = []
         for token, (src, prefix) in zip(tokens, state, strict=True):
-            grown.append((src, prefix if token == self._spec.start_id and not prefix else (*prefix, int(token))))
+            grown.append(
+                (
+                    src,
+                    prefix
+                    if token == self._spec.start_id and not prefix
+                    else (*prefix, int(token)),
+                )
+            )
         probs = np.array([self.table(src, prefix) for src, prefix in grown], dtype=np.float64)
         with np.errstate(divide="ignore"):
             return np.log(probs).astype(np.float32), grown
@@ -89,6 +101,15 @@ class UncachedTorchBackend(TorchBackend):
 
     def concat(self, states: Sequence[UncachedState]) -> UncachedState:  # type: ignore[override]
         width = max(s.src_ids.shape[1] for s in states)
-        ids = torch.cat([torch.nn.functional.pad(s.src_ids, (0, width - s.src_ids.shape[1]), value=self.spec.pad_id) for s in states])
-        mask = torch.cat([torch.nn.functional.pad(s.src_mask, (0, width - s.src_mask.shape[1])) for s in states])
+        ids = torch.cat(
+            [
+                torch.nn.functional.pad(
+                    s.src_ids, (0, width - s.src_ids.shape[1]), value=self.spec.pad_id
+                )
+                for s in states
+            ]
+        )
+        mask = torch.cat(
+            [torch.nn.functional.pad(s.src_mask, (0, width - s.src_mask.shape[1])) for s in states]
+        )
         return UncachedState(ids, mask, [p for s in states for p in s.prefixes])

@@ -110,7 +110,7 @@ def test_repetition_penalty_matches_hf_formula() -> None:
 
     [[plain]], _ = run(DecodingOptions(), repeats)
     assert plain.tokens == (A, A, A)
-    # Seen tokens' log-probs are multiplied: log(0.55) * 1.2 = -0.717 still beats log(0.45) = -0.799.
+    # Seen tokens' log-probs are multiplied: log(0.55) * 1.2 = -0.717 beats log(0.45) = -0.799.
     [[mild]], _ = run(DecodingOptions(repetition_penalty=1.2), repeats)
     assert mild.tokens == (A, A, A)
     [[strong]], _ = run(DecodingOptions(repetition_penalty=2.0), repeats)

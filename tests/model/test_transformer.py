@@ -26,7 +26,12 @@ def padded_sources() -> tuple[torch.Tensor, torch.Tensor]:
     [
         {},
         {"norm_placement": "pre", "activation": "gelu"},
-        {"activation": "swish", "shared_embeddings": False, "tied_output": False, "tgt_vocab_size": 48},
+        {
+            "activation": "swish",
+            "shared_embeddings": False,
+            "tied_output": False,
+            "tgt_vocab_size": 48,
+        },
         {"scale_embedding": False, "final_logits_bias": False},
     ],
 )
@@ -67,14 +72,18 @@ def test_rows_joining_with_shorter_history_match_alone() -> None:
         joined_state = EncoderState.concat([s0, state.select(torch.tensor([1, 2]))])
         joined_cache = KVCache.concat([c0, model.empty_cache(2)])
         assert joined_cache.mask.tolist() == [[True, True], [False, False], [False, False]]
-        logits, joined_cache = model.decode_step(torch.tensor([30, 1, 1]), joined_state, joined_cache)
+        logits, joined_cache = model.decode_step(
+            torch.tensor([30, 1, 1]), joined_state, joined_cache
+        )
         torch.testing.assert_close(logits[0], alone[0][2], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits[1], alone[1][0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits[2], alone[2][0], atol=1e-5, rtol=1e-5)
         # Row 0 leaves: the columns only it used are trimmed away.
         rest = joined_cache.select(torch.tensor([1, 2]))
         assert rest.length == 1
-        logits, _ = model.decode_step(torch.tensor([21, 22]), joined_state.select(torch.tensor([1, 2])), rest)
+        logits, _ = model.decode_step(
+            torch.tensor([21, 22]), joined_state.select(torch.tensor([1, 2])), rest
+        )
         torch.testing.assert_close(logits[0], alone[1][1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits[1], alone[2][1], atol=1e-5, rtol=1e-5)
 
