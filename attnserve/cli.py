@@ -18,43 +18,41 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "ende-s
 log = logging.getLogger("attnserve")
 
 
+DECODING_FLAGS: dict[str, type] = {
+    "beam_size": int,
+    "num_hypotheses": int,
+    "length_penalty": float,
+    "max_new_tokens": int,
+    "min_new_tokens": int,
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "seed": int,
+    "repetition_penalty": float,
+    "no_repeat_ngram_size": int,
+}
+
+
 def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam-size", type=int, default=4)
-    p.add_argument("--num-hypotheses", type=int, default=1)
-    p.add_argument("--length-penalty", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--min-new-tokens", type=int, default=0)
-    p.add_argument("--sampling", action="store_true", help="sample instead of greedy/beam")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
+    """Decoding flags; those not given keep the model's defaults (its generation config)."""
+    for name, kind in DECODING_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    p.add_argument("--sampling", action="store_true", default=None, help="sample, not greedy/beam")
 
 
-def _decoding_options(args: argparse.Namespace) -> DecodingOptions:
-    return DecodingOptions(
-        beam_size=args.beam_size,
-        num_hypotheses=args.num_hypotheses,
-        length_penalty=args.length_penalty,
-        max_new_tokens=args.max_new_tokens,
-        min_new_tokens=args.min_new_tokens,
-        sampling=args.sampling,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
-    )
+def _decoding_options(args: argparse.Namespace, base: DecodingOptions) -> DecodingOptions:
+    names = [*DECODING_FLAGS, "sampling"]
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    if given.get("sampling") and "beam_size" not in given:
+        given["beam_size"] = 1  # sampling replaces the model's default beam search
+    return base.replace(**given)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from attnserve.engine.translator import Translator
 
-    options = _decoding_options(args)
     translator = Translator.from_model_dir(args.model, backend=args.backend, threads=args.threads)
+    options = _decoding_options(args, translator.defaults)
     options.validate(max_new_tokens_limit=translator.backend.spec.max_positions)
     lines = [line.rstrip("\n") for line in sys.stdin]
     start = time.perf_counter()

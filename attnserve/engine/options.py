@@ -36,9 +36,25 @@ class DecodingOptions:
     seed: int | None = None
     repetition_penalty: float = 1.0  # 1.0 = off
     no_repeat_ngram_size: int = 0  # 0 = off
+    # Model-level generation settings (Marian's generation config): log-softmax again after the
+    # processors, and force EOS as the last allowed token.
+    renormalize: bool = False
+    forced_eos: bool = False
 
     def replace(self, **changes: Any) -> DecodingOptions:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def model_defaults(cls, generation: dict[str, Any], max_positions: int) -> DecodingOptions:
+        """Defaults from a model's Hugging Face style generation config (metadata.json)."""
+        max_length = generation.get("max_length")
+        max_new = int(max_length) - 1 if max_length else cls.max_new_tokens
+        return cls(
+            beam_size=int(generation.get("num_beams") or 1),
+            max_new_tokens=max(1, min(max_new, max_positions)),
+            renormalize=bool(generation.get("renormalize_logits", False)),
+            forced_eos=generation.get("forced_eos_token_id") is not None,
+        )
 
     def validate(self, *, max_beam_size: int = 64, max_new_tokens_limit: int | None = None) -> None:
         """Raise InvalidOption naming the first option out of range."""

@@ -17,7 +17,7 @@ NEG_INF = np.float32(-np.inf)
 
 
 class LogProbProcessor:
-    """Applies repetition penalty, no-repeat n-grams, banned tokens and the min length."""
+    """Repetition penalty, no-repeat n-grams, banned tokens, min length, forced final EOS."""
 
     def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
         self.options = options
@@ -35,8 +35,14 @@ class LogProbProcessor:
             for row, history in zip(log_probs, histories, strict=True):
                 row[banned_ngram_tokens(history, opts.no_repeat_ngram_size)] = NEG_INF
         log_probs[:, self.banned] = NEG_INF
-        if len(histories[0]) < opts.min_new_tokens:
+        generated = len(histories[0])
+        if generated < opts.min_new_tokens:
             log_probs[:, self.eos_id] = NEG_INF
+        if opts.forced_eos and generated == opts.max_new_tokens - 1:
+            log_probs[:] = NEG_INF  # as HF: EOS alone remains, with log-prob 0
+            log_probs[:, self.eos_id] = 0.0
+        if opts.renormalize:
+            log_probs -= logsumexp(log_probs)
         return log_probs
 
 
@@ -80,6 +86,14 @@ def top_p_mask(logits: FloatArray, p: float) -> FloatArray:
     keep = np.zeros(logits.shape[-1], dtype=bool)
     keep[order[before < p]] = True
     return np.where(keep, logits, NEG_INF).astype(np.float32)
+
+
+def logsumexp(x: FloatArray) -> FloatArray:
+    """Row-wise log-sum-exp of (R, V) -> (R, 1); rows of all -inf give -inf."""
+    top = np.max(x, axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return (np.log(np.exp(x - safe).sum(axis=-1, keepdims=True)) + safe).astype(np.float32)
 
 
 def softmax(x: FloatArray) -> FloatArray:

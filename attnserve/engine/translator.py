@@ -52,9 +52,13 @@ def length_sorted_batches(lengths: Sequence[int], max_batch_size: int) -> Iterat
 class Translator:
     """Tokenize, batch by length, decode, detokenize; outputs come back in input order."""
 
-    def __init__(self, backend: Backend[Any], tokenizer: Tokenizer) -> None:
+    def __init__(
+        self, backend: Backend[Any], tokenizer: Tokenizer, defaults: DecodingOptions | None = None
+    ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
+        # The model's own generation settings (e.g. Marian's num_beams, renormalize_logits).
+        self.defaults = defaults or DecodingOptions()
 
     @classmethod
     def from_model_dir(
@@ -66,11 +70,12 @@ class Translator:
         **kwargs: Any,
     ) -> Translator:
         from attnserve.engine.loading import load_backend
-        from attnserve.model.tokenizer import Tokenizer
+        from attnserve.model.checkpoint import load_tokenizer, read_metadata
 
-        return cls(
-            load_backend(model_dir, backend, threads=threads, **kwargs), Tokenizer.load(model_dir)
-        )
+        generation = read_metadata(model_dir).get("generation", {})
+        runtime = load_backend(model_dir, backend, threads=threads, **kwargs)
+        defaults = DecodingOptions.model_defaults(generation, runtime.spec.max_positions)
+        return cls(runtime, load_tokenizer(model_dir), defaults)
 
     def encode(self, text: str, target_lang: str | None = None) -> list[int]:
         """Source ids, truncated to the model's max positions (documented behaviour)."""
@@ -86,7 +91,7 @@ class Translator:
         target_lang: str | None = None,
         max_batch_size: int = 32,
     ) -> list[Translation]:
-        options = options or DecodingOptions()
+        options = options or self.defaults
         options.validate(max_new_tokens_limit=self.backend.spec.max_positions)
         sources = [self.encode(t, target_lang) if t.strip() else [] for t in texts]
         results: list[Translation | None] = [None] * len(texts)

@@ -1,0 +1,405 @@
+"""SentencePiece tokenizer for our own (joint) models and for Marian / OPUS-MT models (no torch).
+
+Two layouts, one code path (text -> spm pieces -> ids through a piece -> id vocabulary):
+
+* ``joint`` (models we train): one SentencePiece model for source and target; a piece's id is its
+  spm id. Train it with ``JOINT_SPM_SPECIAL_IDS`` (eos=0, pad=1, unk=2, no bos) so the ids agree
+  with ``ModelConfig``'s defaults; ``pad`` and ``eos`` must exist in the spm. Language tags for
+  multi-target models are spm ``user_defined_symbols`` spelled ``>>xx<<``.
+* ``marian`` (imported OPUS-MT models): ``source.spm``, ``target.spm`` and ``vocab.json`` (piece ->
+  id, with ``</s>``, ``<unk>`` and ``<pad>``), plus ``target_vocab.json`` when the vocabularies are
+  separate. This reproduces Hugging Face's ``MarianTokenizer``: pieces missing from the vocab
+  become ``<unk>``, a leading ``>>xx<<`` in the text is one token, ``</s>`` is appended.
+
+Known, deliberate difference from ``MarianTokenizer``: special-token strings typed in the text
+(``</s>``, ``<pad>``, ``<unk>``) are tokenized as plain text, never as control tokens.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import sentencepiece as spm
+
+logger = logging.getLogger(__name__)
+
+Layout = Literal["joint", "marian"]
+
+CONFIG_NAME = "tokenizer.json"
+FORMAT = "attnserve.tokenizer"
+FORMAT_VERSION = 1
+JOINT_SPM_NAME = "spm.model"
+SPIECE_UNDERLINE = "▁"
+# SentencePieceTrainer.train(...) arguments that give ModelConfig's default special ids.
+JOINT_SPM_SPECIAL_IDS: dict[str, Any] = {"eos_id": 0, "pad_id": 1, "unk_id": 2, "bos_id": -1}
+
+MARIAN_FILES = {
+    "source_spm": "source.spm",
+    "target_spm": "target.spm",
+    "vocab": "vocab.json",
+    "target_vocab": "target_vocab.json",
+}
+
+
+def _load_spm(data: bytes) -> spm.SentencePieceProcessor:
+    """A SentencePieceProcessor from a serialized model."""
+    return spm.SentencePieceProcessor(model_proto=data)
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(errno.ENOENT, "tokenizer file not found", str(path))
+    return path.read_bytes()
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    """A piece -> id JSON file, validated."""
+    try:
+        data = json.loads(_read_bytes(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) for k, v in data.items()
+    ):
+        raise ValueError(f"{path} must map pieces (str) to ids (int)")
+    return data
+
+
+def _token_name(value: Any, default: str) -> str:
+    """A special token from a HF tokenizer_config value (a string or an AddedToken dict)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return default
+
+
+def _is_tag(piece: str) -> bool:
+    return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
+
+
+def split_language_code(text: str) -> tuple[str | None, str]:
+    """Split a leading ``>>xx<<`` off the text, exactly as MarianTokenizer.remove_language_code."""
+    if text.startswith(">>"):
+        end = text.find("<<")
+        if end != -1:
+            return text[: end + 2], text[end + 2 :]
+    return None, text
+
+
+@dataclass
+class _Side:
+    """One direction's SentencePiece model and piece <-> id vocabulary."""
+
+    model: bytes
+    vocab: dict[str, int]
+    spm: spm.SentencePieceProcessor = field(init=False, repr=False)
+    pieces: dict[int, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.spm = _load_spm(self.model)
+        self.pieces = {i: p for p, i in self.vocab.items()}
+
+    @classmethod
+    def from_spm(cls, model: bytes) -> _Side:
+        """Ids are the spm's own ids (the joint layout)."""
+        proc = _load_spm(model)
+        vocab = {proc.id_to_piece(i): i for i in range(proc.get_piece_size())}
+        return cls(model, vocab)
+
+
+class Tokenizer:
+    """Text <-> ids for one translation model (source and target sides)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        source: _Side,
+        target: _Side,
+        *,
+        eos_token: str = "</s>",
+        unk_token: str = "<unk>",
+        pad_token: str = "<pad>",
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+    ) -> None:
+        self.layout: Layout = layout
+        self._source = source
+        self._target = target
+        self.source_lang = source_lang
+        self.target_lang = target_lang
+        self.special_tokens = {"eos": eos_token, "unk": unk_token, "pad": pad_token}
+        for role, token in self.special_tokens.items():
+            if token not in source.vocab:
+                raise ValueError(f"{role} token {token!r} is not in the source vocabulary")
+        self.eos_id = source.vocab[eos_token]
+        self.unk_id = source.vocab[unk_token]
+        self.pad_id = source.vocab[pad_token]
+        # Skipped when decoding: the source side's special ids (what HF skips, and the ids the
+        # model config uses) and the target vocabulary's own, where it has separate ones.
+        target_special = {
+            target.vocab[t] for t in self.special_tokens.values() if t in target.vocab
+        }
+        self.special_ids = frozenset({self.eos_id, self.unk_id, self.pad_id} | target_special)
+        self._target_unk = target.vocab.get(unk_token, self.unk_id)
+
+    # -- constructors -----------------------------------------------------------------------
+
+    @classmethod
+    def from_spm(
+        cls, path: str | Path, *, source_lang: str | None = None, target_lang: str | None = None
+    ) -> Tokenizer:
+        """A joint tokenizer from one SentencePiece model (our own format)."""
+        side = _Side.from_spm(_read_bytes(Path(path)))
+        proc = side.spm
+        if proc.eos_id() < 0 or proc.pad_id() < 0 or proc.unk_id() < 0:
+            raise ValueError(
+                f"{path}: a joint spm needs eos, pad and unk ids; "
+                f"train it with {JOINT_SPM_SPECIAL_IDS}"
+            )
+        return cls(
+            "joint",
+            side,
+            side,
+            eos_token=proc.id_to_piece(proc.eos_id()),
+            unk_token=proc.id_to_piece(proc.unk_id()),
+            pad_token=proc.id_to_piece(proc.pad_id()),
+            source_lang=source_lang,
+            target_lang=target_lang,
+        )
+
+    @classmethod
+    def from_marian(cls, hf_dir: str | Path) -> Tokenizer:
+        """MarianTokenizer's files: source.spm, target.spm, vocab.json [, target_vocab.json]."""
+        hf_dir = Path(hf_dir)
+        hf_config: dict[str, Any] = {}
+        config_path = hf_dir / "tokenizer_config.json"
+        if config_path.is_file():
+            try:
+                hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{config_path} is not valid JSON: {exc}") from exc
+        has_target_vocab = (hf_dir / MARIAN_FILES["target_vocab"]).is_file()
+        separate = bool(hf_config.get("separate_vocabs", has_target_vocab))
+        if has_target_vocab and not separate:
+            logger.warning("%s: ignoring target_vocab.json (separate_vocabs is false)", hf_dir)
+        vocab = _read_vocab(hf_dir / MARIAN_FILES["vocab"])
+        target_vocab = _read_vocab(hf_dir / MARIAN_FILES["target_vocab"]) if separate else vocab
+        source = _Side(_read_bytes(hf_dir / MARIAN_FILES["source_spm"]), vocab)
+        target = _Side(_read_bytes(hf_dir / MARIAN_FILES["target_spm"]), target_vocab)
+        return cls(
+            "marian",
+            source,
+            target,
+            eos_token=_token_name(hf_config.get("eos_token"), "</s>"),
+            unk_token=_token_name(hf_config.get("unk_token"), "<unk>"),
+            pad_token=_token_name(hf_config.get("pad_token"), "<pad>"),
+            source_lang=hf_config.get("source_lang"),
+            target_lang=hf_config.get("target_lang"),
+        )
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the source vocabulary (MarianTokenizer.vocab_size)."""
+        return len(self._source.vocab)
+
+    @property
+    def target_vocab_size(self) -> int:
+        return len(self._target.vocab)
+
+    @property
+    def max_ids(self) -> tuple[int, int]:
+        """The largest source and target ids (each must be < the model's vocab size)."""
+        return max(self._source.vocab.values()), max(self._target.vocab.values())
+
+    @property
+    def separate_vocabs(self) -> bool:
+        return self._target.vocab is not self._source.vocab
+
+    @property
+    def language_tags(self) -> list[str]:
+        """Target-language tags (``>>de<<``) in the source vocabulary, in id order."""
+        tags = [p for p in self._source.vocab if _is_tag(p)]
+        return sorted(tags, key=self._source.vocab.__getitem__)
+
+    @property
+    def target_languages(self) -> list[str]:
+        """The language codes of `language_tags` (``de`` for ``>>de<<``)."""
+        return [tag[2:-2] for tag in self.language_tags]
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def language_tag(self, target_lang: str) -> str:
+        """The tag for a language code (``de`` or ``>>de<<``); ValueError if not in the vocab."""
+        tag = target_lang if _is_tag(target_lang) else f">>{target_lang}<<"
+        if tag not in self._source.vocab:
+            supported = ", ".join(self.target_languages) or "none (single-target model)"
+            raise ValueError(f"unknown target language {target_lang!r}; supported: {supported}")
+        return tag
+
+    def _encode(self, side: _Side, text: str, tag: str | None, max_length: int | None) -> list[int]:
+        code, text = split_language_code(text)
+        if tag is not None:
+            code = tag  # an explicit target language replaces a tag typed in the text
+        unk = self.unk_id if side is self._source else self._target_unk
+        pieces: list[str] = side.spm.encode(text, out_type=str)
+        if code is not None:
+            pieces.insert(0, code)
+        ids = [side.vocab.get(p, unk) for p in pieces]
+        if max_length is not None:
+            if max_length < 1:
+                raise ValueError(f"max_length must be >= 1, got {max_length}")
+            ids = ids[: max_length - 1]
+        ids.append(self.eos_id)
+        return ids
+
+    def encode_source(
+        self, text: str, target_lang: str | None = None, *, max_length: int | None = None
+    ) -> list[int]:
+        """Source text -> ids ending in eos; `target_lang` prepends its ``>>xx<<`` tag.
+
+        Empty text gives ``[eos]``. `max_length` keeps the first ``max_length - 1`` tokens (the
+        tag counts) plus eos, as HF's ``truncation=True, max_length=...``.
+        """
+        tag = self.language_tag(target_lang) if target_lang is not None else None
+        return self._encode(self._source, text, tag, max_length)
+
+    def encode_target(self, text: str, *, max_length: int | None = None) -> list[int]:
+        """Target text -> label ids ending in eos (HF's ``text_target=``)."""
+        return self._encode(self._target, text, None, max_length)
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The target piece of an id (the unk token for ids outside the vocabulary)."""
+        return self._target.pieces.get(int(token_id), self.special_tokens["unk"])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Target ids -> text, skipping special ids (HF's ``skip_special_tokens=True``)."""
+        pieces: list[str] = []
+        for token_id in ids:
+            token_id = int(token_id)
+            if token_id in self.special_ids:
+                continue
+            piece = self._target.pieces.get(token_id)
+            if piece is None:
+                logger.debug("skipping id %d outside the target vocabulary", token_id)
+                continue
+            pieces.append(piece)
+        return self.decode_pieces(pieces)
+
+    def decode_pieces(self, pieces: Sequence[str]) -> str:
+        """Target pieces -> text (as MarianTokenizer.convert_tokens_to_string)."""
+        if not pieces:
+            return ""
+        text: str = self._target.spm.decode_pieces(list(pieces))
+        return text.replace(SPIECE_UNDERLINE, " ").strip()
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tokenizer.json content: layout, file names, special tokens, languages."""
+        files: dict[str, str | None]
+        if self.layout == "joint":
+            files = {"source_spm": JOINT_SPM_NAME, "target_spm": JOINT_SPM_NAME, "vocab": None}
+            files["target_vocab"] = None
+        else:
+            files = dict(MARIAN_FILES)
+            if not self.separate_vocabs:
+                files["target_vocab"] = None
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "layout": self.layout,
+            "files": files,
+            "special_tokens": dict(self.special_tokens),
+            "special_ids": {"eos": self.eos_id, "unk": self.unk_id, "pad": self.pad_id},
+            "source_lang": self.source_lang,
+            "target_lang": self.target_lang,
+            "language_tags": self.language_tags,
+        }
+
+    def save(self, directory: str | Path) -> list[Path]:
+        """Write tokenizer.json and the spm/vocab files into `directory`; returns the paths."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        config = self.to_dict()
+        files = config["files"]
+        written: list[Path] = []
+
+        def write(name: str, data: bytes) -> None:
+            path = out / name
+            path.write_bytes(data)
+            written.append(path)
+
+        write(files["source_spm"], self._source.model)
+        if files["target_spm"] != files["source_spm"]:
+            write(files["target_spm"], self._target.model)
+        if files["vocab"] is not None:
+            write(files["vocab"], _vocab_json(self._source.vocab))
+        if files["target_vocab"] is not None:
+            write(files["target_vocab"], _vocab_json(self._target.vocab))
+        write(CONFIG_NAME, (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode())
+        return written
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Read a tokenizer written by `save`."""
+        directory = Path(directory)
+        path = directory / CONFIG_NAME
+        try:
+            config = json.loads(_read_bytes(path).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(config, dict) or config.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an attnserve tokenizer config")
+        if config.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{path}: unsupported tokenizer format version {config.get('version')}"
+            )
+        try:
+            layout, files, special = config["layout"], config["files"], config["special_tokens"]
+            eos, unk, pad = (str(special[role]) for role in ("eos", "unk", "pad"))
+            source_spm = directory / files["source_spm"]
+            target_spm = directory / files["target_spm"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{path} is missing the field {exc}") from exc
+        if layout == "joint":
+            source = target = _Side.from_spm(_read_bytes(source_spm))
+        elif layout == "marian":
+            vocab = _read_vocab(directory / files["vocab"])
+            target_vocab = vocab
+            if files.get("target_vocab"):
+                target_vocab = _read_vocab(directory / files["target_vocab"])
+            source = _Side(_read_bytes(source_spm), vocab)
+            target = _Side(_read_bytes(target_spm), target_vocab)
+        else:
+            raise ValueError(f"{path}: unknown tokenizer layout {layout!r}")
+        return cls(
+            layout,
+            source,
+            target,
+            eos_token=eos,
+            unk_token=unk,
+            pad_token=pad,
+            source_lang=config.get("source_lang"),
+            target_lang=config.get("target_lang"),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(layout={self.layout!r}, vocab_size={self.vocab_size}, "
+            f"target_vocab_size={self.target_vocab_size}, tags={len(self.language_tags)})"
+        )
+
+
+def _vocab_json(vocab: dict[str, int]) -> bytes:
+    return (json.dumps(vocab, indent=2, ensure_ascii=False) + "\n").encode("utf-8")

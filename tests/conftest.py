@@ -1,0 +1,197 @@
+"""Shared fixtures: tiny SentencePiece models and tiny Hugging Face Marian directories.
+
+Everything is generated here in well under a second (plus the transformers import, once per
+session); nothing is downloaded. transformers is imported lazily, only by the HF fixtures.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sentencepiece as spm
+
+from attnserve.model.tokenizer import JOINT_SPM_SPECIAL_IDS
+
+SYLLABLES = [c + v for c in "kmrtsnlpdbzqvh" for v in "aeiou"]
+UMLAUT_SYLLABLES = [c + v for c in "kmrtsnlßd" for v in "aeäöü"]
+LANGUAGE_TAGS = [">>de<<", ">>nl<<"]
+
+
+def make_sentences(seed: int, syllables: list[str], n: int = 400) -> list[str]:
+    """Pseudo-language sentences from a fixed lexicon (deterministic)."""
+    rng = random.Random(seed)
+    lexicon = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(200)]
+    lexicon += [str(n) for n in range(10)]
+    sentences = []
+    for _ in range(n):
+        words = [rng.choice(lexicon) for _ in range(rng.randint(2, 12))]
+        words[0] = words[0].capitalize()
+        sentences.append(" ".join(words) + rng.choice([".", "?", "!", ",", ""]))
+    return sentences
+
+
+def train_spm(sentences: list[str], vocab_size: int, **kwargs: Any) -> bytes:
+    """A serialized unigram SentencePiece model trained in memory."""
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=out,
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+        **kwargs,
+    )
+    return out.getvalue()
+
+
+@pytest.fixture(scope="session")
+def source_sentences() -> list[str]:
+    return make_sentences(1, SYLLABLES)
+
+
+@pytest.fixture(scope="session")
+def target_sentences() -> list[str]:
+    return make_sentences(2, UMLAUT_SYLLABLES)
+
+
+@pytest.fixture(scope="session")
+def joint_spm_path(
+    tmp_path_factory: pytest.TempPathFactory,
+    source_sentences: list[str],
+    target_sentences: list[str],
+) -> Path:
+    """Our own format: one spm with eos=0, pad=1, unk=2 and two language tags."""
+    path = tmp_path_factory.mktemp("joint") / "spm.model"
+    path.write_bytes(
+        train_spm(
+            source_sentences + target_sentences,
+            160,
+            user_defined_symbols=LANGUAGE_TAGS,
+            **JOINT_SPM_SPECIAL_IDS,
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def marian_spm_models(source_sentences: list[str], target_sentences: list[str]) -> dict[str, bytes]:
+    """source.spm and target.spm as Marian trains them (eos=0, unk=1, no bos, no pad)."""
+    ids = {"eos_id": 0, "unk_id": 1, "bos_id": -1, "pad_id": -1}
+    return {
+        "source.spm": train_spm(source_sentences, 120, **ids),
+        "target.spm": train_spm(target_sentences, 150, **ids),
+    }
+
+
+def _pieces(model: bytes) -> list[str]:
+    proc = spm.SentencePieceProcessor(model_proto=model)
+    return [
+        proc.id_to_piece(i)
+        for i in range(proc.get_piece_size())
+        if not (proc.is_control(i) or proc.is_unknown(i))
+    ]
+
+
+def marian_vocabs(
+    models: dict[str, bytes], separate: bool
+) -> tuple[dict[str, int], dict[str, int]]:
+    """vocab.json (and target_vocab.json) laid out as OPUS-MT's: eos 0, unk 1, pad last."""
+    src = _pieces(models["source.spm"])
+    tgt = _pieces(models["target.spm"])
+    if not separate:
+        joint = ["</s>", "<unk>", *dict.fromkeys(src + tgt), *LANGUAGE_TAGS, "<pad>"]
+        vocab = {p: i for i, p in enumerate(joint)}
+        return vocab, vocab
+    source = ["</s>", "<unk>", *src, *LANGUAGE_TAGS, "<pad>"]
+    target = ["</s>", "<unk>", *tgt]
+    # The decoder shares the config's pad id (the decoder start), so put <pad> at that id.
+    target.insert(min(len(source) - 1, len(target)), "<pad>")
+    return {p: i for i, p in enumerate(source)}, {p: i for i, p in enumerate(target)}
+
+
+def build_hf_marian_dir(out: Path, models: dict[str, bytes], *, separate: bool, seed: int) -> Path:
+    """Save a tiny random MarianMTModel with its tokenizer files into `out`."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    vocab, target_vocab = marian_vocabs(models, separate)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in models.items():
+        (out / name).write_bytes(data)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
+    tok_config: dict[str, Any] = {"source_lang": "en", "target_lang": "de"}
+    if separate:
+        (out / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
+        tok_config["separate_vocabs"] = True
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
+
+    pad = vocab["<pad>"]
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(target_vocab),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        activation_function="swish",
+        scale_embedding=True,
+        max_position_embeddings=64,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        share_encoder_decoder_embeddings=not separate,
+        tie_word_embeddings=not separate,
+    )
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():  # HF initialises norms to 1 and the logits bias to 0: make them count
+        for name, param in model.named_parameters():
+            if "layer_norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.3 if param.dim() > 1 else 0.1)
+        model.final_logits_bias.normal_(0.0, 1.0)
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = 4
+    model.generation_config.max_length = 64
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_marian_dir(
+    tmp_path_factory: pytest.TempPathFactory, marian_spm_models: dict[str, bytes]
+) -> Path:
+    """A tiny random HF Marian directory: shared vocab/embeddings, tied output, two tags."""
+    return build_hf_marian_dir(
+        tmp_path_factory.mktemp("hf") / "opus-mt-tiny", marian_spm_models, separate=False, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def hf_marian_separate_dir(
+    tmp_path_factory: pytest.TempPathFactory, marian_spm_models: dict[str, bytes]
+) -> Path:
+    """Separate source/target vocabularies and embeddings, untied output projection."""
+    return build_hf_marian_dir(
+        tmp_path_factory.mktemp("hf") / "opus-mt-tiny-sep", marian_spm_models, separate=True, seed=1
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_marian_import(tmp_path_factory: pytest.TempPathFactory, hf_marian_dir: Path) -> Path:
+    """`hf_marian_dir` imported into our model directory format."""
+    from attnserve.model.marian import import_marian
+
+    return import_marian(hf_marian_dir, tmp_path_factory.mktemp("imported") / "opus-mt-tiny")

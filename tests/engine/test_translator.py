@@ -1,0 +1,101 @@
+"""The offline translator and `attnserve translate` on awkward input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnserve.engine.options import DecodingOptions, InvalidOption
+from attnserve.engine.translator import Translator, length_sorted_batches
+
+CLI = [sys.executable, "-m", "attnserve.cli"]
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_marian_import: Path) -> Translator:
+    return Translator.from_model_dir(tiny_marian_import, backend="torch")
+
+
+def test_model_defaults_come_from_its_generation_config(translator: Translator) -> None:
+    assert translator.defaults.beam_size == 4  # the tiny Marian dir says num_beams=4
+
+
+def test_empty_lines_give_empty_translations_in_place(translator: Translator) -> None:
+    opts = DecodingOptions(max_new_tokens=8)
+    out = translator.translate(["Ka ro.", "", "   ", "Zo re."], opts)
+    assert [r.text for r in out][1:3] == ["", ""]
+    assert out[1].output_tokens == 0 and out[1].input_tokens == 0
+    assert out[0].input_tokens > 0 and out[3].input_tokens > 0
+
+
+def test_outputs_keep_input_order_across_length_sorted_batches(translator: Translator) -> None:
+    texts = ["Ka.", "Ka ro zo re ta mi.", "Zo.", "Ka ro zo re ta mi ka ro zo re.", "Re ta."]
+    opts = DecodingOptions(max_new_tokens=8)
+    alone = [translator.translate([t], opts)[0].text for t in texts]
+    batched = [r.text for r in translator.translate(texts, opts, max_batch_size=2)]
+    assert batched == alone
+    assert list(length_sorted_batches([1, 5, 3, 9], 3)) == [[3, 1, 2], [0]]
+
+
+def test_lines_longer_than_max_positions_are_truncated(translator: Translator) -> None:
+    limit = translator.backend.spec.max_positions
+    long_text = " ".join(["kamo"] * (limit * 2))
+    ids = translator.encode(long_text)
+    assert len(ids) == limit and ids[-1] == translator.tokenizer.eos_id
+    [result] = translator.translate([long_text], DecodingOptions(max_new_tokens=4))
+    assert result.input_tokens == limit
+
+
+def test_unknown_characters_map_to_unk(translator: Translator) -> None:
+    ids = translator.encode("漢字 🙂 ⟂")
+    assert translator.tokenizer.unk_id in ids
+    [result] = translator.translate(["漢字 🙂 ⟂"], DecodingOptions(max_new_tokens=4))
+    assert isinstance(result.text, str)
+
+
+def test_max_new_tokens_above_max_positions_is_rejected(translator: Translator) -> None:
+    too_many = translator.backend.spec.max_positions + 1
+    with pytest.raises(InvalidOption, match="max_new_tokens"):
+        translator.translate(["Ka."], DecodingOptions(max_new_tokens=too_many))
+
+
+def test_nbest_output_and_summary_line(tiny_marian_import: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "translate", "--model", str(tiny_marian_import), "--beam-size", "3",
+         "--num-hypotheses", "2", "--max-new-tokens", "6"],
+        input="Ka ro.\n\nZo re.\n", capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = proc.stdout.split("\n")
+    assert len(lines) == 4 and lines[3] == ""  # three outputs, the empty line kept
+    assert lines[0].count(" ||| ") == 1
+    summary = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert set(summary) >= {"sentences", "target_tokens", "seconds", "tokens_per_second"}
+    assert summary["sentences"] == 3
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_missing_file_error_names_the_file(
+    tiny_marian_import: Path, tmp_path: Path, missing: str
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_marian_import, broken)
+    (broken / missing).unlink()
+    proc = subprocess.run(
+        [*CLI, "translate", "--model", str(broken)], input="Ka.\n", capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert missing in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_invalid_option_is_a_clean_error(tiny_marian_import: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "translate", "--model", str(tiny_marian_import), "--top-p", "1.5", "--sampling"],
+        input="Ka.\n", capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "top_p" in proc.stderr and "Traceback" not in proc.stderr
