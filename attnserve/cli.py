@@ -9,9 +9,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnserve.engine.options import DecodingOptions, InvalidOption
+
+if TYPE_CHECKING:
+    from attnserve.engine.backend import Backend
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "ende-small"
 
@@ -40,6 +43,27 @@ def _add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling", action="store_true", default=None, help="sample, not greedy/beam")
 
 
+VARIANT_CHOICES = ["fp32", "int8", "fp16"]
+PROVIDER_CHOICES = ["auto", "cpu", "cuda"]
+
+
+def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
+    """--backend onnx (default; needs `attnserve export`) | torch, --variant, --provider."""
+    p.add_argument(
+        "--backend",
+        choices=["onnx", "torch"],
+        default="onnx",
+        help="onnx (default: MODEL/onnx/<variant>/ from `attnserve export`) or torch",
+    )
+    p.add_argument("--variant", choices=VARIANT_CHOICES, default="int8", help="ONNX variant")
+    p.add_argument(
+        "--provider",
+        choices=PROVIDER_CHOICES,
+        default="auto",
+        help="ONNX Runtime provider: auto = CUDA when available, else CPU",
+    )
+
+
 def _decoding_options(args: argparse.Namespace, base: DecodingOptions) -> DecodingOptions:
     names = [*DECODING_FLAGS, "sampling"]
     given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
@@ -51,7 +75,13 @@ def _decoding_options(args: argparse.Namespace, base: DecodingOptions) -> Decodi
 def cmd_translate(args: argparse.Namespace) -> int:
     from attnserve.engine.translator import Translator
 
-    translator = Translator.from_model_dir(args.model, backend=args.backend, threads=args.threads)
+    translator = Translator.from_model_dir(
+        args.model,
+        backend=args.backend,
+        threads=args.threads,
+        variant=args.variant,
+        provider=args.provider,
+    )
     options = _decoding_options(args, translator.defaults)
     options.validate(max_new_tokens_limit=translator.backend.spec.max_positions)
     lines = [line.rstrip("\n") for line in sys.stdin]
@@ -77,6 +107,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         "seconds": round(seconds, 4),
         "tokens_per_second": round(target_tokens / seconds, 2) if seconds > 0 else None,
         "backend": args.backend,
+        "variant": args.variant if args.backend == "onnx" else None,
         "beam_size": options.beam_size,
         "max_batch_size": args.max_batch_size,
     }
@@ -92,48 +123,90 @@ def cmd_import_marian(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from attnserve.export.onnx_export import export_model
+    from attnserve.export.verify import ParityError
+
+    try:
+        written = export_model(
+            args.model_dir,
+            [v.strip() for v in args.variants.split(",") if v.strip()],
+            opset=args.opset,
+            verify=args.verify,
+            int8_float_output=not args.quantize_output_projection,
+        )
+    except ParityError as exc:
+        sys.stderr.write(f"attnserve: {exc}\n")
+        return 1
+    for variant, directory in written.items():
+        manifest = json.loads((directory / "manifest.json").read_text())
+        summary = {"variant": variant, "dir": str(directory), "parity": manifest["parity"]}
+        sys.stdout.write(json.dumps(summary) + "\n")
+    return 0
+
+
+def _preset_backends(
+    args: argparse.Namespace, names: list[str], workdir: Path
+) -> dict[str, Backend[Any]]:
+    """Random weights of a preset: the torch model itself, ONNX variants exported to workdir."""
+    import torch
+
+    from attnserve.engine.loading import DEFAULT_VARIANT, load_backend, parse_backend_name
+    from attnserve.engine.torch_backend import TorchBackend
+    from attnserve.export.onnx_export import export_variants
+    from attnserve.model.config import ModelConfig
+    from attnserve.model.transformer import EncoderDecoder
+
+    torch.manual_seed(0)
+    config = ModelConfig.preset(args.preset)
+    model = EncoderDecoder(config).eval()
+    parsed = {name: parse_backend_name(name) for name in names}
+    variants = sorted({v or DEFAULT_VARIANT for kind, v in parsed.values() if kind == "onnx"})
+    if variants:
+        config.save(workdir / "config.json")
+        export_variants(model, workdir / "onnx", variants, verify=False)
+    return {
+        name: TorchBackend(model, threads=args.threads)
+        if name == "torch"
+        else load_backend(workdir, name, threads=args.threads, provider=args.provider)
+        for name in names
+    }
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from attnserve.engine.backend import Backend
+    import tempfile
+
     from attnserve.engine.loading import load_backend
     from attnserve.loadtest.bench import random_sources, time_decoding
 
-    if args.preset:
-        import torch
-
-        from attnserve.engine.torch_backend import TorchBackend
-        from attnserve.model.config import ModelConfig
-        from attnserve.model.transformer import EncoderDecoder
-
-        torch.manual_seed(0)
-        config = ModelConfig.preset(args.preset)
-        backends: dict[str, Backend[Any]] = {
-            "torch": TorchBackend(EncoderDecoder(config), threads=args.threads)
-        }
-    else:
-        backends = {
-            b: load_backend(args.model, b, threads=args.threads) for b in args.backends.split(",")
-        }
-    spec = next(iter(backends.values())).spec
-    sources = random_sources(args.sentences, spec.vocab_size, eos_id=spec.eos_id)
-    results = []
-    for name, backend in backends.items():
-        for beam in (int(b) for b in args.beam_sizes.split(",")):
-            # Fixed output length: every backend produces exactly the same number of tokens.
-            options = DecodingOptions(
-                beam_size=beam, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
-            )
-            for batch in (int(b) for b in args.batch_sizes.split(",")):
-                result = time_decoding(
-                    backend,
-                    sources,
-                    options,
-                    batch,
-                    repeats=args.repeats,
-                    name=name,
-                    progress=log.info,
+    names = [b.strip() for b in args.backends.split(",") if b.strip()]
+    with tempfile.TemporaryDirectory(prefix="attnserve-bench-") as workdir:
+        if args.preset:
+            backends = _preset_backends(args, names, Path(workdir))
+        else:
+            backends = {
+                b: load_backend(args.model, b, threads=args.threads, provider=args.provider)
+                for b in names
+            }
+        spec = next(iter(backends.values())).spec
+        sources = random_sources(args.sentences, spec.vocab_size, eos_id=spec.eos_id)
+        for name, backend in backends.items():
+            for beam in (int(b) for b in args.beam_sizes.split(",")):
+                # Fixed output length: every backend produces exactly the same number of tokens.
+                options = DecodingOptions(
+                    beam_size=beam, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
                 )
-                results.append(result.to_dict())
-                print(json.dumps(result.to_dict()), flush=True)
+                for batch in (int(b) for b in args.batch_sizes.split(",")):
+                    result = time_decoding(
+                        backend,
+                        sources,
+                        options,
+                        batch,
+                        repeats=args.repeats,
+                        name=name,
+                        progress=log.info,
+                    )
+                    print(json.dumps(result.to_dict()), flush=True)
     return 0
 
 
@@ -152,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("translate", help="translate stdin lines to stdout")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
-    p.add_argument("--backend", choices=["torch"], default="torch")
+    _add_runtime_flags(p)
     p.add_argument("--max-batch-size", type=int, default=32, help="sentences per batch")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads")
     p.add_argument("--source-lang", default=None, help="source language (informational)")
@@ -167,10 +240,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output model directory")
     p.set_defaults(func=cmd_import_marian)
 
+    p = sub.add_parser("export", help="export a model directory to ONNX (MODEL_DIR/onnx/)")
+    p.add_argument("model_dir", type=Path, help="model directory")
+    p.add_argument("--variants", default="fp32,int8", help="comma-separated: fp32, int8, fp16")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure parity with torch into the manifest; fp32 must match (default: on)",
+    )
+    p.add_argument(
+        "--quantize-output-projection",
+        action="store_true",
+        help="int8: quantize the output projection too (default: it stays float)",
+    )
+    p.set_defaults(func=cmd_export)
+
     p = sub.add_parser("bench", help="offline decoding speed (target tokens/s)")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
     p.add_argument("--preset", default=None, help="random weights of a preset instead of --model")
-    p.add_argument("--backends", default="torch")
+    p.add_argument(
+        "--backends",
+        default="torch,onnx-fp32,onnx-int8",
+        help="comma-separated: torch, onnx-fp32, onnx-int8, onnx-fp16",
+    )
+    p.add_argument("--provider", choices=PROVIDER_CHOICES, default="auto", help="ONNX Runtime")
     p.add_argument("--beam-sizes", default="1,4")
     p.add_argument("--batch-sizes", default="1,32")
     p.add_argument("--sentences", type=int, default=64)

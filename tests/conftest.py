@@ -195,3 +195,41 @@ def tiny_marian_import(tmp_path_factory: pytest.TempPathFactory, hf_marian_dir: 
     from attnserve.model.marian import import_marian
 
     return import_marian(hf_marian_dir, tmp_path_factory.mktemp("imported") / "opus-mt-tiny")
+
+
+def _onnxruntime_has_cuda() -> bool:
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu` tests unless onnxruntime has the CUDA provider (onnxruntime-gpu + a GPU)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items or _onnxruntime_has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs onnxruntime's CUDAExecutionProvider")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx_import(tmp_path_factory: pytest.TempPathFactory, tiny_marian_import: Path) -> Path:
+    """A copy of `tiny_marian_import` exported to ONNX (fp32 and int8, verified at export)."""
+    import shutil
+
+    import torch
+
+    from attnserve.export.onnx_export import export_model
+
+    out = tmp_path_factory.mktemp("onnx") / "opus-mt-tiny"
+    shutil.copytree(tiny_marian_import, out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only wait on each other on a busy machine
+    try:
+        export_model(out, ("fp32", "int8"), verify=True)
+    finally:
+        torch.set_num_threads(threads)
+    return out

@@ -7,15 +7,33 @@ from typing import Any
 
 from attnserve.engine.backend import Backend
 
-BACKENDS = ("torch",)
+BACKENDS = ("onnx", "torch")
+DEFAULT_VARIANT = "int8"  # ONNX Runtime on CPU serves int8; fp16 is for the CUDA provider
+
+
+def parse_backend_name(name: str) -> tuple[str, str | None]:
+    """ "torch" -> ("torch", None); "onnx" -> ("onnx", None); "onnx-int8" -> ("onnx", "int8")."""
+    backend, _, variant = name.partition("-")
+    return backend, variant or None
 
 
 def load_backend(
     model_dir: str | Path, backend: str = "torch", *, threads: int | None = None, **kwargs: Any
 ) -> Backend[Any]:
-    """A backend over `model_dir`; heavy runtimes are imported only here, when chosen."""
-    if backend == "torch":
+    """A backend over `model_dir`; heavy runtimes are imported only here, when chosen.
+
+    `backend` is "torch", "onnx" (with `variant=` and `provider=` keyword arguments) or the
+    shorthand "onnx-<variant>" (e.g. "onnx-int8").
+    """
+    kind, variant = parse_backend_name(backend)
+    if kind == "torch" and variant is None:
         from attnserve.engine.torch_backend import TorchBackend
 
         return TorchBackend.from_dir(model_dir, threads=threads)
+    if kind == "onnx":
+        from attnserve.engine.onnx_backend import OnnxBackend
+
+        options = {k: v for k, v in kwargs.items() if k in ("provider", "io_binding", "spinning")}
+        chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT
+        return OnnxBackend.from_dir(model_dir, chosen, threads=threads, **options)
     raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -66,8 +66,8 @@ def test_max_new_tokens_above_max_positions_is_rejected(translator: Translator) 
 
 def test_nbest_output_and_summary_line(tiny_marian_import: Path) -> None:
     proc = subprocess.run(
-        [*CLI, "translate", "--model", str(tiny_marian_import), "--beam-size", "3",
-         "--num-hypotheses", "2", "--max-new-tokens", "6"],
+        [*CLI, "translate", "--model", str(tiny_marian_import), "--backend", "torch",
+         "--beam-size", "3", "--num-hypotheses", "2", "--max-new-tokens", "6"],
         input="Ka ro.\n\nZo re.\n", capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = proc.stdout.split("\n")
@@ -86,7 +86,10 @@ def test_missing_file_error_names_the_file(
     shutil.copytree(tiny_marian_import, broken)
     (broken / missing).unlink()
     proc = subprocess.run(
-        [*CLI, "translate", "--model", str(broken)], input="Ka.\n", capture_output=True, text=True
+        [*CLI, "translate", "--model", str(broken), "--backend", "torch"],
+        input="Ka.\n",
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert missing in proc.stderr and "Traceback" not in proc.stderr
@@ -94,7 +97,8 @@ def test_missing_file_error_names_the_file(
 
 def test_invalid_option_is_a_clean_error(tiny_marian_import: Path) -> None:
     proc = subprocess.run(
-        [*CLI, "translate", "--model", str(tiny_marian_import), "--top-p", "1.5", "--sampling"],
+        [*CLI, "translate", "--model", str(tiny_marian_import), "--backend", "torch", "--top-p",
+         "1.5", "--sampling"],
         input="Ka.\n", capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -1,0 +1,321 @@
+"""torch -> ONNX: the encoder and one decoder step, as two graphs, in fp32, int8 and fp16 variants.
+
+Exporter: torch.onnx.export(dynamo=True) (torch.export + onnxscript), opset 18. It handles the
+dynamic axes (batch, src_len, past_len) without trouble: the example inputs use a past of 3
+columns (torch.export specializes sizes 0 and 1, so the examples avoid them) and the graph runs
+with a zero-length past at the first step and with inputs longer than the examples; both are
+checked by `verify`. The TorchScript exporter (dynamo=False) was not needed. The new token's
+position is computed as ``sum([past_mask, 1]) - 1`` so no reduction runs over an empty axis.
+Attention gets a custom translation (`attention`) that ORT fuses better than torchlib's.
+
+Graph layout and names: `attnserve.engine.onnx_layout`. Variants (`attnserve.export.variants`):
+``fp32`` as exported; ``int8`` dynamic quantization after ORT's basic graph optimizations;
+``fp16`` for the CUDA provider.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnserve.engine.onnx_layout import (
+    DECODER_INPUTS,
+    DECODER_NAME,
+    ENCODER_INPUTS,
+    ENCODER_NAME,
+    LOG_PROBS,
+    MANIFEST_NAME,
+    ONNX_DIR,
+    VARIANTS,
+    cross_names,
+    past_names,
+    present_names,
+)
+from attnserve.export import variants as build
+from attnserve.model.cache import EncoderState, KVCache
+from attnserve.model.transformer import EncoderDecoder
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 18
+EXPORTER = "torch.onnx.export(dynamo=True)"
+
+
+class EncoderGraph(nn.Module):
+    """encode() with flat outputs: cross K/V of every decoder layer, interleaved."""
+
+    def __init__(self, model: EncoderDecoder) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
+        """input_ids, attention_mask (B, S) int64 -> 2L tensors (B, H, S, D)"""
+        state = self.model.encode(input_ids, attention_mask.bool())
+        return tuple(t for kv in zip(state.cross_keys, state.cross_values, strict=True) for t in kv)
+
+
+class DecoderStepGraph(nn.Module):
+    """decode_step() on a left-padded cache given as a mask, with log_softmax inside."""
+
+    def __init__(self, model: EncoderDecoder) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        encoder_attention_mask: Tensor,
+        past_mask: Tensor,
+        past: list[Tensor],
+        cross: list[Tensor],
+    ) -> tuple[Tensor, ...]:
+        """input_ids (B,); masks (B, S), (B, T); past 2L x (B, H, T, D); cross 2L x (B, H, S, D).
+
+        Returns log_probs (B, V) float32 and 2L present tensors (B, H, T+1, D).
+        """
+        new = torch.ones_like(input_ids)[:, None]  # (B, 1)
+        mask = torch.cat([past_mask, new], dim=1).bool()  # (B, T+1)
+        positions = mask.sum(dim=1, keepdim=True) - 1  # (B, 1): never a reduction over T=0
+        state = EncoderState(list(cross[0::2]), list(cross[1::2]), encoder_attention_mask.bool())
+        cache = KVCache(list(past[0::2]), list(past[1::2]), past_mask.bool())
+        logits, grown = self.model.decode(
+            input_ids[:, None], positions, mask[:, None], state, cache
+        )
+        log_probs = torch.log_softmax(logits.squeeze(1).float(), dim=-1)  # (B, V), no copy
+        return (log_probs, *(t for kv in zip(grown.keys, grown.values, strict=True) for t in kv))
+
+
+def attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """aten SDPA (4-D, boolean mask, eval) as ONNX ops that ORT fuses well.
+
+    softmax(q * scale @ k^T + where(mask, 0, min)) @ v with k^T a plain last-two-axes Transpose,
+    which ORT folds into FusedMatMul(transB) (torchlib's translation reshapes k to 3-D around
+    the Transpose, so every step copied the whole key cache and the cross keys). No NaN guard:
+    every row sees at least one key (its own new token, or a real source token), and a finite
+    mask value keeps even a fully masked row finite.
+    """
+    from onnxscript import ir
+    from onnxscript.onnx_opset import opset18
+
+    op: Any = opset18  # traced with the exporter's values; onnxscript's stubs do not fit them
+
+    if is_causal or dropout_p or enable_gqa:
+        raise NotImplementedError("attention(): causal / dropout / GQA are not used by the model")
+    dtype = query.dtype
+    head_dim = query.shape[-1]
+    factor = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    scaled = op.Mul(query, op.Constant(value=ir.tensor(factor, dtype=dtype)))
+    scores = op.MatMul(scaled, op.Transpose(key, perm=[0, 1, 3, 2]))  # (B, H, T, S)
+    if attn_mask is not None:
+        zero = op.Constant(value=ir.tensor(0.0, dtype=dtype))
+        lowest = op.Constant(value=ir.tensor(dtype.min, dtype=dtype))
+        scores = op.Add(scores, op.Where(attn_mask, zero, lowest))
+    return op.MatMul(op.Softmax(scores, axis=-1), value)  # (B, H, T, D)
+
+
+def _example_inputs(
+    model: EncoderDecoder, batch: int = 2, src_len: int = 5, past_len: int = 3
+) -> tuple[tuple[Tensor, Tensor], tuple[Any, ...]]:
+    """Small example inputs (sizes >= 2: torch.export specializes 0 and 1)."""
+    cfg = model.config
+    n = 2 * cfg.decoder_layers
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, cfg.vocab_size, (batch, src_len), generator=gen)
+    mask = torch.ones(batch, src_len, dtype=torch.long)
+    tokens = torch.randint(3, cfg.target_vocab_size, (batch,), generator=gen)
+    kv_shape = (batch, cfg.n_heads, past_len, cfg.head_dim)
+    cross_shape = (batch, cfg.n_heads, src_len, cfg.head_dim)
+    past = [torch.randn(kv_shape, generator=gen) for _ in range(n)]
+    cross = [torch.randn(cross_shape, generator=gen) for _ in range(n)]
+    past_mask = torch.ones(batch, past_len, dtype=torch.long)
+    return (ids, mask), (tokens, mask, past_mask, past, cross)
+
+
+def export_fp32(
+    model: EncoderDecoder, out_dir: str | Path, *, opset: int = DEFAULT_OPSET
+) -> dict[str, Path]:
+    """Write encoder.onnx and decoder.onnx (fp32, self-contained) into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.eval().float()
+    n_layers = model.config.decoder_layers
+    batch, src_len, past_len = (torch.export.Dim(n) for n in ("batch", "src_len", "past_len"))
+    enc_args, dec_args = _example_inputs(model)
+    src_axes = {0: batch, 1: src_len}
+    common: dict[str, Any] = {
+        "custom_translation_table": {
+            torch.ops.aten.scaled_dot_product_attention.default: attention
+        },
+        "opset_version": opset,
+        "dynamo": True,
+        "external_data": False,
+        "verbose": False,
+    }
+    with warnings.catch_warnings(), torch.no_grad(), build.quiet_logging():
+        warnings.simplefilter("ignore")  # axis-renaming chatter from the exporter
+        torch.onnx.export(
+            EncoderGraph(model),
+            enc_args,
+            str(out / ENCODER_NAME),
+            input_names=list(ENCODER_INPUTS),
+            output_names=cross_names(n_layers),
+            dynamic_shapes={"input_ids": src_axes, "attention_mask": src_axes},
+            **common,
+        )
+        torch.onnx.export(
+            DecoderStepGraph(model),
+            dec_args,
+            str(out / DECODER_NAME),
+            input_names=[*DECODER_INPUTS, *past_names(n_layers), *cross_names(n_layers)],
+            output_names=[LOG_PROBS, *present_names(n_layers)],
+            dynamic_shapes={
+                "input_ids": {0: batch},
+                "encoder_attention_mask": src_axes,
+                "past_mask": {0: batch, 1: past_len},
+                "past": [{0: batch, 2: past_len}] * (2 * n_layers),
+                "cross": [{0: batch, 2: src_len}] * (2 * n_layers),
+            },
+            **common,
+        )
+    return {"encoder": out / ENCODER_NAME, "decoder": out / DECODER_NAME}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import onnxscript
+
+    return {
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxscript": onnxscript.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def write_manifest(
+    directory: Path, variant: str, opset: int, options: dict[str, Any], parity: dict[str, Any]
+) -> Path:
+    """manifest.json: variant, opset, exporter, versions, file hashes, parity at export."""
+    files = {name: sha256(directory / name) for name in (ENCODER_NAME, DECODER_NAME)}
+    manifest = {
+        "variant": variant,
+        "opset": opset,
+        "exporter": EXPORTER,
+        "versions": _versions(),
+        "options": options,
+        "files": files,
+        "parity": parity,
+    }
+    path = directory / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def export_variants(
+    model: EncoderDecoder,
+    onnx_root: str | Path,
+    variants: Sequence[str] = ("fp32", "int8"),
+    *,
+    opset: int = DEFAULT_OPSET,
+    verify: bool = True,
+    int8_float_output: bool | None = None,
+) -> dict[str, Path]:
+    """Export `variants` of `model` into onnx_root/<variant>/; returns the variant directories.
+
+    With `verify`, measures parity against the torch model (see attnserve.export.verify), stores
+    it in each manifest, and raises ParityError when fp32 misses its bounds.
+    """
+    from attnserve.export.verify import check_fp32, measure_parity, torch_reference
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    root = Path(onnx_root)
+    written: dict[str, Path] = {}
+    reference = torch_reference(model) if verify else None
+    with tempfile.TemporaryDirectory(prefix="attnserve-export-") as tmp:
+        fp32_dir = Path(tmp) / "fp32"
+        log.info("exporting fp32 graphs (opset %d)", opset)
+        export_fp32(model, fp32_dir, opset=opset)
+        for variant in variants:
+            out = Path(tmp) / "staged" / variant  # moved into place once verified
+            out.mkdir(parents=True)
+            options: dict[str, Any] = {}
+            if variant == "fp32":
+                for name in (ENCODER_NAME, DECODER_NAME):
+                    shutil.copyfile(fp32_dir / name, out / name)
+            elif variant == "int8":
+                float_output = (
+                    build.INT8_FLOAT_OUTPUT if int8_float_output is None else int8_float_output
+                )
+                options = build.quantize_int8(
+                    fp32_dir, out, Path(tmp) / "int8-opt", float_output=float_output
+                )
+            else:
+                options = build.convert_fp16(fp32_dir, out)
+            parity: dict[str, Any] = {}
+            if reference is not None:
+                parity = measure_parity(reference, model.config, out, variant)
+                log.info("%s parity: %s", variant, json.dumps(parity))
+            write_manifest(out, variant, opset, options, parity)
+            if reference is not None and variant == "fp32":
+                check_fp32(parity, root / variant)  # a failed export leaves the old one alone
+            final = root / variant
+            if final.exists():
+                shutil.rmtree(final)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(out, final)
+            written[variant] = final
+            log.info("wrote %s", final)
+    return written
+
+
+def export_model(
+    model_dir: str | Path,
+    variants: Sequence[str] = ("fp32", "int8"),
+    *,
+    opset: int = DEFAULT_OPSET,
+    verify: bool = True,
+    int8_float_output: bool | None = None,
+) -> dict[str, Path]:
+    """Export a model directory to MODEL_DIR/onnx/<variant>/{encoder,decoder}.onnx + manifest."""
+    from attnserve.model.checkpoint import load_model_dir
+
+    model, _ = load_model_dir(model_dir)
+    return export_variants(
+        model,
+        Path(model_dir) / ONNX_DIR,
+        variants,
+        opset=opset,
+        verify=verify,
+        int8_float_output=int8_float_output,
+    )

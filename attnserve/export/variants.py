@@ -1,0 +1,161 @@
+"""Derived ONNX variants: int8 (dynamic quantization, CPU) and fp16 (CUDA) from the fp32 graphs.
+
+int8: ORT's offline graph optimizations first, at the BASIC level (constant folding, redundant
+node elimination: the transposed weights of `Linear` become plain initializers that the quantizer
+can see). BASIC only uses standard ONNX ops, so the result is portable; EXTENDED would bake in
+CPU-specific contrib ops (FusedMatMul, ...) that the quantizer does not handle and other
+providers may not run. Then `quantize_dynamic`: int8 weights, per output channel, for every MatMul
+/ Gemm whose second input is a constant (the attention score products stay float); activations
+are quantized to uint8 per tensor at run time. ORT fuses the result into DynamicQuantizeMatMul
+when the session loads it. Embeddings (Gather) stay float.
+
+`INT8_FLOAT_OUTPUT` decides whether the output projection (the V x C matrix that produces the
+logits) stays float; see its comment for the measurement behind the default.
+
+fp16: onnxruntime.transformers.float16 with LayerNormalization, Softmax and LogSoftmax kept in
+float32 (their reductions overflow or lose too much in half precision). Inputs are ids and masks
+(int64); `log_probs` stays float32 (search sums log-probs over many steps). The KV cache, cross
+K/V and present outputs are float16: on CUDA they never leave the device (IO binding), so half
+precision halves their memory and bandwidth and saves a cast per layer per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+
+from attnserve.engine.onnx_layout import DECODER_NAME, ENCODER_NAME, LOG_PROBS
+
+log = logging.getLogger(__name__)
+
+# Keep the output projection in float32 in the int8 variant. Measured (random weights, greedy,
+# 64 sentences x 32 tokens, token agreement with fp32): see docs/ARCHITECTURE.md "Export".
+INT8_FLOAT_OUTPUT = True
+FP16_BLOCKED_OPS = ("LayerNormalization", "Softmax", "LogSoftmax")
+QUANTIZED_OPS = ("MatMul", "Gemm")
+# Loggers that narrate at INFO (ORT's quantizer logs whole nodes on the root logger).
+NOISY_LOGGERS = ("", "onnx_ir", "onnxscript", "torch.onnx", "onnxruntime")
+
+
+@contextmanager
+def quiet_logging() -> Iterator[None]:
+    """Raise the exporters' and the root logger's level to ERROR for the duration."""
+    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def optimize_offline(src: Path, dst: Path, level: str = "basic") -> Path:
+    """Save ORT's optimized graph of `src` (CPU provider) to `dst`."""
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }
+    options = ort.SessionOptions()
+    options.graph_optimization_level = levels[level]
+    options.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    return dst
+
+
+def output_projection_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the MatMul/Gemm nodes nearest to `log_probs`, walking back through the graph."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    found: list[str] = []
+    queue: deque[str] = deque([LOG_PROBS])
+    seen: set[str] = set()
+    while queue:
+        name = queue.popleft()
+        node = producers.get(name)
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op_type in QUANTIZED_OPS:
+            found.append(node.name)
+            continue  # stop at the first matrix product on this path
+        queue.extend(node.input)
+    return found
+
+
+def quantize_int8(
+    src_dir: Path, out_dir: Path, work_dir: Path, *, float_output: bool
+) -> dict[str, Any]:
+    """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    excluded: list[str] = []
+    for name in (ENCODER_NAME, DECODER_NAME):
+        optimized = optimize_offline(src_dir / name, work_dir / name)
+        exclude = []
+        if name == DECODER_NAME and float_output:
+            exclude = output_projection_nodes(onnx.load(str(optimized), load_external_data=False))
+            excluded += exclude
+        with quiet_logging():
+            quantize_dynamic(
+                optimized,
+                out_dir / name,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=list(QUANTIZED_OPS),
+                nodes_to_exclude=exclude,
+                extra_options={"MatMulConstBOnly": True},
+            )
+    log.info("int8: output projection %s", f"kept float ({excluded})" if excluded else "int8")
+    return {
+        "offline_optimization": "ORT_ENABLE_BASIC",
+        "quantization": "dynamic, int8 weights per channel, uint8 activations",
+        "quantized_ops": list(QUANTIZED_OPS),
+        "float_output_projection": bool(float_output),
+        "float_nodes": excluded,
+    }
+
+
+def _drop_repeated_casts(model: onnx.ModelProto) -> None:
+    """Remove the converter's repeated Casts (one value into several fp32 nodes: same output)."""
+    produced: set[str] = set()
+    kept = []
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.output[0] in produced:
+            continue
+        produced.update(node.output)
+        kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+
+
+def convert_fp16(src_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """fp16 encoder.onnx / decoder.onnx (for the CUDA provider); returns options used."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    blocked = [*DEFAULT_OP_BLOCK_LIST, *FP16_BLOCKED_OPS]
+    for name in (ENCODER_NAME, DECODER_NAME):
+        model = onnx.load(str(src_dir / name))
+        keep = [LOG_PROBS] if name == DECODER_NAME else []
+        with quiet_logging():
+            half = convert_float_to_float16(model, keep_io_types=keep, op_block_list=blocked)
+        _drop_repeated_casts(half)
+        OnnxModel(half).topological_sort()  # the converter appends its Casts at the end
+        with tempfile.TemporaryDirectory() as tmp:  # check before writing the real file
+            onnx.save(half, str(Path(tmp) / name))
+            onnx.checker.check_model(str(Path(tmp) / name))
+        onnx.save(half, str(out_dir / name))
+    return {
+        "float32_ops": list(FP16_BLOCKED_OPS),
+        "io_types": {"log_probs": "float32", "kv_cache_and_cross": "float16", "ids_masks": "int64"},
+    }

@@ -1,0 +1,155 @@
+"""Parity of an exported variant with the torch model: per-step log-probs and decoded tokens.
+
+Inputs are a padded batch of random sources longer than the export examples (which use 5 source
+tokens and 3 past columns), decoded from a zero-length past. fp32 must match within
+`FP32_MAX_ABS_DIFF` and give identical greedy and beam-4 outputs; int8 and fp16 are reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnserve.engine.backend import Backend, FloatArray, IntArray, pad_batch
+from attnserve.engine.onnx_backend import OnnxBackend
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.torch_backend import TorchBackend
+from attnserve.engine.translator import decode_batch
+from attnserve.model.config import ModelConfig
+from attnserve.model.transformer import EncoderDecoder
+
+log = logging.getLogger(__name__)
+
+FP32_MAX_ABS_DIFF = 1e-4
+
+
+class ParityError(RuntimeError):
+    """An exported fp32 graph that does not reproduce the torch model."""
+
+
+def verification_sources(
+    vocab_size: int, max_positions: int, n: int = 16, *, eos_id: int = 0, seed: int = 0
+) -> list[list[int]]:
+    """Random sources of 4..40 tokens (ids >= 3, ending in EOS), deterministic."""
+    rng = np.random.default_rng(seed)
+    top = max(4, min(40, max_positions - 1))
+    lengths = rng.integers(4, top + 1, size=n)
+    lengths[0] = top  # the longest source sets the padded width
+    return [rng.integers(3, vocab_size, size=int(k)).tolist() + [eos_id] for k in lengths]
+
+
+SEARCHES = {"greedy": 1, "beam4": 4}
+
+
+@dataclass
+class Reference:
+    """What the reference backend computed once; every variant is compared with it."""
+
+    sources: list[list[int]]
+    max_new_tokens: int
+    step_tokens: list[IntArray]  # fed at every step (the reference's greedy choices)
+    step_log_probs: list[FloatArray]  # (B, V) per step
+    outputs: dict[str, list[tuple[int, ...]]]  # best hypothesis per source, per search
+
+
+def _options(beam_size: int, max_new_tokens: int) -> DecodingOptions:
+    return DecodingOptions(beam_size=beam_size, max_new_tokens=max_new_tokens)
+
+
+def decoded_tokens(
+    backend: Backend[Any], sources: Sequence[Sequence[int]], options: DecodingOptions
+) -> list[tuple[int, ...]]:
+    """Best hypothesis of every source, decoded in one batch."""
+    return [hyps[0].tokens for hyps in decode_batch(backend, sources, [options] * len(sources))]
+
+
+def run_reference(
+    backend: Backend[Any], sources: list[list[int]], max_new_tokens: int = 32
+) -> Reference:
+    """Per-step log-probs on a padded batch (from a zero-length past) and decoded outputs."""
+    new = max(1, min(max_new_tokens, backend.spec.max_positions))
+    ids, lengths = pad_batch(sources, backend.spec.pad_id)
+    state = backend.encode(ids, lengths)
+    tokens = np.full(len(sources), backend.spec.start_id, dtype=np.int64)
+    step_tokens, step_log_probs = [], []
+    for _ in range(new):
+        log_probs, state = backend.step(tokens, state)
+        step_tokens.append(tokens)
+        step_log_probs.append(log_probs)
+        tokens = log_probs.argmax(axis=-1).astype(np.int64)
+    outputs = {k: decoded_tokens(backend, sources, _options(b, new)) for k, b in SEARCHES.items()}
+    return Reference(sources, new, step_tokens, step_log_probs, outputs)
+
+
+def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Sequence exact-match rate and position-wise token agreement (over the longer output)."""
+    same = sum(int(tuple(x) == tuple(y)) for x, y in zip(a, b, strict=True))
+    equal = sum(
+        sum(int(p == q) for p, q in zip(x, y, strict=False)) for x, y in zip(a, b, strict=True)
+    )
+    total = sum(max(len(x), len(y), 1) for x, y in zip(a, b, strict=True))
+    return {"exact": same / max(len(a), 1), "tokens": equal / total}
+
+
+def compare(candidate: Backend[Any], reference: Reference) -> dict[str, Any]:
+    """Max abs log-prob difference over the reference's steps, and output agreement."""
+    ids, lengths = pad_batch(reference.sources, candidate.spec.pad_id)
+    state = candidate.encode(ids, lengths)
+    worst = 0.0
+    for tokens, expected in zip(reference.step_tokens, reference.step_log_probs, strict=True):
+        log_probs, state = candidate.step(tokens, state)
+        worst = max(worst, float(np.abs(log_probs - expected).max()))
+    report: dict[str, Any] = {
+        "sentences": len(reference.sources),
+        "max_source_len": max(len(s) for s in reference.sources),
+        "max_new_tokens": reference.max_new_tokens,
+        "max_abs_log_prob_diff": worst,
+    }
+    for name, beam in SEARCHES.items():
+        got = decoded_tokens(candidate, reference.sources, _options(beam, reference.max_new_tokens))
+        scores = agreement(reference.outputs[name], got)
+        report[f"{name}_exact_match"] = scores["exact"]
+        report[f"{name}_token_agreement"] = scores["tokens"]
+    return report
+
+
+def torch_reference(model: EncoderDecoder, n: int = 16) -> Reference:
+    """The torch model's reference run on `n` verification sources."""
+    cfg = model.config
+    sources = verification_sources(cfg.vocab_size, cfg.max_positions, n, eos_id=cfg.eos_id)
+    return run_reference(TorchBackend(model), sources)
+
+
+def measure_parity(
+    reference: Reference, config: ModelConfig, directory: Path, variant: str, provider: str = "auto"
+) -> dict[str, Any]:
+    """Parity figures of the graphs in `directory` (reported in the manifest)."""
+    try:
+        candidate = OnnxBackend(config, directory, provider=provider)
+        report = compare(candidate, reference)
+    except Exception as exc:
+        if variant == "fp32":
+            raise
+        log.warning("could not verify %s: %s", variant, exc)
+        return {"skipped": f"{type(exc).__name__}: {exc}"}
+    report["provider"] = candidate.provider
+    return report
+
+
+def check_fp32(parity: dict[str, Any], where: Path) -> None:
+    """Raise ParityError unless fp32 parity is within bounds."""
+    problems = []
+    if parity["max_abs_log_prob_diff"] > FP32_MAX_ABS_DIFF:
+        problems.append(
+            f"max abs log-prob diff {parity['max_abs_log_prob_diff']:.2e} > {FP32_MAX_ABS_DIFF}"
+        )
+    for name in ("greedy", "beam4"):
+        if parity[f"{name}_exact_match"] != 1.0:
+            problems.append(f"{name} outputs differ ({parity[f'{name}_exact_match']:.3f} exact)")
+    if problems:
+        raise ParityError(f"{where}: fp32 graphs do not match torch: " + "; ".join(problems))

@@ -1,0 +1,194 @@
+"""Export to ONNX: files, names, dynamic axes, manifest, variants, parity, the CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from attnserve.cli import main
+from attnserve.engine.onnx_backend import OnnxBackend
+from attnserve.engine.onnx_layout import cross_names, past_names, present_names
+from attnserve.export.onnx_export import export_model, export_variants, sha256
+from attnserve.export.variants import output_projection_nodes
+from attnserve.export.verify import FP32_MAX_ABS_DIFF, ParityError
+from attnserve.model.checkpoint import load_model_dir, read_model_config
+from attnserve.model.config import ModelConfig
+from attnserve.model.transformer import EncoderDecoder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models: torch's threads only wait on each other (badly, on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def io_spec(values: list[onnx.ValueInfoProto]) -> dict[str, tuple[int, list[str | int]]]:
+    """name -> (element type, dims as names or sizes)"""
+    return {
+        v.name: (
+            v.type.tensor_type.elem_type,
+            [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+        )
+        for v in values
+    }
+
+
+def test_manifest_records_versions_hashes_and_parity(tiny_onnx_import: Path) -> None:
+    for variant in ("fp32", "int8"):
+        directory = tiny_onnx_import / "onnx" / variant
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert manifest["variant"] == variant and manifest["opset"] == 18
+        assert manifest["exporter"].startswith("torch.onnx.export(dynamo=True)")
+        assert set(manifest["versions"]) >= {"torch", "onnx", "onnxruntime", "onnxscript"}
+        for name, digest in manifest["files"].items():
+            assert sha256(directory / name) == digest
+        parity = manifest["parity"]
+        assert parity["max_source_len"] > 5  # longer than the export examples
+        if variant == "fp32":
+            assert parity["max_abs_log_prob_diff"] <= FP32_MAX_ABS_DIFF
+            assert parity["greedy_exact_match"] == parity["beam4_exact_match"] == 1.0
+        else:
+            assert 0.5 <= parity["greedy_token_agreement"] <= 1.0
+            assert manifest["options"]["float_output_projection"] is True
+
+
+def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
+    n = read_model_config(tiny_onnx_import).decoder_layers
+    directory = tiny_onnx_import / "onnx" / "fp32"
+    encoder = onnx.load(str(directory / "encoder.onnx"))
+    decoder = onnx.load(str(directory / "decoder.onnx"))
+    assert encoder.opset_import[0].version == 18
+    i64, f32 = onnx.TensorProto.INT64, onnx.TensorProto.FLOAT
+    enc_in, enc_out = io_spec(list(encoder.graph.input)), io_spec(list(encoder.graph.output))
+    assert enc_in == {
+        "input_ids": (i64, ["batch", "src_len"]),
+        "attention_mask": enc_in["input_ids"],
+    }
+    assert list(enc_out) == cross_names(n)
+    assert enc_out["cross.0.key"][1][0::2] == ["batch", "src_len"]
+    dec_in, dec_out = io_spec(list(decoder.graph.input)), io_spec(list(decoder.graph.output))
+    assert list(dec_in) == ["input_ids", "encoder_attention_mask", "past_mask"] + past_names(
+        n
+    ) + cross_names(n)
+    assert dec_in["input_ids"] == (i64, ["batch"])
+    assert dec_in["past_mask"] == (i64, ["batch", "past_len"])
+    assert dec_in["past.0.self.key"][0] == f32
+    assert dec_in["past.0.self.key"][1][0::2] == ["batch", "past_len"]
+    assert list(dec_out) == ["log_probs", *present_names(n)]
+    assert dec_out["log_probs"][0] == f32
+    assert dec_out["present.1.self.value"][1][2] == "past_len + 1"
+
+
+def test_int8_quantizes_matmuls_but_keeps_the_output_projection_float(
+    tiny_onnx_import: Path,
+) -> None:
+    decoder = onnx.load(str(tiny_onnx_import / "onnx" / "int8" / "decoder.onnx"))
+    ops = [node.op_type for node in decoder.graph.node]
+    assert ops.count("MatMulInteger") >= 2 * 4  # q, k, v, out, fc1, fc2 ... per layer
+    [head] = output_projection_nodes(decoder)
+    assert next(n for n in decoder.graph.node if n.name == head).op_type == "MatMul"
+
+
+def test_other_architecture_exports_with_fp32_parity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pre-LN, gelu, no logits bias, separate vocabularies and an untied output projection."""
+    torch.manual_seed(3)
+    config = ModelConfig.preset(
+        "tiny",
+        vocab_size=48,
+        tgt_vocab_size=40,
+        norm_placement="pre",
+        activation="gelu",
+        final_logits_bias=False,
+        shared_embeddings=False,
+        tied_output=False,
+        decoder_layers=3,
+    )
+    model = EncoderDecoder(config).eval()
+    written = export_variants(model, tmp_path / "onnx", ["fp32"], verify=True)  # raises if not
+    parity = json.loads((written["fp32"] / "manifest.json").read_text())["parity"]
+    assert parity["max_abs_log_prob_diff"] <= FP32_MAX_ABS_DIFF
+    backend = OnnxBackend(config, written["fp32"], provider="cpu")
+    assert backend.spec.vocab_size == 40
+    # A failed verification raises and leaves the previous export in place.
+    before = (written["fp32"] / "manifest.json").read_text()
+    monkeypatch.setattr("attnserve.export.verify.FP32_MAX_ABS_DIFF", -1.0)
+    with pytest.raises(ParityError, match="fp32 graphs do not match torch"):
+        export_variants(model, tmp_path / "onnx", ["fp32"], verify=True)
+    assert (written["fp32"] / "manifest.json").read_text() == before
+
+
+def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path) -> None:
+    """fp16: cache and cross K/V in float16, log_probs float32; runs on CPU (slowly)."""
+    model, _ = load_model_dir(tiny_onnx_import)
+    config = model.config
+    written = export_variants(model, tmp_path / "onnx", ["fp16"], verify=False)
+    decoder = onnx.load(str(written["fp16"] / "decoder.onnx"))
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    assert io_spec(list(decoder.graph.input))["past.0.self.key"][0] == f16
+    assert io_spec(list(decoder.graph.input))["cross.0.key"][0] == f16
+    assert io_spec(list(decoder.graph.output))["log_probs"][0] == f32
+    assert io_spec(list(decoder.graph.output))["present.0.self.key"][0] == f16
+    kept = {n.op_type for n in decoder.graph.node if n.op_type in ("LayerNormalization", "Softmax")}
+    for node in decoder.graph.node:
+        if node.op_type in kept:  # fed through a Cast to float32
+            assert node.input[0].endswith("_cast_to_fp32")
+    backend = OnnxBackend(config, written["fp16"], provider="cpu")
+    state = backend.encode(np.array([[5, 6, 0]]), np.array([3]))
+    log_probs, state = backend.step(np.array([config.start_id]), state)
+    assert log_probs.dtype == np.float32 and np.isfinite(log_probs).all()
+    assert state.past[0].dtype == np.float16
+
+
+@pytest.mark.gpu
+def test_fp16_on_cuda_agrees_with_torch(tiny_onnx_import: Path, tmp_path: Path) -> None:
+    """On the CUDA provider: IO binding, fp16 cache on the device, outputs close to fp32."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_onnx_import, model_dir, ignore=shutil.ignore_patterns("onnx"))
+    written = export_model(model_dir, ["fp16"], verify=True)
+    parity = json.loads((written["fp16"] / "manifest.json").read_text())["parity"]
+    assert parity["provider"] == "CUDAExecutionProvider"
+    assert parity["max_abs_log_prob_diff"] < 0.25  # large logits: CPU fp16 gives 0.08
+    assert parity["greedy_token_agreement"] >= 0.9
+    backend = OnnxBackend.from_dir(model_dir, "fp16", provider="cuda")
+    assert backend.io_binding and backend.device[0] == "cuda"
+
+
+def test_cli_export_and_translate(
+    tiny_marian_import: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`attnserve export` then `translate --backend onnx --variant fp32` == `--backend torch`."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_marian_import, model_dir)
+
+    def run(*argv: str, stdin: str = "") -> tuple[int, str, str]:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = run("translate", "--model", str(model_dir), "--variant", "fp32", stdin="a\n")
+    assert code == 2 and "encoder.onnx" in err and "attnserve export" in err
+    code, out, _ = run("export", str(model_dir), "--variants", "fp32", "--no-verify")
+    assert code == 0 and json.loads(out)["variant"] == "fp32"
+    text = "Kaka ro.\nZo re ma ti.\n"
+    flags = ["--model", str(model_dir), "--max-new-tokens", "8", "--beam-size", "2"]
+    code, onnx_out, err = run("translate", *flags, "--variant", "fp32", stdin=text)
+    assert code == 0 and json.loads(err.strip().splitlines()[-1])["variant"] == "fp32"
+    code, torch_out, _ = run("translate", *flags, "--backend", "torch", stdin=text)
+    assert code == 0 and onnx_out == torch_out and len(onnx_out.splitlines()) == 2
