@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnserve.cli_model import add_commands as add_model_commands
 from attnserve.engine.options import DecodingOptions, InvalidOption
 
 if TYPE_CHECKING:
@@ -274,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_bench)
 
+    add_model_commands(sub, DEFAULT_MODEL, _add_runtime_flags)
+
     p = sub.add_parser("serve", help="serve models over HTTP")
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--host", default="127.0.0.1")
@@ -283,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["data"], ["train"]):
+        # These parse their own flags; argparse's REMAINDER would swallow `--help` otherwise.
+        argv = [argv[0], "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

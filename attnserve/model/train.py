@@ -1,0 +1,390 @@
+"""Training one model for both directions: teacher forcing, label smoothing, AdamW + inverse-sqrt.
+
+A run directory holds `checkpoint.pt` (everything `resume` needs: model, optimizer, scheduler,
+step, data position, RNG states), `best.pt` (the weights with the best dev BLEU) and `train.log`.
+
+bf16 autocast (`bf16=None`: on where the CPU has AMX or AVX-512 bf16), measured for the `small`
+preset (vocab 8k, 4096-token batches) on 2 Xeon cores with AMX: 7.7k vs 6.2k source+target
+tokens/s with 2 threads (1.25x), 4.7k vs 3.4k with 1 thread (1.37x). The fused AdamW kernel adds
+about 10%; dropping the final logits bias (`model_overrides={"final_logits_bias": false}`) 9%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnserve.model.batching import (
+    Batch,
+    Examples,
+    collate,
+    load_train_examples,
+    make_batches,
+)
+from attnserve.model.config import ModelConfig
+from attnserve.model.data import Manifest
+from attnserve.model.evaluate import dev_bleu
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.model.transformer import EncoderDecoder
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on (saved in its checkpoint)."""
+
+    data_dir: str = "data"
+    spm_model: str = "data/spm.model"
+    run_dir: str = "runs/ende-small"
+    preset: str = "small"
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int = 4096  # padded tokens per micro-batch: rows * max(source, target) length
+    accum_steps: int = 1
+    lr: float = 7e-4
+    warmup_steps: int = 2000
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_len: int = 160  # longer examples (in pieces) are skipped
+    max_steps: int = 0  # 0: no step limit
+    max_hours: float = 0.0  # 0: no time limit for this invocation
+    checkpoint_minutes: float = 10.0
+    eval_every: int = 1000  # steps between dev BLEU evaluations; 0: never
+    dev_sentences: int = 100  # per direction
+    log_every: int = 50
+    bf16: bool | None = None  # None: autocast to bf16 where the CPU has native bf16 (see above)
+    threads: int = 0  # 0: torch's default
+    seed: int = 1
+    resume: bool = False
+
+
+@dataclass
+class TrainState:
+    """Progress that a checkpoint restores besides the tensors."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed
+    tokens: int = 0
+    seconds: float = 0.0
+    best_bleu: float = -1.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def inverse_sqrt(warmup_steps: int) -> Any:
+    """LR multiplier: linear warmup to 1 at `warmup_steps`, then sqrt(warmup / step)."""
+
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+    return factor
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AMX or AVX-512 bf16; Linux /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    """The preset with overrides, its vocabulary sized to the SentencePiece model."""
+    return ModelConfig.preset(cfg.preset, **{**cfg.model_overrides, "vocab_size": vocab_size})
+
+
+def loss_sum(
+    model: EncoderDecoder, batch: Batch, label_smoothing: float, bf16: bool
+) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over the batch's target tokens."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(batch.src_ids, batch.src_mask, batch.tgt_in, batch.tgt_mask)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1),
+        batch.labels.flatten(),
+        ignore_index=model.config.pad_id,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """Owns the model, optimizer, scheduler, data and progress of one run."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.bf16 = cpu_has_bf16() if cfg.bf16 is None else cfg.bf16
+        self.run_dir = Path(cfg.run_dir)
+        self.tokenizer = Tokenizer.from_spm(cfg.spm_model)
+        self.model_config = model_config(cfg, self.tokenizer.vocab_size)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.model = EncoderDecoder(self.model_config)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            fused=True,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, inverse_sqrt(cfg.warmup_steps)
+        )
+        self.state = TrainState()
+        manifest = Manifest.load(Path(cfg.data_dir) / "manifest.json")
+        self.examples: Examples = load_train_examples(
+            Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len
+        )
+        log.info(
+            "%d training examples (%d too long skipped); model %s, %.1fM parameters",
+            len(self.examples), self.examples.skipped_too_long, cfg.preset,
+            self.model.num_parameters() / 1e6,
+        )  # fmt: skip
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT_NAME
+
+    def save_checkpoint(self) -> None:
+        """Everything needed to continue exactly where this run is now."""
+        _atomic_save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "state": dataclasses.asdict(self.state),
+                "rng": _rng_state(),
+                "train_config": dataclasses.asdict(self.cfg),
+                "model_config": self.model_config.to_dict(),
+            },
+            self.checkpoint_path,
+        )
+        log.info("checkpoint at step %d -> %s", self.state.step, self.checkpoint_path)
+
+    def load_checkpoint(self) -> None:
+        ckpt = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        if ckpt["model_config"] != self.model_config.to_dict():
+            raise ValueError("checkpoint model config differs from this run's")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.state = TrainState(**ckpt["state"])
+        _set_rng_state(ckpt["rng"])
+        log.info(
+            "resumed from step %d (epoch %d, batch %d)",
+            self.state.step,
+            self.state.epoch,
+            self.state.batch_in_epoch,
+        )
+
+    def save_best(self, scores: dict[str, float]) -> None:
+        _atomic_save(
+            {
+                "model": self.model.state_dict(),
+                "model_config": self.model_config.to_dict(),
+                "dev": scores,
+            },
+            self.run_dir / "best.pt",
+        )
+
+    def micro_batches(self) -> Any:
+        """Yield (epoch, batch index, batch) from the saved data position onwards, forever."""
+        cfg, st = self.cfg, self.state
+        epoch, first = st.epoch, st.batch_in_epoch
+        while True:
+            batches = make_batches(self.examples, cfg.max_tokens, cfg.seed, epoch)
+            for i in range(first, len(batches)):
+                m = self.model_config
+                yield epoch, i, collate(self.examples, batches[i], m.pad_id, m.start_id)
+            epoch, first = epoch + 1, 0
+
+    def train_step(self, batches: list[Batch]) -> float:
+        """One optimizer step over `accum_steps` micro-batches; returns loss per target token."""
+        n_target = sum(b.num_target_tokens for b in batches)
+        total = 0.0
+        for batch in batches:
+            loss = loss_sum(self.model, batch, self.cfg.label_smoothing, self.bf16) / n_target
+            loss.backward()
+            total += float(loss.detach())
+        if self.cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def evaluate(self) -> None:
+        scores = dev_bleu(
+            self.model, self.tokenizer, Path(self.cfg.data_dir), self.cfg.dev_sentences
+        )
+        record = {"step": self.state.step, "hours": round(self.state.seconds / 3600, 3), **scores}
+        self.state.history.append(record)
+        mean = (scores["bleu_ende"] + scores["bleu_deen"]) / 2
+        if mean > self.state.best_bleu:
+            self.state.best_bleu = mean
+            self.save_best(scores)
+        log.info("dev %s (best mean %.2f)", json.dumps(record), self.state.best_bleu)
+
+    def run(self) -> TrainState:
+        cfg, st = self.cfg, self.state
+        self.model.train()
+        stream = self.micro_batches()
+        started = last_ckpt = last_log = time.monotonic()
+        seconds_at_start, tokens_at_log, losses = st.seconds, st.tokens, []
+        while not cfg.max_steps or st.step < cfg.max_steps:
+            batches = []
+            for _ in range(cfg.accum_steps):
+                st.epoch, i, batch = next(stream)
+                st.batch_in_epoch = i + 1
+                batches.append(batch)
+            losses.append(self.train_step(batches))
+            st.step += 1
+            st.tokens += sum(b.num_tokens for b in batches)
+            now = time.monotonic()
+            st.seconds = seconds_at_start + now - started
+            if st.step % cfg.log_every == 0:
+                tok_s = (st.tokens - tokens_at_log) / max(now - last_log, 1e-9)
+                log.info(
+                    "step %d | epoch %d | loss %.3f | lr %.2e | %.0f tok/s | %.2f h",
+                    st.step, st.epoch, sum(losses) / len(losses), self.scheduler.get_last_lr()[0],
+                    tok_s, st.seconds / 3600,
+                )  # fmt: skip
+                last_log, tokens_at_log, losses = now, st.tokens, []
+            if cfg.eval_every and st.step % cfg.eval_every == 0:
+                self.evaluate()
+                last_log += time.monotonic() - now  # keep evaluation out of tokens/s
+            if now - last_ckpt >= cfg.checkpoint_minutes * 60:
+                self.save_checkpoint()
+                last_ckpt = time.monotonic()
+            if cfg.max_hours and now - started >= cfg.max_hours * 3600:
+                log.info("time limit of %.2f h reached", cfg.max_hours)
+                break
+        self.save_checkpoint()
+        return st
+
+
+def train(cfg: TrainConfig) -> TrainState:
+    """Train (or with `cfg.resume`, continue) the run in `cfg.run_dir`; returns its final state."""
+    run_dir = Path(cfg.run_dir)
+    if (run_dir / CHECKPOINT_NAME).exists() and not cfg.resume:
+        raise FileExistsError(
+            f"{run_dir / CHECKPOINT_NAME} exists; resume it or pick a new run_dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "train.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    package_log = logging.getLogger("attnserve")
+    old_level = package_log.level
+    if not package_log.isEnabledFor(logging.INFO):
+        package_log.setLevel(logging.INFO)
+    package_log.addHandler(handler)
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        trainer = Trainer(cfg)
+        if trainer.checkpoint_path.exists():
+            trainer.load_checkpoint()
+        log.info("config %s (bf16 autocast: %s)", json.dumps(dataclasses.asdict(cfg)), trainer.bf16)
+        return trainer.run()
+    finally:
+        package_log.removeHandler(handler)
+        package_log.setLevel(old_level)
+        handler.close()
+
+
+def export_model_dir(run_dir: str | Path, out_dir: str | Path, which: str = "best") -> Path:
+    """Write `best.pt` (or `which="checkpoint"`) of a run as a model directory."""
+    from attnserve.model.checkpoint import save_model_dir
+
+    run = Path(run_dir)
+    saved = torch.load(run / f"{which}.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(run / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    model = EncoderDecoder(ModelConfig.from_dict(saved["model_config"]))
+    model.load_state_dict(saved["model"])
+    state = ckpt["state"]
+    metadata = {
+        "train_config": ckpt["train_config"],
+        "steps": state["step"],
+        "train_hours": round(state["seconds"] / 3600, 3),
+        "dev_history": state["history"],
+        "dev": saved.get("dev"),
+    }
+    tokenizer = Tokenizer.from_spm(ckpt["train_config"]["spm_model"])
+    return save_model_dir(model.eval(), tokenizer, out_dir, extra_metadata=metadata)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per TrainConfig field (`--model-overrides` takes JSON)."""
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(TrainConfig(), f.name)
+        if isinstance(default, bool) or "bool" in str(f.type):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif isinstance(default, dict):
+            parser.add_argument(flag, type=json.loads, default=default, help="JSON object")
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig that `add_train_arguments` flags describe."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`attnserve train` / `python -m attnserve.model.train`: one run, logged to stderr too."""
+    parser = argparse.ArgumentParser(prog="attnserve train", description=main.__doc__)
+    add_train_arguments(parser)
+    cfg = config_from_args(parser.parse_args(argv))
+    train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    raise SystemExit(main())
