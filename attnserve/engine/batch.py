@@ -7,6 +7,7 @@ continuous-batching scheduler drive.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Generic
 
@@ -14,6 +15,8 @@ import numpy as np
 
 from attnserve.engine.backend import Backend, IntArray, State, pad_batch
 from attnserve.engine.search import Search
+
+log = logging.getLogger(__name__)
 
 
 class RunningBatch(Generic[State]):
@@ -55,7 +58,11 @@ class RunningBatch(Generic[State]):
         offset = 0
         for search in self.searches:
             n = search.num_rows
-            parents = search.step(log_probs[offset : offset + n])
+            try:
+                parents = search.step(log_probs[offset : offset + n])
+            except Exception as exc:  # one request's failure must not stop the others
+                log.exception("search of one request failed; dropping its rows")
+                search.fail(exc)
             if search.done:
                 finished.append(search)
             else:

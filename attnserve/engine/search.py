@@ -45,6 +45,7 @@ class Search(ABC):
         self.last_tokens: IntArray = np.array([spec.start_id], dtype=np.int64)
         self.done = False
         self.steps = 0
+        self.error: Exception | None = None  # set when decoding this request failed
 
     @abstractmethod
     def step(self, log_probs: FloatArray) -> IntArray:
@@ -53,6 +54,11 @@ class Search(ABC):
     @abstractmethod
     def hypotheses(self) -> list[Hypothesis]:
         """The n-best list, best first (at most num_hypotheses)."""
+
+    def fail(self, error: Exception) -> None:
+        """Stop with an error (the caller reports it to this request alone)."""
+        self.error = error
+        self._finish()
 
     def _finish(self) -> IntArray:
         self.done = True

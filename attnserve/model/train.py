@@ -41,7 +41,7 @@ from attnserve.model.evaluate import dev_bleu
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.model.transformer import EncoderDecoder
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("attnserve.model.train")  # also when run as __main__
 
 CHECKPOINT_NAME = "checkpoint.pt"
 

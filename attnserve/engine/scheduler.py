@@ -1,0 +1,267 @@
+"""Continuous (iteration-level) batching: requests join and leave the running batch every step.
+
+The scheduler is plain Python with no threads or HTTP: `submit`, `cancel` and `step` are called
+by one engine thread (engine/engine_loop.py), and tests drive it directly with fake backends.
+Each `step()` is schedule -> execute -> update:
+
+- schedule: expire deadlines, apply cancellations, admit waiting requests in FIFO order while
+  the batch stays within `max_batch_rows` rows and `max_batch_tokens` tokens (no request skips
+  the head of the queue, so none starves), and run one encoder pass for all admitted requests;
+- execute: one decoder step for every running row (RunningBatch.step);
+- update: report new tokens (for streaming) and finished, failed or expired requests.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from attnserve.engine.backend import Backend
+from attnserve.engine.batch import RunningBatch
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.search import GreedySearch, Hypothesis, Search, make_search
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(Enum):
+    DONE = "done"
+    DEADLINE = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its limit (the service answers 429)."""
+
+
+class RequestTooLarge(ValueError):
+    """A request that could never fit the batch limits, even alone."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One decoding request (one source sentence) and what happened to it."""
+
+    id: str
+    source: list[int]
+    options: DecodingOptions
+    deadline: float | None = None  # monotonic seconds
+    stream: bool = False
+    # Filled in by the scheduler.
+    arrived: float = 0.0
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    outcome: Outcome | None = None
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    error: Exception | None = None
+    search: Search | None = None
+    streamed: int = 0  # tokens already reported as StepEvent.new_tokens
+
+    @property
+    def rows(self) -> int:
+        """Rows this request occupies at most (a beam request owns beam_size rows)."""
+        return self.options.beam_size
+
+    @property
+    def output_tokens(self) -> int:
+        if not self.hypotheses:
+            return 0
+        best = self.hypotheses[0]
+        return len(best.tokens) + int(best.ended_with_eos)
+
+
+@dataclass
+class StepEvents:
+    """What one step produced: new tokens of streaming requests and requests that ended."""
+
+    new_tokens: list[tuple[Request, list[int]]] = field(default_factory=list)
+    ended: list[Request] = field(default_factory=list)
+    batch_rows: int = 0
+    step_seconds: float = 0.0
+    admitted: int = 0
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_batch_rows: int = 128  # decoder rows (beam requests count beam_size)
+    max_batch_tokens: int = 32768  # rows * (source + target positions) held in the batch
+    max_waiting: int = 256  # requests queued before submit() raises QueueFull
+    max_new_tokens: int = 256  # used for the token budget of an admitted request
+
+
+class Scheduler:
+    """Owns the waiting queue and the running batch of one model."""
+
+    def __init__(
+        self,
+        backend: Backend[Any],
+        limits: SchedulerLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.limits = limits or SchedulerLimits()
+        self.clock = clock
+        self.batch: RunningBatch[Any] = RunningBatch(backend)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: dict[int, Request] = {}  # id(search) -> request
+        self._cancelled: set[str] = set()
+
+    # -- intake ----------------------------------------------------------------------------
+
+    def budget(self, request: Request) -> int:
+        """Tokens the request may hold in the batch: its rows times source + target positions."""
+        new_tokens = min(request.options.max_new_tokens, self.limits.max_new_tokens)
+        return request.rows * (len(request.source) + new_tokens)
+
+    def check(self, request: Request) -> None:
+        """RequestTooLarge if the request could never fit the batch, even alone."""
+        if request.rows > self.limits.max_batch_rows:
+            raise RequestTooLarge(f"beam_size {request.rows} exceeds {self.limits.max_batch_rows}")
+        if self.budget(request) > self.limits.max_batch_tokens:
+            raise RequestTooLarge("source plus max_new_tokens exceeds the batch token budget")
+
+    def submit(self, request: Request) -> None:
+        """Queue a request (FIFO); QueueFull when the queue is at its limit."""
+        self.check(request)
+        if len(self.waiting) >= self.limits.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests waiting")
+        self.enqueue(request)
+
+    def enqueue(self, request: Request) -> None:
+        """Append a checked request to the waiting queue (limits enforced by the caller)."""
+        request.arrived = self.clock()
+        self.waiting.append(request)
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request at the next step (client disconnected)."""
+        self._cancelled.add(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_rows(self) -> int:
+        return self.batch.num_rows
+
+    def _tokens_in_batch(self) -> int:
+        return sum(self.budget(r) for r in self.running.values())
+
+    # -- the step --------------------------------------------------------------------------
+
+    def step(self) -> StepEvents:
+        """schedule -> execute -> update; returns what happened."""
+        events = StepEvents()
+        started = self.clock()
+        self._expire_and_cancel(events, started)
+        events.admitted = self._admit(events, started)
+        if self.running:
+            events.batch_rows = self.batch.num_rows
+            try:
+                finished = self.batch.step()
+            except Exception as exc:  # the runtime failed: fail this batch, keep serving
+                log.exception("decoder step failed; failing %d requests", len(self.running))
+                for failed in list(self.running.values()):
+                    self._end(failed, Outcome.FAILED, events, error=exc)
+                self.batch = RunningBatch(self.backend)
+                finished = []
+            now = self.clock()
+            for search in finished:
+                ended = self.running.get(id(search))
+                if ended is None:
+                    continue
+                self._report_tokens(ended, events, now)
+                if search.error is not None:
+                    self._end(ended, Outcome.FAILED, events, error=search.error)
+                else:
+                    self._end(ended, Outcome.DONE, events, hypotheses=search.hypotheses())
+            for running in self.running.values():
+                self._report_tokens(running, events, now)
+        events.step_seconds = self.clock() - started
+        return events
+
+    def _expire_and_cancel(self, events: StepEvents, now: float) -> None:
+        cancelled, self._cancelled = self._cancelled, set()
+
+        def outcome(r: Request) -> Outcome | None:
+            if r.id in cancelled:
+                return Outcome.CANCELLED
+            if r.deadline is not None and now >= r.deadline:
+                return Outcome.DEADLINE
+            return None
+
+        for request in [r for r in self.waiting if outcome(r)]:
+            self.waiting.remove(request)
+            self._end(request, outcome(request) or Outcome.CANCELLED, events)
+        doomed = [r for r in self.running.values() if outcome(r)]
+        if doomed:
+            self.batch.remove([r.search for r in doomed if r.search is not None])
+            for request in doomed:
+                self._end(request, outcome(request) or Outcome.CANCELLED, events)
+
+    def _admit(self, events: StepEvents, now: float) -> int:
+        """Move waiting requests (FIFO) into the batch while they fit; one encoder pass."""
+        admitted: list[Request] = []
+        rows, tokens = self.batch.num_rows, self._tokens_in_batch()
+        while self.waiting:
+            head = self.waiting[0]
+            if rows + head.rows > self.limits.max_batch_rows:
+                break
+            if tokens + self.budget(head) > self.limits.max_batch_tokens:
+                break
+            admitted.append(self.waiting.popleft())
+            rows += head.rows
+            tokens += self.budget(head)
+        if not admitted:
+            return 0
+        try:
+            state = self.batch.encode([r.source for r in admitted])
+        except Exception as exc:
+            log.exception("encoder failed for %d requests", len(admitted))
+            for request in admitted:
+                self._end(request, Outcome.FAILED, events, error=exc)
+            return 0
+        searches = [make_search(r.options, self.backend.spec) for r in admitted]
+        for request, search in zip(admitted, searches, strict=True):
+            request.search = search
+            request.admitted = now
+            self.running[id(search)] = request
+        self.batch.join(searches, state)
+        return len(admitted)
+
+    def _report_tokens(self, request: Request, events: StepEvents, now: float) -> None:
+        """New tokens since the last report (greedy and sampling searches only)."""
+        search = request.search
+        if not isinstance(search, GreedySearch):
+            if request.first_token is None and search is not None and search.steps > 0:
+                request.first_token = now
+            return
+        if request.first_token is None and search.steps > 0:
+            request.first_token = now
+        if request.stream and len(search.tokens) > request.streamed:
+            events.new_tokens.append((request, search.tokens[request.streamed :]))
+            request.streamed = len(search.tokens)
+
+    def _end(
+        self,
+        request: Request,
+        outcome: Outcome,
+        events: StepEvents,
+        *,
+        hypotheses: Sequence[Hypothesis] = (),
+        error: Exception | None = None,
+    ) -> None:
+        if request.search is not None:
+            self.running.pop(id(request.search), None)
+        request.outcome = outcome
+        request.hypotheses = list(hypotheses)
+        request.error = error
+        request.finished = self.clock()
+        events.ended.append(request)

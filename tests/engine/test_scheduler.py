@@ -1,0 +1,256 @@
+"""The continuous-batching scheduler, driven step by step with a hand-written backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from attnserve.engine.engine_loop import EngineLoop
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.scheduler import (
+    Outcome,
+    QueueFull,
+    Request,
+    RequestTooLarge,
+    Scheduler,
+    SchedulerLimits,
+)
+from attnserve.engine.translator import decode_batch
+from tests.engine.fakes import TableBackend
+
+V = 6
+EOS, A, B = 0, 2, 3
+BOOM = 99  # a source starting with this token makes the backend's table fail for it
+
+
+def by_source(src: tuple[int, ...], prefix: tuple[int, ...]) -> list[float]:
+    """The source's first token says how many tokens to generate (A...A then EOS)."""
+    if src and src[0] == BOOM:
+        raise RuntimeError("bad row")
+    if len(prefix) >= src[0]:
+        return [1.0, 0, 0, 0, 0, 0]
+    return [0.05, 0, 0.6, 0.35, 0, 0]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(
+    limits: SchedulerLimits | None = None, table=by_source
+) -> tuple[Scheduler, TableBackend, Clock]:
+    backend = TableBackend(table, V)
+    clock = Clock()
+    return Scheduler(backend, limits or SchedulerLimits(max_new_tokens=16), clock), backend, clock
+
+
+def request(rid: str, length: int, **options: object) -> Request:
+    return Request(rid, [length, EOS], DecodingOptions(max_new_tokens=16).replace(**options))
+
+
+def run_until_idle(s: Scheduler, clock: Clock | None = None) -> list[list[str]]:
+    """Step until no work is left; returns the ids that ended at each step."""
+    ended = []
+    while s.has_work:
+        ended.append([r.id for r in s.step().ended])
+        if clock:
+            clock.now += 1.0
+    return ended
+
+
+def test_short_requests_leave_and_waiting_ones_join_mid_batch() -> None:
+    s, backend, _ = make(SchedulerLimits(max_batch_rows=2, max_new_tokens=16))
+    reqs = [request("long", 5), request("short", 1), request("late", 2)]
+    for r in reqs:
+        s.submit(r)
+    ended = run_until_idle(s)
+    # "short" ends at step 2 (one token + EOS); "late" joins at step 3 while "long" runs on.
+    assert ended[1] == ["short"]
+    assert backend.step_rows == [2, 2, 2, 2, 2, 1]  # "late" ran steps 3-5 beside "long"
+    assert [r.outcome for r in reqs] == [Outcome.DONE] * 3
+    assert [r.hypotheses[0].tokens for r in reqs] == [(A,) * 5, (A,), (A, A)]
+    assert reqs[2].admitted == 0.0 and reqs[2].arrived == 0.0
+
+
+def test_results_equal_offline_decoding() -> None:
+    s, _, _ = make()
+    opts = [
+        DecodingOptions(max_new_tokens=16),
+        DecodingOptions(beam_size=3, num_hypotheses=2, max_new_tokens=16),
+        DecodingOptions(sampling=True, seed=4, max_new_tokens=16),
+    ]
+    reqs = [Request(str(i), [3 + i, EOS], o) for i, o in enumerate(opts)]
+    for r in reqs:
+        s.submit(r)
+    run_until_idle(s)
+    offline = decode_batch(TableBackend(by_source, V), [r.source for r in reqs], opts)
+    assert [[h.tokens for h in r.hypotheses] for r in reqs] == [
+        [h.tokens for h in hyps] for hyps in offline
+    ]
+
+
+def test_beam_requests_own_beam_size_rows() -> None:
+    s, backend, _ = make(SchedulerLimits(max_batch_rows=4, max_new_tokens=16))
+    s.submit(request("beam", 3, beam_size=4))
+    s.submit(request("greedy", 1))
+    ended = run_until_idle(s)
+    # The greedy request waits: the beam request may grow to 4 rows, the whole budget.
+    assert ended[3] == ["beam"]
+    assert backend.step_rows[:4] == [1, 4, 4, 4]
+    assert ended[-1] == ["greedy"]
+
+
+def test_token_budget_limits_admission() -> None:
+    limits = SchedulerLimits(max_batch_rows=64, max_batch_tokens=40, max_new_tokens=16)
+    s, backend, _ = make(limits)
+    for i in range(3):  # each budgets 1 row * (2 source + 16 new) = 18 tokens
+        s.submit(request(str(i), 1))
+    s.step()
+    assert len(s.running) == 2 and len(s.waiting) == 1
+    with pytest.raises(RequestTooLarge):
+        s.submit(Request("huge", [1] * 30 + [EOS], DecodingOptions(max_new_tokens=16)))
+    with pytest.raises(RequestTooLarge):
+        s.submit(request("wide", 1, beam_size=65))
+
+
+def test_fifo_admission_never_skips_the_head() -> None:
+    s, _, _ = make(SchedulerLimits(max_batch_rows=4, max_new_tokens=16))
+    s.submit(request("a", 6, beam_size=2))
+    s.submit(request("b", 6, beam_size=4))  # does not fit next to "a"
+    s.submit(request("c", 1))  # would fit, but must not overtake "b"
+    s.step()
+    assert [r.id for r in s.running.values()] == ["a"]
+    assert [r.id for r in s.waiting] == ["b", "c"]
+    order = [rid for step in run_until_idle(s) for rid in step]
+    assert order.index("b") < order.index("c")
+
+
+def test_queue_limit_raises_queue_full() -> None:
+    s, _, _ = make(SchedulerLimits(max_waiting=2, max_new_tokens=16))
+    s.submit(request("1", 1))
+    s.submit(request("2", 1))
+    with pytest.raises(QueueFull):
+        s.submit(request("3", 1))
+
+
+def test_deadline_expires_running_and_waiting_requests() -> None:
+    s, backend, clock = make(SchedulerLimits(max_batch_rows=1, max_new_tokens=16))
+    slow = request("slow", 10)
+    slow.deadline = 3.0
+    queued = request("queued", 1)
+    queued.deadline = 2.0
+    s.submit(slow)
+    s.submit(queued)
+    ended = run_until_idle(s, clock)
+    assert slow.outcome is Outcome.DEADLINE and queued.outcome is Outcome.DEADLINE
+    assert ended[2] == ["queued"] and ended[3] == ["slow"]
+    assert s.num_rows == 0 and not s.running
+    assert backend.step_rows == [1, 1, 1]  # the expired request stopped using the batch
+
+
+def test_cancel_frees_rows_at_the_next_step() -> None:
+    s, backend, _ = make()
+    s.submit(request("keep", 4))
+    s.submit(request("gone", 8, beam_size=2))
+    s.step()
+    s.step()
+    assert s.num_rows == 3
+    s.cancel("gone")
+    events = s.step()
+    assert [r.id for r in events.ended] == ["gone"]
+    assert events.ended[0].outcome is Outcome.CANCELLED
+    assert s.num_rows == 1
+    run_until_idle(s)
+    assert s.num_rows == 0
+
+
+def test_runtime_failure_fails_the_running_batch_and_serving_goes_on() -> None:
+    def table(src, prefix):
+        if src[0] == BOOM and prefix:
+            raise RuntimeError("bad row")
+        return by_source((min(src[0], 3),), prefix)
+
+    s, _, _ = make(table=table)
+    ok, bad = request("ok", 3), Request("bad", [BOOM, EOS], DecodingOptions(max_new_tokens=16))
+    s.submit(ok)
+    s.submit(bad)
+    run_until_idle(s)
+    # The runtime fails the whole step: the requests in it fail, the scheduler goes on.
+    assert bad.outcome is Outcome.FAILED and isinstance(bad.error, RuntimeError)
+    assert ok.outcome is Outcome.FAILED
+    after = request("after", 2)
+    s.submit(after)
+    run_until_idle(s)
+    assert after.outcome is Outcome.DONE and after.hypotheses[0].tokens == (A, A)
+    assert s.running == {} and not s.waiting and s.num_rows == 0
+
+
+def test_search_error_isolated_to_its_request() -> None:
+    s, _, _ = make()
+    good, bad = request("good", 3), request("bad", 3, beam_size=2)
+    s.submit(good)
+    s.submit(bad)
+    s.step()
+    assert bad.search is not None
+
+    def explode(log_probs):  # noqa: ANN001
+        raise ValueError("search bug")
+
+    bad.search.step = explode  # type: ignore[method-assign]
+    run_until_idle(s)
+    assert bad.outcome is Outcome.FAILED and isinstance(bad.error, ValueError)
+    assert good.outcome is Outcome.DONE and good.hypotheses[0].tokens == (A, A, A)
+
+
+def test_streaming_reports_each_new_token_once() -> None:
+    s, _, _ = make()
+    r = request("s", 4)
+    r.stream = True
+    s.submit(r)
+    chunks = []
+    while s.has_work:
+        chunks += [tokens for req, tokens in s.step().new_tokens if req is r]
+    assert [t for chunk in chunks for t in chunk] == list(r.hypotheses[0].tokens)
+    assert all(len(c) == 1 for c in chunks)
+
+
+def test_engine_loop_runs_requests_on_its_thread() -> None:
+    s, _, _ = make(SchedulerLimits(max_waiting=8, max_new_tokens=16))
+    seen_steps = []
+    loop = EngineLoop(s, observer=lambda events, _: seen_steps.append(events.batch_rows))
+    loop.start()
+
+    async def main() -> list[Request]:
+        streaming = request("stream", 3)
+        streaming.stream = True
+        futures = [loop.submit(request(str(i), i + 1)) for i in range(4)]
+        stream_future = loop.submit(streaming)
+        tokens = [t async for chunk in loop.tokens(streaming) for t in chunk]
+        done = await asyncio.gather(*futures, stream_future)
+        assert tokens == list(streaming.hypotheses[0].tokens)
+        return list(done)
+
+    try:
+        done = asyncio.run(asyncio.wait_for(main(), 10))
+    finally:
+        loop.stop(timeout=5)
+    assert [r.hypotheses[0].tokens for r in done[:4]] == [(A,) * (i + 1) for i in range(4)]
+    assert max(seen_steps) >= 4 and loop.idle
+
+
+def test_engine_loop_rejects_when_queue_is_full() -> None:
+    s, _, _ = make(SchedulerLimits(max_waiting=2, max_new_tokens=16))
+    loop = EngineLoop(s)  # not started: nothing drains the intake
+
+    async def main() -> None:
+        loop.submit(request("1", 1))
+        loop.submit(request("2", 1))
+        with pytest.raises(QueueFull):
+            loop.submit(request("3", 1))
+
+    asyncio.run(main())
