@@ -107,7 +107,7 @@ def test_beam_requests_own_beam_size_rows() -> None:
 
 def test_token_budget_limits_admission() -> None:
     limits = SchedulerLimits(max_batch_rows=64, max_batch_tokens=40, max_new_tokens=16)
-    s, backend, _ = make(limits)
+    s, _backend, _ = make(limits)
     for i in range(3):  # each budgets 1 row * (2 source + 16 new) = 18 tokens
         s.submit(request(str(i), 1))
     s.step()
@@ -154,7 +154,7 @@ def test_deadline_expires_running_and_waiting_requests() -> None:
 
 
 def test_cancel_frees_rows_at_the_next_step() -> None:
-    s, backend, _ = make()
+    s, _backend, _ = make()
     s.submit(request("keep", 4))
     s.submit(request("gone", 8, beam_size=2))
     s.step()
@@ -198,7 +198,7 @@ def test_search_error_isolated_to_its_request() -> None:
     s.step()
     assert bad.search is not None
 
-    def explode(log_probs):  # noqa: ANN001
+    def explode(log_probs):
         raise ValueError("search bug")
 
     bad.search.step = explode  # type: ignore[method-assign]
