@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnserve.cli_model import add_commands as add_model_commands
+from attnserve.cli_model import load_translator
 from attnserve.engine.options import DecodingOptions, InvalidOption
 
 if TYPE_CHECKING:
@@ -74,15 +75,7 @@ def _decoding_options(args: argparse.Namespace, base: DecodingOptions) -> Decodi
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from attnserve.engine.translator import Translator
-
-    translator = Translator.from_model_dir(
-        args.model,
-        backend=args.backend,
-        threads=args.threads,
-        variant=args.variant,
-        provider=args.provider,
-    )
+    translator = load_translator(args)
     options = _decoding_options(args, translator.defaults)
     options.validate(max_new_tokens_limit=translator.backend.spec.max_positions)
     lines = [line.rstrip("\n") for line in sys.stdin]

@@ -7,7 +7,10 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnserve.engine.translator import Translator
 
 
 def _passed_through(args: argparse.Namespace) -> list[str]:
@@ -40,18 +43,24 @@ def cmd_package(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from attnserve.engine.options import DecodingOptions
+def load_translator(args: argparse.Namespace) -> Translator:
+    """The Translator that --model, --backend, --variant, --provider and --threads describe."""
     from attnserve.engine.translator import Translator
-    from attnserve.model.evaluate import evaluate
 
-    translator = Translator.from_model_dir(
+    return Translator.from_model_dir(
         args.model,
         backend=args.backend,
         threads=args.threads,
         variant=args.variant,
         provider=args.provider,
     )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from attnserve.engine.options import DecodingOptions
+    from attnserve.model.evaluate import evaluate
+
+    translator = load_translator(args)
     options = DecodingOptions(
         beam_size=args.beam_size,
         max_new_tokens=min(256, translator.backend.spec.max_positions),
