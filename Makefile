@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test serve lint typecheck unit venv clean
+.PHONY: test serve lint typecheck unit venv clean prometheus
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -22,11 +22,23 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy attnserve
 
-unit: $(STAMP)
+unit: $(STAMP) prometheus
 	$(PY) -m pytest -q
+
+# The real-Prometheus test (tests/service/test_prometheus.py) needs the Debian package; install it
+# when missing and we are root, otherwise that test skips and says why.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q prometheus >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q prometheus >/dev/null; } || \
+	    echo "could not install prometheus: its test will skip"; \
+	  else echo "prometheus not installed (needs root to apt-get it): its test will skip"; fi; }
 
 test: lint typecheck unit
 
+# Serves checkpoints/ende-small on 127.0.0.1:8000; `attnserve serve` exports its ONNX graphs
+# first when MODEL/onnx/<variant> is missing.
 serve: $(STAMP)
 	$(VENV)/bin/attnserve serve
 

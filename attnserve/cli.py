@@ -9,14 +9,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from attnserve.cli_model import add_commands as add_model_commands
 from attnserve.cli_model import load_translator
 from attnserve.engine.options import DecodingOptions, InvalidOption
-
-if TYPE_CHECKING:
-    from attnserve.engine.backend import Backend
+from attnserve.loadtest.bench_cli import add_bench_command
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "ende-small"
 
@@ -127,7 +124,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             [v.strip() for v in args.variants.split(",") if v.strip()],
             opset=args.opset,
             verify=args.verify,
-            int8_float_output=not args.quantize_output_projection,
+            int8_float_output=None
+            if args.quantize_output_projection is None
+            else not args.quantize_output_projection,
         )
     except ParityError as exc:
         sys.stderr.write(f"attnserve: {exc}\n")
@@ -139,77 +138,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preset_backends(
-    args: argparse.Namespace, names: list[str], workdir: Path
-) -> dict[str, Backend[Any]]:
-    """Random weights of a preset: the torch model itself, ONNX variants exported to workdir."""
-    import torch
-
-    from attnserve.engine.loading import DEFAULT_VARIANT, load_backend, parse_backend_name
-    from attnserve.engine.torch_backend import TorchBackend
-    from attnserve.export.onnx_export import export_variants
-    from attnserve.model.config import ModelConfig
-    from attnserve.model.transformer import EncoderDecoder
-
-    torch.manual_seed(0)
-    config = ModelConfig.preset(args.preset)
-    model = EncoderDecoder(config).eval()
-    parsed = {name: parse_backend_name(name) for name in names}
-    variants = sorted({v or DEFAULT_VARIANT for kind, v in parsed.values() if kind == "onnx"})
-    if variants:
-        config.save(workdir / "config.json")
-        export_variants(model, workdir / "onnx", variants, verify=False)
-    return {
-        name: TorchBackend(model, threads=args.threads)
-        if name == "torch"
-        else load_backend(workdir, name, threads=args.threads, provider=args.provider)
-        for name in names
-    }
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from attnserve.engine.loading import load_backend
-    from attnserve.loadtest.bench import random_sources, time_decoding
-
-    names = [b.strip() for b in args.backends.split(",") if b.strip()]
-    with tempfile.TemporaryDirectory(prefix="attnserve-bench-") as workdir:
-        if args.preset:
-            backends = _preset_backends(args, names, Path(workdir))
-        else:
-            backends = {
-                b: load_backend(args.model, b, threads=args.threads, provider=args.provider)
-                for b in names
-            }
-        spec = next(iter(backends.values())).spec
-        sources = random_sources(args.sentences, spec.vocab_size, eos_id=spec.eos_id)
-        for name, backend in backends.items():
-            for beam in (int(b) for b in args.beam_sizes.split(",")):
-                # Fixed output length: every backend produces exactly the same number of tokens.
-                options = DecodingOptions(
-                    beam_size=beam, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
-                )
-                for batch in (int(b) for b in args.batch_sizes.split(",")):
-                    result = time_decoding(
-                        backend,
-                        sources,
-                        options,
-                        batch,
-                        repeats=args.repeats,
-                        name=name,
-                        progress=log.info,
-                    )
-                    print(json.dumps(result.to_dict()), flush=True)
-    return 0
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    sys.stderr.write(
-        "attnserve serve: the HTTP service is not built yet (issue 5); "
-        "use `attnserve translate --model DIR` for offline translation.\n"
-    )
-    return 2
+    from attnserve.service.launch import cmd_serve as serve
+
+    return serve(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,34 +178,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--quantize-output-projection",
-        action="store_true",
-        help="int8: quantize the output projection too (default: it stays float)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="int8: quantize the output projection too (default: yes; --no-... keeps it float)",
     )
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("bench", help="offline decoding speed (target tokens/s)")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
-    p.add_argument("--preset", default=None, help="random weights of a preset instead of --model")
-    p.add_argument(
-        "--backends",
-        default="torch,onnx-fp32,onnx-int8",
-        help="comma-separated: torch, onnx-fp32, onnx-int8, onnx-fp16",
-    )
-    p.add_argument("--provider", choices=PROVIDER_CHOICES, default="auto", help="ONNX Runtime")
-    p.add_argument("--beam-sizes", default="1,4")
-    p.add_argument("--batch-sizes", default="1,32")
-    p.add_argument("--sentences", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=32, help="fixed output length")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
-    p.set_defaults(func=cmd_bench)
+    add_bench_command(sub, DEFAULT_MODEL, PROVIDER_CHOICES)
 
     add_model_commands(sub, DEFAULT_MODEL, _add_runtime_flags)
 
-    p = sub.add_parser("serve", help="serve models over HTTP")
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p = sub.add_parser("serve", help="serve models over HTTP (flags override ATTNSERVE_* env)")
+    from attnserve.service.launch import add_arguments as add_serve_arguments
+
+    add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
     return parser
 

@@ -39,6 +39,9 @@ class EngineLoop:
         self._intake: list[Request] = []
         self._cancels: list[str] = []
         self._waiters: dict[str, _Waiter] = {}
+        # Token queues of streaming requests, from submit() until tokens() takes them: a reader
+        # that starts after the request ended (a fast model) still gets every token.
+        self._streams: dict[str, asyncio.Queue[list[int] | None]] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         # Read by metrics and /readyz without the lock (ints are updated atomically).
@@ -76,21 +79,25 @@ class EngineLoop:
                 raise QueueFull("waiting queue is full")
             self._intake.append(request)
             self._waiters[request.id] = waiter
+            if waiter.tokens is not None:
+                self._streams[request.id] = waiter.tokens
             self.waiting += 1
             self._wake.notify()
         return waiter.future
 
     async def tokens(self, request: Request) -> AsyncIterator[list[int]]:
-        """New token ids of a streaming request as they are decoded."""
-        waiter = self._waiters.get(request.id)
-        if waiter is None or waiter.tokens is None:
+        """New token ids of a streaming request as they are decoded (one reader)."""
+        with self._lock:
+            queue = self._streams.pop(request.id, None)
+        if queue is None:
             return
-        while (chunk := await waiter.tokens.get()) is not None:
+        while (chunk := await queue.get()) is not None:
             yield chunk
 
     def cancel(self, request_id: str) -> None:
         """Free the request's rows at the next step (client gone, or its deadline passed)."""
         with self._lock:
+            self._streams.pop(request_id, None)
             self._cancels.append(request_id)
             self._wake.notify()
 

@@ -1,10 +1,12 @@
 """ONNX Runtime as a Backend: encoder.onnx once per request, decoder.onnx once per step.
 
-The state keeps the cross-attention K/V and the self-attention cache of every row as tensors the
-runtime can feed straight back: numpy arrays, or with IO binding OrtValues that stay on the
-device (CUDA) between steps, so that only the log-probs are copied back to the host. Masks and
-the `sources` index are tiny and always live on the host; row operations read them to compute
-the gather indices and pads (see `onnx_rowops`).
+The state keeps the cross-attention K/V of every encoded source (not of every row: a request's
+beams share them) and the self-attention cache of every row, as tensors the runtime reads
+directly: numpy arrays, or with IO binding OrtValues that stay on the device (CUDA) between
+steps, so that only the log-probs are copied back to the host. The decoder graph returns only
+the new cache column of each step; `onnx_rowops` appends it (in place on the host) and moves
+rows when beams reorder and requests join or leave. Masks, the row -> source index and the
+cross-attention slots are tiny and always live on the host.
 """
 
 from __future__ import annotations
@@ -26,13 +28,20 @@ from attnserve.engine.onnx_layout import (
     ENCODER_NAME,
     LOG_PROBS,
     cross_names,
+    new_names,
     past_names,
-    present_names,
     read_manifest,
     require_graph,
     variant_dir,
 )
-from attnserve.engine.onnx_rowops import DeviceRowOps
+from attnserve.engine.onnx_rowops import (
+    Columns,
+    DeviceRowOps,
+    HostRowOps,
+    Tensor,
+    first_used_column,
+    slot_index,
+)
 from attnserve.model.checkpoint import ModelFileInvalidError, read_model_config
 from attnserve.model.config import ModelConfig
 
@@ -46,8 +55,12 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-# A cache tensor: a numpy array (host path) or an onnxruntime.OrtValue (IO binding path).
-Tensor = Any
+# ORT fusions that make these graphs slower on the CPU provider (onnxruntime 1.31, measured on
+# the `small` preset, 1 thread, see docs/BENCHMARKS.md): SkipLayerNormalization's CPU kernel takes
+# ~7x as long as the Add + LayerNormalization it replaces at (B, 1, C) = (128, 1, 256), and
+# folding the attention scale into FusedMatMul's alpha is slower than a Mul on the small query.
+# Without them the int8 decoder step is ~1.3x and the int8 encoder ~1.9x faster. CUDA keeps all.
+SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "MatMulScaleFusion")
 
 
 class OnnxModelError(ModelFileInvalidError):
@@ -56,12 +69,35 @@ class OnnxModelError(ModelFileInvalidError):
 
 @dataclass
 class OnnxState:
-    src_mask: IntArray  # (B, S) int64, 1 = real source token
-    cross: list[Tensor]  # 2L x (B, H, S, D): cross.{i}.key, cross.{i}.value
-    past: list[Tensor]  # 2L x (B, H, T, D): past.{i}.self.key, .value (left-padded)
-    past_mask: IntArray  # (B, T) int64, 1 = real past column
-    # Which encoded source every row decodes: `select` skips the cross K/V when it is unchanged.
-    sources: IntArray
+    """The rows of a running batch. B rows decode N encoded sources (a beam request's rows
+    share one); the cache tensors are W >= length columns wide (host: spare columns)."""
+
+    src_mask: IntArray  # (N, S) int64, 1 = real source token
+    cross: list[Tensor]  # 2L x (N, H, S, D): cross.{i}.key, cross.{i}.value
+    row_source: IntArray  # (B,) int64: the source (index into src_mask / cross) of every row
+    past: list[Tensor]  # 2L x (B, H, W, D): past.{i}.self.key, .value (left-padded)
+    past_mask: IntArray  # (B, W) int64, 1 = real past column (0: left padding, spare columns)
+    length: int  # columns in use; the next step's key/value go to column `length`
+    columns: Columns  # shared by the states that share `past` (copy on write)
+    row_slots: IntArray  # (B,) cross-attention query slot of every row (slot_index)
+    slot_rows: IntArray  # (N * G,) row of every slot
+
+    @classmethod
+    def build(
+        cls,
+        src_mask: IntArray,
+        cross: list[Tensor],
+        row_source: IntArray,
+        past: list[Tensor],
+        past_mask: IntArray,
+        length: int,
+        columns: Columns,
+    ) -> OnnxState:
+        """A state with its cross-attention slots computed from `row_source`."""
+        row_slots, slot_rows = slot_index(row_source, src_mask.shape[0])
+        return cls(
+            src_mask, cross, row_source, past, past_mask, length, columns, row_slots, slot_rows
+        )
 
 
 def choose_providers(provider: str, device_id: int = 0) -> list[Any]:
@@ -102,10 +138,16 @@ def open_session(
     providers: Sequence[Any],
     inputs: Sequence[str],
     outputs: Sequence[str],
+    disabled_optimizers: Sequence[str] = (),
 ) -> ort.InferenceSession:
     """An InferenceSession, or OnnxModelError naming the file when it is corrupt or mismatched."""
     try:
-        session = ort.InferenceSession(str(path), options, providers=list(providers))
+        session = ort.InferenceSession(
+            str(path),
+            options,
+            providers=list(providers),
+            disabled_optimizers=list(disabled_optimizers) or None,
+        )
     except Exception as exc:  # onnxruntime raises its own pybind types (InvalidProtobuf, Fail...)
         raise OnnxModelError(f"{path} is not a loadable ONNX model: {exc}") from exc
     have_in = {i.name for i in session.get_inputs()}
@@ -121,42 +163,6 @@ def _dtype(session: ort.InferenceSession, name: str) -> np.dtype[Any]:
     return np.dtype(np.float16) if kind == "tensor(float16)" else np.dtype(np.float32)
 
 
-def first_used_column(mask: IntArray) -> int:
-    """First past column that some row uses (the left padding shared by all rows ends)."""
-    if mask.shape[0] == 0 or mask.shape[1] == 0:
-        return 0
-    used = mask.any(axis=0)
-    return int(used.argmax()) if used.any() else int(mask.shape[1])
-
-
-class HostRowOps:
-    """Row operations on numpy tensors (the CPU path without IO binding)."""
-
-    def select(self, tensors: Sequence[Tensor], rows: IntArray, start: int) -> list[Tensor]:
-        """tensors[j][rows][:, :, start:], one contiguous copy each."""
-        return [t[rows, :, start:] for t in tensors]
-
-    def concat(
-        self, groups: Sequence[Sequence[Tensor]], pads: Sequence[tuple[int, int]]
-    ) -> list[Tensor]:
-        """Row-concatenation, group m padded by pads[m] = (left, right) columns on axis 2."""
-        out = []
-        for j in range(len(groups[0])):
-            parts = [g[j] for g in groups]
-            _, h, t, d = parts[0].shape
-            width = pads[0][0] + t + pads[0][1]
-            y = np.zeros((sum(p.shape[0] for p in parts), h, width, d), dtype=parts[0].dtype)
-            row = 0
-            for part, (left, _) in zip(parts, pads, strict=True):
-                y[row : row + part.shape[0], :, left : left + part.shape[2]] = part
-                row += part.shape[0]
-            out.append(y)
-        return out
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Tensor:
-        return np.zeros(shape, dtype=dtype)
-
-
 class OnnxBackend:
     """encoder.onnx + decoder.onnx of one exported variant, behind the Backend protocol."""
 
@@ -170,6 +176,7 @@ class OnnxBackend:
         io_binding: bool | None = None,
         spinning: bool = False,
         optimization: str = "all",
+        disabled_optimizers: Sequence[str] | None = None,
         device_id: int = 0,
     ) -> None:
         directory = Path(directory)
@@ -184,22 +191,27 @@ class OnnxBackend:
         self.variant = str(self.manifest.get("variant", directory.name))
         n = config.decoder_layers
         self._head_shape = (config.n_heads, config.head_dim)
-        self._cross, self._past, self._present = cross_names(n), past_names(n), present_names(n)
+        self._cross, self._past, self._new = cross_names(n), past_names(n), new_names(n)
         options = session_options(threads, spinning=spinning, optimization=optimization)
         providers = choose_providers(provider, device_id)
+        if disabled_optimizers is None:
+            disabled_optimizers = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
+        self.disabled_optimizers = tuple(disabled_optimizers)
         self.encoder = open_session(
             require_graph(directory, ENCODER_NAME),
             options,
             providers,
             ENCODER_INPUTS,
             self._cross,
+            self.disabled_optimizers,
         )
         self.decoder = open_session(
             require_graph(directory, DECODER_NAME),
             options,
             providers,
             [*DECODER_INPUTS, *self._past, *self._cross],
-            [LOG_PROBS, *self._present],
+            [LOG_PROBS, *self._new],
+            self.disabled_optimizers,
         )
         self.provider = self.decoder.get_providers()[0]
         if providers[0] != CPU and self.provider != CUDA:
@@ -213,7 +225,6 @@ class OnnxBackend:
             if self.io_binding
             else HostRowOps()
         )
-        self._next_source = 0
         log.info(
             "onnx %s on %s (io binding %s, threads %s)",
             self.variant,
@@ -255,59 +266,99 @@ class OnnxBackend:
         values = binding.get_outputs()
         return [v.numpy() if n == LOG_PROBS else v for n, v in zip(outputs, values, strict=True)]
 
+    def _width(self, tensor: Tensor) -> int:
+        """Columns of a cache tensor (numpy: .shape; OrtValue: .shape())."""
+        shape = tensor.shape if isinstance(tensor, np.ndarray) else tensor.shape()
+        return int(shape[2])
+
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> OnnxState:
-        ids = np.ascontiguousarray(src_ids, dtype=np.int64)  # (B, S)
+        ids = np.ascontiguousarray(src_ids, dtype=np.int64)  # (N, S)
         lengths = np.asarray(src_lengths, dtype=np.int64)
-        mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)  # (B, S)
+        mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)  # (N, S)
         cross = self._run(self.encoder, {"input_ids": ids, "attention_mask": mask}, {}, self._cross)
         rows = ids.shape[0]
         empty = (rows, self._head_shape[0], 0, self._head_shape[1])  # (B, H, 0, D)
         past = [self.rows.empty(empty, self.kv_dtype) for _ in self._past]
-        sources = np.arange(self._next_source, self._next_source + rows, dtype=np.int64)
-        self._next_source += rows
-        return OnnxState(mask, cross, past, np.zeros((rows, 0), dtype=np.int64), sources)
+        past_mask = np.zeros((rows, self._width(past[0])), dtype=np.int64)
+        row_source = np.arange(rows, dtype=np.int64)
+        return OnnxState.build(mask, cross, row_source, past, past_mask, 0, Columns(0))
 
     def step(self, tokens: IntArray, state: OnnxState) -> tuple[FloatArray, OnnxState]:
         host = {
             "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),  # (B,)
-            "encoder_attention_mask": state.src_mask,
-            "past_mask": state.past_mask,
+            "encoder_attention_mask": state.src_mask,  # (N, S)
+            "past_mask": state.past_mask,  # (B, W)
+            "row_slots": state.row_slots,  # (B,)
+            "slot_rows": state.slot_rows,  # (N * G,)
         }
         tensors = dict(zip(self._past, state.past, strict=True))
         tensors.update(zip(self._cross, state.cross, strict=True))
-        out = self._run(self.decoder, host, tensors, [LOG_PROBS, *self._present])
+        out = self._run(self.decoder, host, tensors, [LOG_PROBS, *self._new])
         log_probs = np.asarray(out[0], dtype=np.float32)  # (B, V)
-        ones = np.ones((state.past_mask.shape[0], 1), dtype=np.int64)
-        past_mask = np.concatenate([state.past_mask, ones], axis=1)  # (B, T+1)
-        return log_probs, OnnxState(state.src_mask, state.cross, out[1:], past_mask, state.sources)
+        t = state.length
+        past, columns = self.rows.append(state.past, out[1:], t, state.columns)
+        width = self._width(past[0])
+        past_mask = np.zeros((len(tokens), width), dtype=np.int64)  # (B, W')
+        past_mask[:, :t] = state.past_mask[:, :t]
+        past_mask[:, t] = 1
+        grown = OnnxState(
+            state.src_mask,
+            state.cross,
+            state.row_source,
+            past,
+            past_mask,
+            t + 1,
+            columns,
+            state.row_slots,
+            state.slot_rows,
+        )
+        return log_probs, grown
 
     def select(self, state: OnnxState, rows: IntArray) -> OnnxState:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        past_mask = state.past_mask[rows]
-        start = first_used_column(past_mask)
-        past = self.rows.select(state.past, rows, start)
-        sources = state.sources[rows]
-        if np.array_equal(sources, state.sources):
-            src_mask, cross = state.src_mask, state.cross
-        else:
-            src_mask, cross = state.src_mask[rows], self.rows.select(state.cross, rows, 0)
-        return OnnxState(src_mask, cross, past, np.ascontiguousarray(past_mask[:, start:]), sources)
+        row_source = state.row_source[rows]
+        src_mask, cross = state.src_mask, state.cross
+        counts = np.bincount(row_source, minlength=src_mask.shape[0])
+        if not counts.all():  # some source lost all its rows: drop its K/V
+            kept = np.flatnonzero(counts)
+            src_mask, cross = src_mask[kept], self.rows.select(cross, kept, 0)
+            row_source = (np.cumsum(counts > 0) - 1)[row_source]
+        mask = state.past_mask[rows]  # (B', W)
+        t = state.length
+        start = first_used_column(mask[:, :t])
+        if start == 0 and t < mask.shape[1]:
+            # No padding to trim and room for the next column: copy whole rows, once.
+            past = self.rows.take_rows(state.past, rows)
+            return OnnxState.build(src_mask, cross, row_source, past, mask, t, Columns(t))
+        width = t - start + 1 + self.rows.spare
+        past = self.rows.resize(state.past, rows, start, t, width)
+        past_mask = np.zeros((rows.shape[0], self._width(past[0])), dtype=np.int64)
+        past_mask[:, : t - start] = mask[:, start:t]
+        return OnnxState.build(
+            src_mask, cross, row_source, past, past_mask, t - start, Columns(t - start)
+        )
 
     def concat(self, states: Sequence[OnnxState]) -> OnnxState:
         if len(states) == 1:
             return states[0]
         s_max = max(s.src_mask.shape[1] for s in states)
-        t_max = max(s.past_mask.shape[1] for s in states)
+        t_max = max(s.length for s in states)
+        spare = self.rows.spare
         src_pads = [(0, s_max - s.src_mask.shape[1]) for s in states]  # right-pad sources
-        past_pads = [(t_max - s.past_mask.shape[1], 0) for s in states]  # left-pad the past
-        return OnnxState(
+        past_pads = [(t_max - s.length, spare) for s in states]  # left-pad the past
+        offsets = np.cumsum([0] + [s.src_mask.shape[0] for s in states])
+        masks = [
+            np.pad(s.past_mask[:, : s.length], ((0, 0), pad))
+            for s, pad in zip(states, past_pads, strict=True)
+        ]
+        return OnnxState.build(
             np.concatenate(
                 [np.pad(s.src_mask, ((0, 0), p)) for s, p in zip(states, src_pads, strict=True)]
             ),
             self.rows.concat([s.cross for s in states], src_pads),
-            self.rows.concat([s.past for s in states], past_pads),
-            np.concatenate(
-                [np.pad(s.past_mask, ((0, 0), p)) for s, p in zip(states, past_pads, strict=True)]
-            ),
-            np.concatenate([s.sources for s in states]),
+            np.concatenate([s.row_source + o for s, o in zip(states, offsets, strict=False)]),
+            self.rows.concat([s.past for s in states], past_pads, [s.length for s in states]),
+            np.concatenate(masks),
+            t_max,
+            Columns(t_max),
         )

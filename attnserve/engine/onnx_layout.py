@@ -5,10 +5,14 @@
 encoder.onnx: ``input_ids`` (B, S) int64, ``attention_mask`` (B, S) int64 -> ``cross.{i}.key``,
 ``cross.{i}.value`` (B, H, S, D) for every decoder layer i.
 
-decoder.onnx, one step: ``input_ids`` (B,) int64, ``encoder_attention_mask`` (B, S) int64,
-``past_mask`` (B, T) int64 (1 = a real past column; left-padded), ``past.{i}.self.key`` /
-``.value`` (B, H, T, D), ``cross.{i}.key`` / ``.value`` (B, H, S, D) -> ``log_probs`` (B, V)
-float32 and ``present.{i}.self.key`` / ``.value`` (B, H, T+1, D). T may be 0.
+decoder.onnx, one step for B rows that decode N encoded sources (the beams of a request share
+their source): ``input_ids`` (B,) int64, ``encoder_attention_mask`` (N, S) int64,
+``past_mask`` (B, T) int64 (1 = a real past column; left padding and unused columns are 0),
+``row_slots`` (B,) and ``slot_rows`` (N * G,) int64 (which rows share a source: see
+``onnx_rowops.slot_index``), ``past.{i}.self.key`` / ``.value`` (B, H, T, D),
+``cross.{i}.key`` / ``.value`` (N, H, S, D) -> ``log_probs`` (B, V) float32 and
+``new.{i}.self.key`` / ``.value`` (B, H, 1, D), the step's column of the cache (the runtime
+appends it). T may be 0.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ MANIFEST_NAME = "manifest.json"
 VARIANTS = ("fp32", "int8", "fp16")
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
-DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask")
+DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
 LOG_PROBS = "log_probs"
 
 
@@ -40,9 +44,9 @@ def past_names(n_layers: int) -> list[str]:
     return [f"past.{i}.self.{kind}" for i in range(n_layers) for kind in ("key", "value")]
 
 
-def present_names(n_layers: int) -> list[str]:
-    """present.{i}.self.key, present.{i}.self.value for every layer, interleaved."""
-    return [f"present.{i}.self.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+def new_names(n_layers: int) -> list[str]:
+    """new.{i}.self.key, new.{i}.self.value (the step's cache column) for every layer."""
+    return [f"new.{i}.self.{kind}" for i in range(n_layers) for kind in ("key", "value")]
 
 
 def variant_dir(model_dir: str | Path, variant: str) -> Path:

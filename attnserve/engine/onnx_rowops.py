@@ -1,19 +1,25 @@
-"""Row operations on cache tensors that stay on the device (OrtValues), as tiny ONNX graphs.
+"""Row and column operations on the ONNX backend's cache tensors, on the host or on the device.
 
-With IO binding the KV cache lives where the provider computes (CUDA memory); numpy cannot index
-it. Beam reordering and rows joining or leaving need a gather, a slice and a padded concat, so
-these run as two small graphs on the same provider:
+The self-attention cache of every layer is a `(B, H, T, D)` tensor whose first `length` columns
+are in use (left-padded, as `KVCache`); the decoder graph returns only the new column of every
+step (`new.{i}.self.*`, `(B, H, 1, D)`), which `append` writes after them. Cross-attention K/V
+are `(N, H, S, D)` per encoded source; `slot_index` tells the graph which rows share a source.
 
-* select: ``Gather(x, rows, axis=0)`` then ``Slice(axis=2, start:)`` for n tensors at once;
-* concat: ``Pad`` every tensor of k groups along axis 2 (left or right) and ``Concat`` on axis 0.
-
-Shapes, pads and row indices come from the masks, which stay in host memory (they are tiny).
-The same graphs run on the CPU provider, which is how the tests cover this path.
+* `HostRowOps` (numpy, the CPU path): cache tensors keep `SPARE` free columns, so appending
+  writes one column in place and beam reordering (`take_rows`) copies each row once. A
+  `Columns` object shared by the states that share tensors records how many columns are
+  written: a state appends in place only if nobody appended after it (copy on write). Their
+  memory comes from a `BufferPool`.
+* `DeviceRowOps` (IO binding, CUDA): tensors are OrtValues on the device, exactly `length`
+  columns wide; gather / slice / pad / concat / append run as tiny ONNX graphs on the provider.
+  The same graphs run on the CPU provider, which is how the tests cover this path.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,10 +32,169 @@ from attnserve.engine.backend import IntArray
 OPSET = 18
 IR_VERSION = 9  # what opset 18 needs; onnx's default (newest) may be too new for ORT
 INT64_MAX = np.iinfo(np.int64).max
+# Free columns a host cache tensor gets when it is (re)allocated; left padding no row uses is
+# trimmed once it is this wide.
+SPARE = 8
+# A cache tensor: a numpy array (host path) or an onnxruntime.OrtValue (IO binding path).
+Tensor = Any
+
+
+@dataclass
+class Columns:
+    """How many columns of a group of shared cache tensors hold data (copy-on-write marker)."""
+
+    written: int
+
+
+def slot_index(row_source: IntArray, n_sources: int) -> tuple[IntArray, IntArray]:
+    """Query slots of grouped cross-attention: rows of source s fill slots s*G .. s*G+G-1.
+
+    row_source (B,) -> row_slots (B,) and slot_rows (N * G,) int64, G = the most rows of one
+    source; unused slots repeat row 0 (their output is never read).
+    """
+    rows = row_source.shape[0]
+    counts = np.bincount(row_source, minlength=n_sources)
+    group = max(int(counts.max(initial=1)), 1)
+    order = np.argsort(row_source, kind="stable")
+    first = np.cumsum(counts) - counts  # where each source's rows start in `order`
+    rank = np.empty(rows, dtype=np.int64)
+    rank[order] = np.arange(rows) - first[row_source[order]]
+    row_slots = (row_source * group + rank).astype(np.int64)
+    slot_rows = np.zeros(n_sources * group, dtype=np.int64)
+    slot_rows[row_slots] = np.arange(rows, dtype=np.int64)
+    return row_slots, slot_rows
+
+
+def first_used_column(mask: IntArray) -> int:
+    """First past column that some row uses (the left padding shared by all rows ends)."""
+    if mask.shape[0] == 0 or mask.shape[1] == 0:
+        return 0
+    used = mask.any(axis=0)
+    return int(used.argmax()) if used.any() else int(mask.shape[1])
+
+
+class BufferPool:
+    """Hands out numpy arrays again once no state holds them.
+
+    A fresh array of a few MB is mapped memory whose pages fault and are zeroed by the kernel on
+    first touch: on the benchmark machine that took 5x as long as the copy into it, every beam
+    step. A pooled array is free when the pool holds its only reference (CPython reference
+    counts; a view keeps its base alive). Free arrays of another shape are dropped when a new
+    one is made, so the pool holds at most one spare generation of the cache.
+    """
+
+    # References to a free array while `_free` counts them: the list's and getrefcount's.
+    FREE = 2
+
+    def __init__(self) -> None:
+        self._arrays: list[np.ndarray] = []
+
+    def _free(self, i: int) -> bool:
+        return sys.getrefcount(self._arrays[i]) <= self.FREE
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """An array of this shape and dtype, with finite but arbitrary contents."""
+        for i in range(len(self._arrays)):
+            if self._free(i) and self._arrays[i].shape == shape and self._arrays[i].dtype == dtype:
+                return self._arrays[i]
+        self._arrays = [self._arrays[i] for i in range(len(self._arrays)) if not self._free(i)]
+        self._arrays.append(np.zeros(shape, dtype=dtype))
+        return self._arrays[-1]
+
+
+class HostRowOps:
+    """numpy tensors with spare columns: in-place appends, one copy per reorder."""
+
+    spare = SPARE
+
+    def __init__(self) -> None:
+        self.pool = BufferPool()
+
+    def select(self, tensors: Sequence[Tensor], rows: IntArray, start: int) -> list[Tensor]:
+        """tensors[j][rows][:, :, start:] (all columns), one contiguous copy each."""
+        return [t[rows, :, start:] for t in tensors]
+
+    def take_rows(self, tensors: Sequence[Tensor], rows: IntArray) -> list[Tensor]:
+        """tensors[j][rows], whole rows (spare columns included): a single copy each."""
+        out = []
+        for t in tensors:
+            y = self.pool.get((rows.shape[0], *t.shape[1:]), t.dtype)
+            out.append(np.take(t, rows, axis=0, out=y, mode="clip"))
+        return out
+
+    def resize(
+        self,
+        tensors: Sequence[Tensor],
+        rows: IntArray | None,
+        start: int,
+        length: int,
+        width: int,
+    ) -> list[Tensor]:
+        """tensors[j][rows][:, :, start:length] (rows None: all) in new (R, H, width, D) tensors;
+        the columns after `length - start` hold finite leftovers (they are masked)."""
+        out = []
+        for t in tensors:
+            n = t.shape[0] if rows is None else rows.shape[0]
+            y = self.pool.get((n, t.shape[1], width, t.shape[3]), t.dtype)
+            y[:, :, : length - start] = (
+                t[:, :, start:length] if rows is None else t[rows, :, start:length]
+            )
+            out.append(y)
+        return out
+
+    def concat(
+        self,
+        groups: Sequence[Sequence[Tensor]],
+        pads: Sequence[tuple[int, int]],
+        widths: Sequence[int] | None = None,
+    ) -> list[Tensor]:
+        """Row-concatenation, group m's first widths[m] columns (default: all) padded by pads[m]
+        = (left, right) columns on axis 2."""
+        out = []
+        for j in range(len(groups[0])):
+            parts = [g[j] for g in groups]
+            used = widths or [p.shape[2] for p in parts]
+            _, h, _, d = parts[0].shape
+            width = pads[0][0] + used[0] + pads[0][1]
+            y = np.zeros((sum(p.shape[0] for p in parts), h, width, d), dtype=parts[0].dtype)
+            row = 0
+            for part, (left, _), n in zip(parts, pads, used, strict=True):
+                y[row : row + part.shape[0], :, left : left + n] = part[:, :, :n]
+                row += part.shape[0]
+            out.append(y)
+        return out
+
+    def append(
+        self, tensors: Sequence[Tensor], new: Sequence[Tensor], length: int, columns: Columns
+    ) -> tuple[list[Tensor], Columns]:
+        """Write new[j] (B, H, 1, D) at column `length`: in place when there is room and no
+        other state wrote there, else into copies with SPARE more columns."""
+        width = tensors[0].shape[2]
+        if length < width and columns.written == length:
+            for t, n in zip(tensors, new, strict=True):
+                t[:, :, length] = n[:, :, 0]
+            columns.written = length + 1
+            return list(tensors), columns
+        grown = self.resize(tensors, None, 0, length, length + 1 + self.spare)
+        for t, n in zip(grown, new, strict=True):
+            t[:, :, length] = n[:, :, 0]
+        return grown, Columns(length + 1)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Tensor:
+        """Zeros (B, H, SPARE, D): a new row's cache, all columns free."""
+        b, h, _, d = shape
+        return np.zeros((b, h, self.spare, d), dtype=dtype)
 
 
 def _tensor(name: str, elem_type: int, rank: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem_type, [None] * rank)
+
+
+def _model(nodes: list[Any], name: str, inputs: list[Any], outputs: list[Any]) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs)
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
+    )
 
 
 def select_graph(n: int, elem_type: int) -> onnx.ModelProto:
@@ -45,10 +210,7 @@ def select_graph(n: int, elem_type: int) -> onnx.ModelProto:
         outputs.append(_tensor(f"y{j}", elem_type, 4))
         nodes.append(helper.make_node("Gather", [f"x{j}", "rows"], [f"g{j}"], axis=0))
         nodes.append(helper.make_node("Slice", [f"g{j}", "start", "ends", "axes"], [f"y{j}"]))
-    graph = helper.make_graph(nodes, "select_rows", inputs, outputs)
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
-    )
+    return _model(nodes, "select_rows", inputs, outputs)
 
 
 def concat_graph(k: int, n: int, elem_type: int) -> onnx.ModelProto:
@@ -64,10 +226,23 @@ def concat_graph(k: int, n: int, elem_type: int) -> onnx.ModelProto:
             padded.append(f"p{m}_{j}")
         nodes.append(helper.make_node("Concat", padded, [f"y{j}"], axis=0))
         outputs.append(_tensor(f"y{j}", elem_type, 4))
-    graph = helper.make_graph(nodes, "concat_rows", inputs, outputs)
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
-    )
+    return _model(nodes, "concat_rows", inputs, outputs)
+
+
+def append_graph(n: int, elem_type: int) -> onnx.ModelProto:
+    """x{j} (B, H, T, D), c{j} (B, H, 1, D) -> y{j} = concat(x{j}, c{j}) on axis 2"""
+    nodes, inputs, outputs = [], [], []
+    for j in range(n):
+        inputs += [_tensor(f"x{j}", elem_type, 4), _tensor(f"c{j}", elem_type, 4)]
+        nodes.append(helper.make_node("Concat", [f"x{j}", f"c{j}"], [f"y{j}"], axis=2))
+        outputs.append(_tensor(f"y{j}", elem_type, 4))
+    return _model(nodes, "append_column", inputs, outputs)
+
+
+def _rows(value: Any) -> int:
+    """Rows of a numpy array or an OrtValue."""
+    shape = value.shape if isinstance(value, np.ndarray) else value.shape()
+    return int(shape[0])
 
 
 def time_pads(left: int, right: int) -> IntArray:
@@ -76,7 +251,13 @@ def time_pads(left: int, right: int) -> IntArray:
 
 
 class DeviceRowOps:
-    """Select and concat OrtValue tensors on one device, through cached tiny sessions."""
+    """Select, concat and append OrtValue tensors on one device, through cached tiny sessions.
+
+    Tensors are exactly `length` columns wide (no spare columns: a device copy is cheap, and
+    ONNX Runtime cannot write into an input in place).
+    """
+
+    spare = 0
 
     def __init__(
         self,
@@ -94,11 +275,12 @@ class DeviceRowOps:
     def _session(self, kind: str, k: int, n: int) -> ort.InferenceSession:
         key = (kind, k, n)
         if key not in self._sessions:
-            model = (
-                select_graph(n, self.elem_type)
-                if kind == "select"
-                else concat_graph(k, n, self.elem_type)
-            )
+            if kind == "select":
+                model = select_graph(n, self.elem_type)
+            elif kind == "append":
+                model = append_graph(n, self.elem_type)
+            else:
+                model = concat_graph(k, n, self.elem_type)
             self._sessions[key] = ort.InferenceSession(
                 model.SerializeToString(), self.options, providers=self.providers
             )
@@ -129,12 +311,42 @@ class DeviceRowOps:
         device = {f"x{j}": t for j, t in enumerate(tensors)}
         return self._run(self._session("select", 1, n), host, device, n)
 
-    def concat(self, groups: Sequence[Sequence[Any]], pads: Sequence[tuple[int, int]]) -> list[Any]:
+    def take_rows(self, tensors: Sequence[Any], rows: IntArray) -> list[Any]:
+        return self.select(tensors, rows, 0)
+
+    def resize(
+        self,
+        tensors: Sequence[Any],
+        rows: IntArray | None,
+        start: int,
+        length: int,
+        width: int,
+    ) -> list[Any]:
+        """tensors[j][rows][:, :, start:length] (device tensors are `length` wide already)."""
+        if rows is None:
+            rows = np.arange(_rows(tensors[0]), dtype=np.int64)
+        return self.select(tensors, rows, start)
+
+    def concat(
+        self,
+        groups: Sequence[Sequence[Any]],
+        pads: Sequence[tuple[int, int]],
+        widths: Sequence[int] | None = None,
+    ) -> list[Any]:
         """Row-concatenation of the groups, group m padded by pads[m] = (left, right) on axis 2."""
         k, n = len(groups), len(groups[0])
         host = {f"pads{m}": time_pads(*pads[m]) for m in range(k)}
         device = {f"x{m}_{j}": t for m, group in enumerate(groups) for j, t in enumerate(group)}
         return self._run(self._session("concat", k, n), host, device, n)
+
+    def append(
+        self, tensors: Sequence[Any], new: Sequence[Any], length: int, columns: Columns
+    ) -> tuple[list[Any], Columns]:
+        """concat(tensors[j], new[j]) on axis 2, on the device."""
+        n = len(tensors)
+        device = {f"x{j}": t for j, t in enumerate(tensors)}
+        device.update({f"c{j}": c for j, c in enumerate(new)})
+        return self._run(self._session("append", 1, n), {}, device, n), Columns(length + 1)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """A zero-filled OrtValue on the device (the zero-length past of a new row)."""

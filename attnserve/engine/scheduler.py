@@ -222,13 +222,13 @@ class Scheduler:
         if not admitted:
             return 0
         try:
+            searches = [make_search(r.options, self.backend.spec) for r in admitted]
             state = self.batch.encode([r.source for r in admitted])
         except Exception as exc:
             log.exception("encoder failed for %d requests", len(admitted))
             for request in admitted:
                 self._end(request, Outcome.FAILED, events, error=exc)
             return 0
-        searches = [make_search(r.options, self.backend.spec) for r in admitted]
         for request, search in zip(admitted, searches, strict=True):
             request.search = search
             request.admitted = now

@@ -18,6 +18,29 @@ from attnserve.engine.options import DecodingOptions
 from attnserve.engine.processors import LogProbProcessor, softmax, top_k_mask, top_p_mask
 
 EMPTY = np.zeros(0, dtype=np.int64)
+# top_indices() filters with the maxima of chunks of this many values before sorting the rest.
+CHUNK = 512
+
+
+def top_indices(values: FloatArray, n: int) -> IntArray:
+    """Indices of the n largest of a flat (N,) array, best first; ties go to the lower index.
+
+    A full sort or argpartition of beam search's R*V candidates costs ~1.5 ns a value; instead,
+    the n-th largest of the chunk maxima is a threshold that at least n values reach (each
+    maximum is a value), so only the few values above it are sorted. Cheap vectorised passes
+    (max, >=, nonzero) do the rest. NaN or too many -inf fall back to the full sort.
+    """
+    size = values.shape[0]
+    n = min(n, size)
+    chunks = size // CHUNK
+    if chunks >= max(n, 4):
+        maxima = values[: chunks * CHUNK].reshape(chunks, CHUNK).max(axis=1)  # (chunks,)
+        threshold = np.partition(maxima, chunks - n)[chunks - n]
+        survivors = np.flatnonzero(values >= threshold)
+        if survivors.size >= n:
+            order = np.lexsort((survivors, -values[survivors]))  # value desc, then index asc
+            return survivors[order[:n]]
+    return np.argsort(-values, kind="stable")[:n]
 
 
 @dataclass(frozen=True)
@@ -135,10 +158,9 @@ class BeamSearch(Search):
         opts, k, vocab = self.options, self.k, log_probs.shape[1]
         processed = self.process(log_probs, self.sequences)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
-        n = min(2 * k, candidates.size)
-        top = np.argpartition(-candidates, n - 1)[:n]
-        top = top[np.argsort(-candidates[top], kind="stable")]
-        parents, tokens, scores = top // vocab, top % vocab, candidates[top]
+        top = top_indices(candidates, 2 * k)  # the 2k best continuations, best first
+        parents, tokens = np.divmod(top, vocab)
+        scores = candidates[top]
         self.steps += 1
         at_limit = self.steps >= opts.max_new_tokens
         ends = (tokens == self.spec.eos_id) | at_limit

@@ -39,11 +39,11 @@ from attnserve.engine.onnx_layout import (
     ONNX_DIR,
     VARIANTS,
     cross_names,
+    new_names,
     past_names,
-    present_names,
 )
 from attnserve.export import variants as build
-from attnserve.model.cache import EncoderState, KVCache
+from attnserve.export.decoder_step import DecoderStepGraph
 from attnserve.model.transformer import EncoderDecoder
 
 log = logging.getLogger(__name__)
@@ -63,37 +63,6 @@ class EncoderGraph(nn.Module):
         """input_ids, attention_mask (B, S) int64 -> 2L tensors (B, H, S, D)"""
         state = self.model.encode(input_ids, attention_mask.bool())
         return tuple(t for kv in zip(state.cross_keys, state.cross_values, strict=True) for t in kv)
-
-
-class DecoderStepGraph(nn.Module):
-    """decode_step() on a left-padded cache given as a mask, with log_softmax inside."""
-
-    def __init__(self, model: EncoderDecoder) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        encoder_attention_mask: Tensor,
-        past_mask: Tensor,
-        past: list[Tensor],
-        cross: list[Tensor],
-    ) -> tuple[Tensor, ...]:
-        """input_ids (B,); masks (B, S), (B, T); past 2L x (B, H, T, D); cross 2L x (B, H, S, D).
-
-        Returns log_probs (B, V) float32 and 2L present tensors (B, H, T+1, D).
-        """
-        new = torch.ones_like(input_ids)[:, None]  # (B, 1)
-        mask = torch.cat([past_mask, new], dim=1).bool()  # (B, T+1)
-        positions = mask.sum(dim=1, keepdim=True) - 1  # (B, 1): never a reduction over T=0
-        state = EncoderState(list(cross[0::2]), list(cross[1::2]), encoder_attention_mask.bool())
-        cache = KVCache(list(past[0::2]), list(past[1::2]), past_mask.bool())
-        logits, grown = self.model.decode(
-            input_ids[:, None], positions, mask[:, None], state, cache
-        )
-        log_probs = torch.log_softmax(logits.squeeze(1).float(), dim=-1)  # (B, V), no copy
-        return (log_probs, *(t for kv in zip(grown.keys, grown.values, strict=True) for t in kv))
 
 
 def attention(
@@ -134,21 +103,27 @@ def attention(
 
 
 def _example_inputs(
-    model: EncoderDecoder, batch: int = 2, src_len: int = 5, past_len: int = 3
+    model: EncoderDecoder, sources: int = 2, src_len: int = 5, past_len: int = 3
 ) -> tuple[tuple[Tensor, Tensor], tuple[Any, ...]]:
-    """Small example inputs (sizes >= 2: torch.export specializes 0 and 1)."""
+    """Small example inputs, every dynamic size distinct and >= 2 (torch.export specializes 0
+    and 1): 2 sources, the first with 4 rows (beams), the second with 2, so 6 rows and 8 query
+    slots (the second source's 2 unused slots repeat its first row)."""
     cfg = model.config
     n = 2 * cfg.decoder_layers
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, cfg.vocab_size, (batch, src_len), generator=gen)
-    mask = torch.ones(batch, src_len, dtype=torch.long)
+    ids = torch.randint(3, cfg.vocab_size, (sources, src_len), generator=gen)
+    mask = torch.ones(sources, src_len, dtype=torch.long)
+    row_source = torch.tensor([0, 0, 0, 0, 1, 1])
+    batch = row_source.shape[0]
+    row_slots = torch.tensor([0, 1, 2, 3, 4, 5])
+    slot_rows = torch.tensor([0, 1, 2, 3, 4, 5, 4, 4])
     tokens = torch.randint(3, cfg.target_vocab_size, (batch,), generator=gen)
     kv_shape = (batch, cfg.n_heads, past_len, cfg.head_dim)
-    cross_shape = (batch, cfg.n_heads, src_len, cfg.head_dim)
+    cross_shape = (sources, cfg.n_heads, src_len, cfg.head_dim)
     past = [torch.randn(kv_shape, generator=gen) for _ in range(n)]
     cross = [torch.randn(cross_shape, generator=gen) for _ in range(n)]
     past_mask = torch.ones(batch, past_len, dtype=torch.long)
-    return (ids, mask), (tokens, mask, past_mask, past, cross)
+    return (ids, mask), (tokens, mask, past_mask, row_slots, slot_rows, past, cross)
 
 
 def export_fp32(
@@ -159,9 +134,10 @@ def export_fp32(
     out.mkdir(parents=True, exist_ok=True)
     model = model.eval().float()
     n_layers = model.config.decoder_layers
-    batch, src_len, past_len = (torch.export.Dim(n) for n in ("batch", "src_len", "past_len"))
+    names = ("batch", "sources", "src_len", "past_len", "slots")
+    batch, sources, src_len, past_len, slots = (torch.export.Dim(n) for n in names)
     enc_args, dec_args = _example_inputs(model)
-    src_axes = {0: batch, 1: src_len}
+    src_axes = {0: sources, 1: src_len}
     common: dict[str, Any] = {
         "custom_translation_table": {
             torch.ops.aten.scaled_dot_product_attention.default: attention
@@ -187,13 +163,15 @@ def export_fp32(
             dec_args,
             str(out / DECODER_NAME),
             input_names=[*DECODER_INPUTS, *past_names(n_layers), *cross_names(n_layers)],
-            output_names=[LOG_PROBS, *present_names(n_layers)],
+            output_names=[LOG_PROBS, *new_names(n_layers)],
             dynamic_shapes={
                 "input_ids": {0: batch},
                 "encoder_attention_mask": src_axes,
                 "past_mask": {0: batch, 1: past_len},
+                "row_slots": {0: batch},
+                "slot_rows": {0: slots},
                 "past": [{0: batch, 2: past_len}] * (2 * n_layers),
-                "cross": [{0: batch, 2: src_len}] * (2 * n_layers),
+                "cross": [{0: sources, 2: src_len}] * (2 * n_layers),
             },
             **common,
         )

@@ -10,7 +10,13 @@ import pytest
 from attnserve.engine.backend import ModelSpec
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.processors import banned_ngram_tokens, top_k_mask, top_p_mask
-from attnserve.engine.search import BeamSearch, GreedySearch, SamplingSearch, make_search
+from attnserve.engine.search import (
+    BeamSearch,
+    GreedySearch,
+    SamplingSearch,
+    make_search,
+    top_indices,
+)
 from attnserve.engine.translator import decode_batch
 from tests.engine.fakes import TableBackend
 
@@ -212,3 +218,24 @@ def test_invalid_options_name_the_parameter(changes: dict, param: str) -> None:
     with pytest.raises(InvalidOption) as err:
         DecodingOptions().replace(**changes).validate()
     assert err.value.param == param
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "mostly_inf", "all_inf_but_three", "nan"])
+def test_top_indices_equals_a_stable_full_sort(kind: str) -> None:
+    """The chunk-maxima shortcut returns what a stable descending sort returns (ties by index),
+    including the cases that fall back to the sort (too many -inf, NaN)."""
+    rng = np.random.default_rng(3)
+    for size in (1, 7, 600, 3000, 40000):
+        x = rng.standard_normal(size).astype(np.float32)
+        if kind == "ties":
+            x = np.round(x, 1)
+        elif kind == "mostly_inf":
+            x[rng.random(size) < 0.99] = -np.inf
+        elif kind == "all_inf_but_three":
+            x[:] = -np.inf
+            x[rng.integers(0, size, 3)] = 0.0
+        elif kind == "nan":
+            x[rng.integers(0, size, 2)] = np.nan
+        for n in (1, 8, 20):
+            expected = np.argsort(-x, kind="stable")[:n]
+            np.testing.assert_array_equal(top_indices(x, n), expected)

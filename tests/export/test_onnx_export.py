@@ -15,7 +15,7 @@ import torch
 
 from attnserve.cli import main
 from attnserve.engine.onnx_backend import OnnxBackend
-from attnserve.engine.onnx_layout import cross_names, past_names, present_names
+from attnserve.engine.onnx_layout import DECODER_INPUTS, cross_names, new_names, past_names
 from attnserve.export.onnx_export import export_model, export_variants, sha256
 from attnserve.export.variants import output_projection_nodes
 from attnserve.export.verify import FP32_MAX_ABS_DIFF, ParityError
@@ -60,7 +60,7 @@ def test_manifest_records_versions_hashes_and_parity(tiny_onnx_import: Path) -> 
             assert parity["greedy_exact_match"] == parity["beam4_exact_match"] == 1.0
         else:
             assert 0.5 <= parity["greedy_token_agreement"] <= 1.0
-            assert manifest["options"]["float_output_projection"] is True
+            assert manifest["options"]["float_output_projection"] is False
 
 
 def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
@@ -72,32 +72,52 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
     i64, f32 = onnx.TensorProto.INT64, onnx.TensorProto.FLOAT
     enc_in, enc_out = io_spec(list(encoder.graph.input)), io_spec(list(encoder.graph.output))
     assert enc_in == {
-        "input_ids": (i64, ["batch", "src_len"]),
+        "input_ids": (i64, ["sources", "src_len"]),
         "attention_mask": enc_in["input_ids"],
     }
     assert list(enc_out) == cross_names(n)
-    assert enc_out["cross.0.key"][1][0::2] == ["batch", "src_len"]
+    assert enc_out["cross.0.key"][1][0::2] == ["sources", "src_len"]
     dec_in, dec_out = io_spec(list(decoder.graph.input)), io_spec(list(decoder.graph.output))
-    assert list(dec_in) == ["input_ids", "encoder_attention_mask", "past_mask"] + past_names(
-        n
-    ) + cross_names(n)
+    assert list(dec_in) == [*DECODER_INPUTS, *past_names(n), *cross_names(n)]
     assert dec_in["input_ids"] == (i64, ["batch"])
+    # Cross K/V and the source mask are per encoded source, shared by its rows (beams).
+    assert dec_in["encoder_attention_mask"] == (i64, ["sources", "src_len"])
+    assert dec_in["cross.1.value"][1][0::2] == ["sources", "src_len"]
+    assert dec_in["row_slots"] == (i64, ["batch"]) and dec_in["slot_rows"] == (i64, ["slots"])
     assert dec_in["past_mask"] == (i64, ["batch", "past_len"])
     assert dec_in["past.0.self.key"][0] == f32
     assert dec_in["past.0.self.key"][1][0::2] == ["batch", "past_len"]
-    assert list(dec_out) == ["log_probs", *present_names(n)]
+    # The step returns its column of the cache, not the grown cache (nothing is copied).
+    assert list(dec_out) == ["log_probs", *new_names(n)]
     assert dec_out["log_probs"][0] == f32
-    assert dec_out["present.1.self.value"][1][2] == "past_len + 1"
+    assert dec_out["new.1.self.value"][1][:3] == ["batch", 4, 1]
 
 
-def test_int8_quantizes_matmuls_but_keeps_the_output_projection_float(
-    tiny_onnx_import: Path,
-) -> None:
+def test_int8_quantizes_every_matmul_with_a_constant_weight(tiny_onnx_import: Path) -> None:
     decoder = onnx.load(str(tiny_onnx_import / "onnx" / "int8" / "decoder.onnx"))
     ops = [node.op_type for node in decoder.graph.node]
-    assert ops.count("MatMulInteger") >= 2 * 4  # q, k, v, out, fc1, fc2 ... per layer
+    assert ops.count("MatMulInteger") >= 2 * 4 + 1  # q, k, v, out, fc1, fc2 ... + the head
+    vocab = read_model_config(tiny_onnx_import).target_vocab_size
+    int8_shapes = [
+        list(t.dims) for t in decoder.graph.initializer if t.data_type == onnx.TensorProto.INT8
+    ]
+    assert [decoder_dim(tiny_onnx_import), vocab] in int8_shapes  # the output projection
+
+
+def decoder_dim(model_dir: Path) -> int:
+    return read_model_config(model_dir).d_model
+
+
+def test_int8_can_keep_the_output_projection_float(tiny_onnx_import: Path, tmp_path: Path) -> None:
+    model, _ = load_model_dir(tiny_onnx_import)
+    written = export_variants(
+        model, tmp_path / "onnx", ["int8"], verify=False, int8_float_output=True
+    )
+    decoder = onnx.load(str(written["int8"] / "decoder.onnx"))
     [head] = output_projection_nodes(decoder)
     assert next(n for n in decoder.graph.node if n.name == head).op_type == "MatMul"
+    manifest = json.loads((written["int8"] / "manifest.json").read_text())
+    assert manifest["options"]["float_output_projection"] is True
 
 
 def test_other_architecture_exports_with_fp32_parity(
@@ -140,7 +160,7 @@ def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path)
     assert io_spec(list(decoder.graph.input))["past.0.self.key"][0] == f16
     assert io_spec(list(decoder.graph.input))["cross.0.key"][0] == f16
     assert io_spec(list(decoder.graph.output))["log_probs"][0] == f32
-    assert io_spec(list(decoder.graph.output))["present.0.self.key"][0] == f16
+    assert io_spec(list(decoder.graph.output))["new.0.self.key"][0] == f16
     kept = {n.op_type for n in decoder.graph.node if n.op_type in ("LayerNormalization", "Softmax")}
     for node in decoder.graph.node:
         if node.op_type in kept:  # fed through a Cast to float32

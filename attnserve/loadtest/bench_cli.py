@@ -1,0 +1,230 @@
+"""`attnserve bench`: prepare the model files, start the runners, time them, write the report.
+
+Models: `--model DIR` (an attnserve model directory, exported already for ONNX backends),
+`--preset NAME` (random weights of a preset, exported to a temporary directory) or `--hf-dir DIR`
+(a Hugging Face Marian directory, imported and exported). Peers (hf, ct2-fp32, ct2-int8) need a
+Marian directory: `--hf-dir`, or `--preset` with a peer, which writes a random MarianMTModel of
+the preset's shape first (Marian's conventions: swish, final logits bias) so that every runtime
+decodes the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnserve.loadtest.bench import BenchConfig, InProcess, Timed, random_sources, run_interleaved
+from attnserve.loadtest.bench_peers import PEERS, available
+from attnserve.loadtest.bench_workers import RunnerSpec, WorkerRunner, build_runner
+
+log = logging.getLogger(__name__)
+
+ONNX_VARIANTS = ("fp32", "int8", "fp16")
+
+
+def add_bench_command(
+    sub: Any, default_model: Path, provider_choices: Sequence[str]
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bench", help="offline decoding speed (target tokens/s, peak RSS, size)"
+    )
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--model", type=Path, default=default_model, help="model directory")
+    model.add_argument("--preset", default=None, help="random weights of a preset (tiny, small..)")
+    model.add_argument("--hf-dir", type=Path, default=None, help="Hugging Face Marian directory")
+    p.add_argument(
+        "--preset-overrides",
+        default=None,
+        help='JSON ModelConfig overrides, e.g. {"vocab_size": 8000}',
+    )
+    p.add_argument(
+        "--backends",
+        default="torch,onnx-fp32,onnx-int8",
+        help="comma-separated: torch, onnx-fp32, onnx-int8, onnx-fp16 (CUDA only), "
+        f"and peers {', '.join(PEERS)} (skipped when not installed)",
+    )
+    p.add_argument("--provider", choices=list(provider_choices), default="auto", help="ORT")
+    p.add_argument("--beam-sizes", default="1,4")
+    p.add_argument("--batch-sizes", default="1,32")
+    p.add_argument("--sentences", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=32, help="fixed output length")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads of every runtime")
+    p.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one process per backend, so peak RSS is per backend (default: on)",
+    )
+    p.add_argument("--output-dir", type=Path, default=None, help="write NAME.jsonl/.md/.png here")
+    p.add_argument("--name", default="bench", help="file name stem in --output-dir")
+    p.add_argument("--title", default=None, help="model description in the report")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _preset_config(args: argparse.Namespace) -> Any:
+    from attnserve.model.config import ModelConfig
+
+    overrides = json.loads(args.preset_overrides) if args.preset_overrides else {}
+    return ModelConfig.preset(args.preset, **overrides)
+
+
+def _random_model_dir(config: Any, out: Path, seed: int = 0) -> tuple[Path, Any]:
+    """config.json + model.safetensors of a seeded random EncoderDecoder (no tokenizer)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from attnserve.model.checkpoint import alias_names
+    from attnserve.model.transformer import EncoderDecoder
+
+    torch.manual_seed(seed)
+    model = EncoderDecoder(config).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / "config.json")
+    skip = alias_names(config)
+    tensors = {k: t.contiguous() for k, t in model.state_dict().items() if k not in skip}
+    save_file(tensors, str(out / "model.safetensors"))
+    return out, model
+
+
+def _onnx_variants(backends: Sequence[str]) -> list[str]:
+    return sorted({b.partition("-")[2] or "int8" for b in backends if b.startswith("onnx")})
+
+
+def prepare(
+    args: argparse.Namespace, names: list[str], workdir: Path
+) -> tuple[Path, dict[str, Path]]:
+    """The attnserve model directory to run, and the directory of every peer."""
+    from attnserve.loadtest.bench_peers import convert_ct2, write_random_marian
+
+    peers = [n for n in names if n in PEERS]
+    variants = _onnx_variants(names)
+    hf_dir: Path | None = args.hf_dir
+    if args.preset and peers:
+        hf_dir = write_random_marian(workdir / "hf", _preset_config(args))
+    model = None
+    if hf_dir is not None:
+        from attnserve.model.marian import import_marian
+
+        model_dir = import_marian(hf_dir, workdir / "attnserve")
+    elif args.preset:
+        model_dir, model = _random_model_dir(_preset_config(args), workdir / "attnserve")
+    else:
+        model_dir = args.model
+        if peers:
+            raise ValueError("peers need a Marian model: use --hf-dir DIR or --preset NAME")
+    if variants and (hf_dir is not None or args.preset):
+        from attnserve.export.onnx_export import export_model, export_variants
+
+        if model is not None:
+            export_variants(model, model_dir / "onnx", variants, verify=False)
+        else:
+            export_model(model_dir, variants, verify=False)
+    peer_dirs: dict[str, Path] = {}
+    for name in peers:
+        assert hf_dir is not None
+        if name == "hf":
+            peer_dirs[name] = hf_dir
+        else:
+            quantization = "int8" if name == "ct2-int8" else "float32"
+            peer_dirs[name] = convert_ct2(hf_dir, workdir / name, quantization)
+    return model_dir, peer_dirs
+
+
+def _usable(names: list[str], provider: str) -> list[str]:
+    """Drop peers that are not installed and fp16 without a CUDA provider (warning)."""
+    kept = []
+    for name in names:
+        if name in PEERS and not available(name):
+            log.warning("skipping %s: its package is not installed", name)
+        elif name == "onnx-fp16" and not _has_cuda(provider):
+            log.warning("skipping onnx-fp16: it needs onnxruntime's CUDA provider (a GPU)")
+        else:
+            kept.append(name)
+    return kept
+
+
+def _has_cuda(provider: str) -> bool:
+    import onnxruntime as ort
+
+    return provider != "cpu" and "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from attnserve.model.checkpoint import read_model_config
+
+    names = _usable([b.strip() for b in args.backends.split(",") if b.strip()], args.provider)
+    if not names:
+        raise ValueError("no backend to run")
+    configs = [
+        BenchConfig(int(k), int(b), args.new_tokens)
+        for k in args.beam_sizes.split(",")
+        for b in args.batch_sizes.split(",")
+    ]
+    with tempfile.TemporaryDirectory(prefix="attnserve-bench-") as tmp:
+        model_dir, peer_dirs = prepare(args, names, Path(tmp))
+        config = read_model_config(model_dir)
+        specials = {config.pad_id, config.start_id, config.eos_id, config.unk_id}
+        sources = random_sources(
+            args.sentences, config.vocab_size, eos_id=config.eos_id, exclude=specials
+        )
+        specs = [
+            RunnerSpec(
+                name,
+                name,
+                str(peer_dirs.get(name, model_dir)),
+                args.threads,
+                {} if name in PEERS or name == "torch" else {"provider": args.provider},
+            )
+            for name in names
+        ]
+        runners: dict[str, Timed] = {}
+        try:
+            for spec in specs:
+                log.info("loading %s", spec.name)
+                runners[spec.name] = (
+                    WorkerRunner(spec, sources)
+                    if args.isolate
+                    else InProcess(build_runner(spec), sources)
+                )
+            results = run_interleaved(
+                runners,
+                configs,
+                sentences=len(sources),
+                repeats=args.repeats,
+                threads=args.threads,
+                isolated=args.isolate,
+                progress=log.info,
+            )
+        finally:
+            for runner in runners.values():
+                if isinstance(runner, WorkerRunner):
+                    runner.close()
+    for result in results:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+    if args.output_dir is not None:
+        from attnserve.loadtest.bench_report import write_report
+
+        title = args.title or _describe(args, config)
+        for path in write_report(results, args.output_dir, args.name, model=title):
+            log.info("wrote %s", path)
+    return 0
+
+
+def _describe(args: argparse.Namespace, config: Any) -> str:
+    """e.g. 'preset small (d256, 6+3 layers, vocab 8000), random weights, 1 thread'."""
+    source = f"preset {args.preset}" if args.preset else f"{args.hf_dir or args.model}"
+    shape = (
+        f"d{config.d_model}, {config.encoder_layers}+{config.decoder_layers} layers, "
+        f"ffn {config.ffn_dim}, vocab {config.target_vocab_size}"
+    )
+    threads = f"{args.threads} thread(s)" if args.threads else "default threads"
+    weights = ", random weights" if args.preset else ""
+    return f"{source} ({shape}){weights}, {args.new_tokens} new tokens, {threads}"

@@ -1,0 +1,142 @@
+"""The FastAPI app factory. Nothing is loaded at import: `lifespan` loads the models.
+
+Start-up: the server answers at once (/healthz 200, /readyz 503 "loading"); the models load on a
+worker thread, each is warmed up with one short translation through its engine, then /readyz
+turns 200. A model that fails to load makes the process exit (Lifecycle.on_fatal).
+Shutdown (SIGTERM, see server.py): /readyz and new API requests answer 503 at once, in-flight
+requests finish within drain_seconds, then the engine threads stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
+
+from attnserve.service.errors import install_error_handlers
+from attnserve.service.middleware import ServiceMiddleware
+from attnserve.service.models import BackendFactory, default_backend_factory, load_model, warm_up
+from attnserve.service.models import wait_idle as wait_models_idle
+from attnserve.service.routes import router
+from attnserve.service.schemas import FinalEvent, TokenEvent
+from attnserve.service.settings import Settings
+from attnserve.service.state import ServiceState
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Translation with encoder-decoder Transformers, decoded with continuous batching.
+
+Errors are JSON `{"error": {"type", "message", "param", "request_id"}}`: 422 invalid request
+(`param` names the field), 404 unknown model, 413 body too large, 429 queue full (Retry-After),
+503 not ready or shutting down, 504 deadline exceeded, 401 missing API key (when the server has
+one: `Authorization: Bearer <key>`; /healthz, /readyz, /metrics and the docs stay open), 500 a
+decoding failure of this request (quote its request id). Every response carries `X-Request-ID`
+(the client's, when it sent a valid one).
+"""
+
+
+def create_app(
+    settings: Settings | None = None, *, backend_factory: BackendFactory = default_backend_factory
+) -> FastAPI:
+    """A new app with its own settings, metrics registry and models (loaded by lifespan)."""
+    settings = settings or Settings()
+    service = ServiceState(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(load_models(service, backend_factory))
+        try:
+            yield
+        finally:
+            await shut_down(service, loader)
+
+    app = FastAPI(
+        title="attnserve",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    install_error_handlers(app)
+    app.include_router(router)
+    known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
+    app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
+        )
+    return app
+
+
+def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI's schema plus the event models of the /v1/generate stream (not route bodies)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (TokenEvent, FinalEvent):
+            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, definition in model_schema.pop("$defs", {}).items():
+                components.setdefault(name, definition)
+            components[model.__name__] = model_schema
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("attnserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+async def load_models(service: ServiceState, factory: BackendFactory) -> None:
+    """Load and warm up every configured model, then mark the service ready."""
+    settings, lifecycle = service.settings, service.lifecycle
+    try:
+        for directory in settings.model_dirs:
+            model = await asyncio.to_thread(
+                load_model, directory, settings, service.metrics, factory
+            )
+            service.registry.add(model)
+            await warm_up(model)
+    except Exception as exc:
+        log.exception("loading the models failed")
+        lifecycle.fail(f"{type(exc).__name__}: {exc}")
+        return
+    if lifecycle.phase == "loading":
+        lifecycle.phase = "ready"
+        names = ", ".join(m.name for m in service.registry)
+        log.info("ready: serving %s", names, extra={"models": names})
+
+
+async def shut_down(service: ServiceState, loader: asyncio.Task[None]) -> None:
+    """Refuse new work, let queued and running requests finish (bounded), stop the engines."""
+    service.lifecycle.start_draining()
+    drain = service.settings.drain_seconds
+    if not loader.done():
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(loader), drain)
+    if not await wait_models_idle(service.registry, drain):
+        log.warning("drain time (%.1fs) over: stopping with requests in flight", drain)
+    await asyncio.to_thread(service.registry.stop, 5.0)
+    log.info("engines stopped")

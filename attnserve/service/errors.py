@@ -1,0 +1,128 @@
+"""Error answers: every error is JSON `{"error": {"type", "message", "param", "request_id"}}`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from attnserve.service.logs import request_id_var
+
+# Error types by HTTP status (the `type` field); routes may use a more specific one.
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "overloaded",
+    500: "internal_error",
+    503: "unavailable",
+    504: "deadline_exceeded",
+}
+
+
+class ApiError(Exception):
+    """An error answer raised by a route (or a helper it calls)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or ERROR_TYPES.get(status, "error")
+        self.headers = dict(headers or {})
+
+
+def error_body(
+    status: int, message: str, *, param: str | None = None, type: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "type": type or ERROR_TYPES.get(status, "error"),
+            "message": message,
+            "param": param,
+            "request_id": request_id_var.get(),
+        }
+    }
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    body = error_body(error.status, error.message, param=error.param, type=error.type)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def _param(loc: Sequence[Any]) -> str | None:
+    """("body", "beam_size") -> "beam_size"; ("body", "text", "list[str]", 3) -> "text"."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    if not parts or not isinstance(parts[0], str):
+        return "body" if loc and loc[0] == "body" else None
+    return parts[0]
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        return f"request body is not valid JSON: {detail}".rstrip(": ")
+    if tuple(error.get("loc", ())) == ("body",) and error.get("type") in (
+        "model_attributes_type",
+        "dict_type",
+        "missing",
+    ):
+        return "the request body must be a JSON object (Content-Type: application/json)"
+    if error.get("type") == "extra_forbidden":
+        return f"unknown field {_param(error.get('loc', ())) or ''!r}"
+    param = _param(error.get("loc", ()))
+    message = str(error.get("msg", "invalid value"))
+    return f"{param}: {message}" if param and param != "body" else message
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
+    message = "; ".join(dict.fromkeys(_describe(e) for e in errors[:3])) or "invalid request"
+    if len(errors) > 3:
+        message += f" (and {len(errors) - 3} more)"
+    return error_response(ApiError(422, message, param=_param(first.get("loc", ()))))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    message = str(exc.detail)
+    param = None
+    if status == 400:
+        # FastAPI's only 400: a body it could not decode (e.g. not UTF-8). That is a client's
+        # invalid request like any other: 422, as for malformed JSON.
+        status, param = 422, "body"
+        message = "request body could not be parsed: send UTF-8 JSON"
+    headers = dict(exc.headers or {})
+    return error_response(ApiError(status, message, param=param, headers=headers))
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ApiError, _api_error)

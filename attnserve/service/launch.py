@@ -1,0 +1,143 @@
+"""`attnserve serve`: flags over ATTNSERVE_* settings, model checks (and ONNX export), uvicorn.
+
+Imported by the CLI only when `serve` runs (FastAPI and uvicorn load then, torch only if a model
+must be exported first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from attnserve.service.settings import DEFAULT_MODEL_DIR, Settings
+
+log = logging.getLogger(__name__)
+
+# flag -> (Settings field, type); flags left out keep the environment's (or default) value.
+FLAGS: dict[str, tuple[str, type]] = {
+    "--host": ("host", str),
+    "--port": ("port", int),
+    "--backend": ("backend", str),
+    "--variant": ("variant", str),
+    "--provider": ("provider", str),
+    "--threads": ("threads", int),
+    "--max-batch-rows": ("max_batch_rows", int),
+    "--max-batch-tokens": ("max_batch_tokens", int),
+    "--max-waiting": ("max_waiting", int),
+    "--default-timeout-ms": ("default_timeout_ms", int),
+    "--max-timeout-ms": ("max_timeout_ms", int),
+    "--max-texts-per-request": ("max_texts_per_request", int),
+    "--max-input-tokens": ("max_input_tokens", int),
+    "--max-new-tokens-limit": ("max_new_tokens_limit", int),
+    "--max-beam-size": ("max_beam_size", int),
+    "--max-body-bytes": ("max_body_bytes", int),
+    "--cors-origins": ("cors_origins", str),
+    "--drain-seconds": ("drain_seconds", float),
+    "--log-level": ("log_level", str),
+}
+
+
+class ServeError(Exception):
+    """A configuration or model problem found before the server starts (exit status 2)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"model directories, comma-separated; the first is the default "
+        f"(env ATTNSERVE_MODELS; default {DEFAULT_MODEL_DIR})",
+    )
+    for flag, (field, kind) in FLAGS.items():
+        p.add_argument(
+            flag, dest=field, type=kind, default=None, help=f"env ATTNSERVE_{field.upper()}"
+        )
+    p.add_argument(
+        "--log-json",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="JSON log lines (default: on; env ATTNSERVE_LOG_JSON)",
+    )
+    p.add_argument(
+        "--auto-export",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="export MODEL/onnx/<variant> when it is missing (default: on)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if args.model is not None:
+        overrides["models"] = args.model
+    for field, _ in FLAGS.values():
+        if getattr(args, field, None) is not None:
+            overrides[field] = getattr(args, field)
+    for field in ("log_json", "auto_export"):
+        if getattr(args, field, None) is not None:
+            overrides[field] = getattr(args, field)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ServeError(f"invalid settings: {problems}") from exc
+
+
+def check_models(settings: Settings) -> None:
+    """Fail early, naming the directory and how to get a model; export ONNX when missing."""
+    for directory in settings.model_dirs:
+        if not directory.is_dir():
+            hint = (
+                " The default model is not in this checkout yet (it is trained by "
+                "`attnserve train` and packaged with `attnserve package`)."
+                if directory.resolve() == DEFAULT_MODEL_DIR
+                else ""
+            )
+            raise ServeError(
+                f"model directory {directory} does not exist.{hint} Serve another model with "
+                "`attnserve serve --model DIR` (an attnserve model directory; convert a Hugging "
+                "Face Marian model with `attnserve import-marian HF_DIR DIR`)."
+            )
+        if not (directory / "config.json").is_file():
+            raise ServeError(f"{directory} is not an attnserve model directory (no config.json)")
+        if settings.backend == "onnx":
+            _ensure_exported(directory, settings)
+
+
+def _ensure_exported(directory: Path, settings: Settings) -> None:
+    from attnserve.engine.onnx_layout import DECODER_NAME, ENCODER_NAME, variant_dir
+
+    graphs = variant_dir(directory, settings.variant)
+    if all((graphs / name).is_file() for name in (ENCODER_NAME, DECODER_NAME)):
+        return
+    command = f"attnserve export {directory} --variants {settings.variant}"
+    if not settings.auto_export:
+        raise ServeError(f"{graphs} has no ONNX graphs: run `{command}` (or --auto-export)")
+    log.info("%s is missing: exporting the model to ONNX (`%s`)", graphs, command)
+    from attnserve.export.onnx_export import export_model
+
+    export_model(directory, [settings.variant])
+    log.info("exported %s", graphs)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnserve.service.logs import configure_logging
+
+    try:
+        settings = settings_from_args(args)
+        configure_logging(settings.log_level, settings.log_json)
+        check_models(settings)
+    except ServeError as exc:
+        sys.stderr.write(f"attnserve serve: {exc}\n")
+        return 2
+    from attnserve.service.server import serve
+
+    return serve(settings)

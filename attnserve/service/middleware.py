@@ -1,0 +1,204 @@
+"""The request middleware (pure ASGI): request ids, access logs and metrics, the API key,
+readiness and draining, the body size limit, and a JSON 500 for unexpected exceptions.
+
+Order for an API request (`/v1/...`): id -> API key (401) -> lifecycle (503) -> body size (413,
+from Content-Length before reading, else while reading) -> the app. Health, readiness, metrics
+and the OpenAPI pages skip the API key, lifecycle and body checks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from attnserve.service.errors import error_body
+from attnserve.service.logs import new_request_id, request_id_var
+from attnserve.service.state import ServiceState
+
+log = logging.getLogger("attnserve.access")
+
+REQUEST_ID_HEADER = "x-request-id"
+QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class ClientGone(Exception):
+    """The client disconnected while its body was being read."""
+
+
+class _Reply:
+    """An error answer decided by the middleware before the app runs."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        reason: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.status, self.message, self.reason = status, message, reason
+        self.headers = headers or {}
+
+
+class ServiceMiddleware:
+    def __init__(self, app: ASGIApp, service: ServiceState, known_paths: frozenset[str]) -> None:
+        self.app = app
+        self.service = service
+        self.known_paths = known_paths
+        key = service.settings.api_key
+        self._key = key.get_secret_value().encode() if key is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        request_id = new_request_id(headers.get(REQUEST_ID_HEADER))
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 0
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status, response_started = int(message["status"]), True
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (REQUEST_ID_HEADER.encode(), request_id.encode()),
+                ]
+            await send(message)
+
+        path: str = scope["path"]
+        api = path.startswith("/v1/")
+        lifecycle = self.service.lifecycle
+        counted = False
+        try:
+            reply = self._refuse(scope, headers) if api else None
+            if reply is None and api and scope["method"] in ("POST", "PUT", "PATCH"):
+                reply, receive = await self._limit_body(headers, receive)
+            if reply is not None:
+                if reply.reason:
+                    self.service.metrics.reject(reply.reason)
+                await _send_error(send_with_id, reply)
+                return
+            if api:
+                lifecycle.in_flight += 1
+                counted = True
+            await self.app(scope, receive, send_with_id)
+        except ClientGone:
+            status = status or 499
+        except Exception:
+            log.exception("unhandled error serving %s %s", scope["method"], path)
+            if response_started:
+                return
+            status = 500
+            await _send_error(
+                send_with_id,
+                _Reply(500, f"internal error; quote request id {request_id} when reporting it"),
+            )
+        finally:
+            if counted:
+                lifecycle.in_flight -= 1
+            seconds = time.perf_counter() - started
+            route = self._route(scope)
+            self.service.metrics.observe_request(route, status or 499, seconds)
+            log.log(
+                logging.DEBUG if path in QUIET_PATHS else logging.INFO,
+                "%s %s %d %.1fms",
+                scope["method"],
+                path,
+                status or 499,
+                seconds * 1000,
+                extra={"route": route, "status": status or 499, "duration_ms": seconds * 1000},
+            )
+            request_id_var.reset(token)
+
+    def _refuse(self, scope: Scope, headers: dict[str, str]) -> _Reply | None:
+        """401 without a valid API key; 503 while loading, draining or failed."""
+        if self._key is not None:
+            scheme, _, supplied = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                supplied.strip().encode(), self._key
+            ):
+                return _Reply(
+                    401,
+                    "missing or invalid API key (Authorization: Bearer <key>)",
+                    reason="unauthorized",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        lifecycle = self.service.lifecycle
+        if lifecycle.phase == "draining":
+            return _Reply(503, "the server is shutting down", reason="draining")
+        if lifecycle.phase != "ready":
+            detail = "models are still loading" if lifecycle.phase == "loading" else "not ready"
+            return _Reply(503, detail, reason="not_ready", headers={"Retry-After": "1"})
+        return None
+
+    async def _limit_body(
+        self, headers: dict[str, str], receive: Receive
+    ) -> tuple[_Reply | None, Receive]:
+        """413 when the body exceeds max_body_bytes; else a receive that replays the body."""
+        limit = self.service.settings.max_body_bytes
+        too_large = _Reply(
+            413,
+            f"request body exceeds {limit} bytes",
+            reason="body_too_large",
+            headers={"Connection": "close"},
+        )
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return too_large, receive  # refused before reading any of it
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return too_large, receive
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: waits for http.disconnect
+
+        return None, replay
+
+    def _route(self, scope: Scope) -> str:
+        """A route template for the metrics label (bounded: unknown paths are "other")."""
+        route = scope.get("route")
+        template = getattr(route, "path", None)
+        if isinstance(template, str):
+            return template
+        path = scope["path"]
+        return path if path in self.known_paths else "other"
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _send_error(send: Send, reply: _Reply) -> None:
+    body = json.dumps(error_body(reply.status, reply.message)).encode()
+    headers: list[Any] = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in reply.headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

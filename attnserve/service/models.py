@@ -1,0 +1,169 @@
+"""The served models: each one's backend, tokenizer, defaults and engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnserve.engine.backend import Backend
+from attnserve.engine.engine_loop import EngineLoop
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.metrics import Metrics
+from attnserve.service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Builds a model directory's backend (tests wrap the default to slow it down or make it fail).
+BackendFactory = Callable[[Path, Settings], Backend[Any]]
+
+WARMUP_TEXT = "Hello, world."
+
+
+def default_backend_factory(directory: Path, settings: Settings) -> Backend[Any]:
+    from attnserve.engine.loading import load_backend
+
+    return load_backend(
+        directory,
+        settings.backend,
+        threads=settings.threads,
+        variant=settings.variant,
+        provider=settings.provider,
+    )
+
+
+@dataclass
+class ServedModel:
+    """One model as the routes see it."""
+
+    name: str
+    directory: Path
+    backend: Backend[Any]
+    tokenizer: Tokenizer
+    defaults: DecodingOptions  # the model's generation config, within the server's limits
+    engine: EngineLoop
+    backend_name: str
+    variant: str | None
+    provider: str | None
+    max_input_tokens: int  # min(settings.max_input_tokens, the model's max positions)
+    max_new_tokens: int  # min(settings.max_new_tokens_limit, the model's max positions)
+
+    def encode(self, text: str, target_lang: str | None) -> list[int]:
+        """Source ids (not truncated: the route rejects sources over max_input_tokens)."""
+        return self.tokenizer.encode_source(text, target_lang=target_lang)
+
+
+def load_model(
+    directory: Path, settings: Settings, metrics: Metrics, factory: BackendFactory
+) -> ServedModel:
+    """Tokenizer, backend and engine of one model directory (blocking: run it in a thread)."""
+    from attnserve.model.checkpoint import load_tokenizer, read_metadata
+
+    name = settings.model_name(directory)
+    tokenizer = load_tokenizer(directory)
+    backend = factory(directory, settings)
+    spec = backend.spec
+    max_new = min(settings.max_new_tokens_limit, spec.max_positions)
+    generation = read_metadata(directory).get("generation", {})
+    defaults = DecodingOptions.model_defaults(generation, spec.max_positions)
+    defaults = defaults.replace(
+        beam_size=min(defaults.beam_size, settings.beam_limit),
+        max_new_tokens=min(defaults.max_new_tokens, max_new),
+    )
+    limits = SchedulerLimits(
+        max_batch_rows=settings.max_batch_rows,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_waiting=settings.max_waiting,
+        max_new_tokens=max_new,
+    )
+    engine = EngineLoop(
+        Scheduler(backend, limits), observer=lambda events, _: metrics.observe_step(name, events)
+    )
+    onnx = settings.backend == "onnx"
+    model = ServedModel(
+        name=name,
+        directory=directory,
+        backend=backend,
+        tokenizer=tokenizer,
+        defaults=defaults,
+        engine=engine,
+        backend_name=settings.backend,
+        variant=str(getattr(backend, "variant", settings.variant)) if onnx else None,
+        provider=str(getattr(backend, "provider", settings.provider)) if onnx else None,
+        max_input_tokens=min(settings.max_input_tokens, spec.max_positions),
+        max_new_tokens=max_new,
+    )
+    metrics.add_model(
+        name,
+        model.variant or settings.backend,
+        model.provider or "torch",
+        running=lambda: float(engine.running),
+        waiting=lambda: float(engine.waiting),
+    )
+    engine.start()
+    log.info(
+        "loaded model %s from %s (%s, variant %s, provider %s)",
+        name,
+        directory,
+        settings.backend,
+        model.variant,
+        model.provider,
+    )
+    return model
+
+
+async def warm_up(model: ServedModel) -> None:
+    """One short translation through the engine (first runs allocate and optimize)."""
+    tags = model.tokenizer.target_languages
+    source = model.encode(WARMUP_TEXT, tags[0] if tags else None)[: model.max_input_tokens]
+    options = model.defaults.replace(max_new_tokens=min(4, model.max_new_tokens), min_new_tokens=0)
+    request = Request(id=f"warmup-{model.name}", source=source, options=options)
+    done = await model.engine.submit(request)
+    if done.outcome is not Outcome.DONE:
+        raise RuntimeError(f"warm-up of {model.name} failed: {done.outcome} {done.error!r}")
+
+
+class ModelRegistry:
+    """Models by name; the first is the default."""
+
+    def __init__(self, models: Sequence[ServedModel] = ()) -> None:
+        self.models: dict[str, ServedModel] = {m.name: m for m in models}
+
+    def add(self, model: ServedModel) -> None:
+        self.models[model.name] = model
+
+    @property
+    def default(self) -> ServedModel | None:
+        return next(iter(self.models.values()), None)
+
+    def get(self, name: str | None) -> ServedModel | None:
+        return self.default if name is None else self.models.get(name)
+
+    def __iter__(self) -> Any:
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def idle(self) -> bool:
+        return all(m.engine.idle for m in self.models.values())
+
+    def stop(self, timeout: float | None = None) -> None:
+        for model in self.models.values():
+            model.engine.stop(timeout)
+
+
+async def wait_idle(registry: ModelRegistry, seconds: float) -> bool:
+    """Wait until no model has queued or running work, at most `seconds`; True if idle."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while not registry.idle():
+        if loop.time() >= end:
+            return False
+        await asyncio.sleep(0.02)
+    return True

@@ -1,0 +1,295 @@
+"""The endpoints: /v1/translate, /v1/generate (JSON or Server-Sent Events), /v1/models,
+/healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from attnserve.engine.scheduler import Outcome
+from attnserve.engine.scheduler import Request as EngineRequest
+from attnserve.service.decoding import (
+    deadline_seconds,
+    decoding_options,
+    finish_reason,
+    new_requests,
+    resolve_model,
+    submit_all,
+    texts_of,
+    tokenize,
+    translation,
+    wait_all,
+)
+from attnserve.service.errors import ApiError, error_body
+from attnserve.service.logs import request_id_var
+from attnserve.service.models import ServedModel
+from attnserve.service.schemas import (
+    ErrorBody,
+    FinalEvent,
+    GenerateRequest,
+    ModelInfo,
+    ModelList,
+    Status,
+    TokenEvent,
+    TranslateRequest,
+    TranslateResponse,
+    Usage,
+)
+from attnserve.service.state import Service
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+STREAM_DEADLINE_GRACE = 1.0  # seconds
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        401: "API key missing or wrong (only when the server has one)",
+        404: "Unknown model (param: model)",
+        413: "Body larger than the server's max_body_bytes",
+        422: "Invalid request; `param` names the offending field",
+        429: "Queue full: retry after Retry-After seconds",
+        500: "Decoding failed for this request (the body has its request id)",
+        503: "Not ready yet, or shutting down",
+        504: "Deadline (timeout_ms) exceeded",
+    }.items()
+}
+_SSE_EVENT_DATA = {
+    "anyOf": [
+        {"const": "[DONE]"},
+        {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "anyOf": [
+                    {"$ref": "#/components/schemas/TokenEvent"},
+                    {"$ref": "#/components/schemas/FinalEvent"},
+                    {"$ref": "#/components/schemas/ErrorBody"},
+                ]
+            },
+        },
+    ]
+}
+_SSE_DOC = {
+    "text/event-stream": {
+        # One Server-Sent Event (OpenAPI before 3.2: `schema` describes each event).
+        "schema": {
+            "type": "object",
+            "properties": {"event": {"type": "string"}, "data": _SSE_EVENT_DATA},
+            "required": ["data"],
+        },
+        "example": 'data: {"index": 0, "token_id": 17, "text": "Wie"}\n\n'
+        'data: {"finish_reason": "stop", "text": "Wie geht es?", "output_tokens": 5, '
+        '"usage": {"input_tokens": 4, "output_tokens": 5}}\n\ndata: [DONE]\n\n',
+    }
+}
+
+
+@router.post(
+    "/v1/translate",
+    response_model=TranslateResponse,
+    response_model_exclude_none=True,
+    responses=_ERRORS,
+    summary="Translate one text or a list of texts",
+)
+async def translate(body: TranslateRequest, request: Request, service: Service) -> Any:
+    return await _decode(body, request, service)
+
+
+@router.post(
+    "/v1/generate",
+    response_model=TranslateResponse,
+    response_model_exclude_none=True,
+    responses={**_ERRORS, 200: {"content": _SSE_DOC, "description": "JSON, or SSE with stream"}},
+    summary="Decode with full control (sampling, penalties); stream tokens with stream=true",
+)
+async def generate(body: GenerateRequest, request: Request, service: Service) -> Any:
+    return await _decode(body, request, service)
+
+
+async def _decode(body: TranslateRequest, request: Request, service: Service) -> Any:
+    model = resolve_model(service, body.model)
+    texts = texts_of(body, service)
+    options = decoding_options(body, model, service)
+    timeout = deadline_seconds(body, service)
+    sources = await tokenize(body, texts, model)
+    request_id = request_id_var.get() or "request"
+    stream = isinstance(body, GenerateRequest) and body.stream
+    engine_requests = new_requests(request_id, sources, options, timeout, stream=stream)
+    futures = submit_all(service, model, engine_requests)
+    if stream:
+        (engine_request,), (future,) = engine_requests, futures
+        # cancel() frees the rows of a stream that did not end (client gone) and drops a token
+        # queue nobody read; for a request that ended it changes nothing.
+        return EventStream(
+            _events(model, engine_request, future, timeout),
+            cleanup=lambda: model.engine.cancel(engine_request.id),
+        )
+    outcome = await wait_all(model, engine_requests, futures, timeout, request.receive)
+    if outcome is Outcome.CANCELLED:
+        log.info("client disconnected; its requests were cancelled")
+        return Response(status_code=499)  # nobody reads it; logged and counted as 499
+    if outcome is Outcome.DEADLINE:
+        raise ApiError(504, f"deadline of {timeout * 1000:.0f} ms exceeded", param="timeout_ms")
+    if outcome is Outcome.FAILED:
+        _log_failure(engine_requests)
+        raise ApiError(500, f"decoding failed; quote request id {request_id} when reporting it")
+    generate = isinstance(body, GenerateRequest)
+    results = [f.result() for f in futures]
+    return TranslateResponse(
+        model=model.name,
+        translations=[
+            translation(model, r, return_scores=body.return_scores, token_ids=generate)
+            for r in results
+        ],
+        usage=Usage(
+            input_tokens=sum(len(r.source) for r in results),
+            output_tokens=sum(r.output_tokens for r in results),
+        ),
+    )
+
+
+def _log_failure(requests: list[EngineRequest]) -> None:
+    failed = [r for r in requests if r.outcome is Outcome.FAILED]
+    error = failed[0].error if failed else None
+    exc_info = (type(error), error, error.__traceback__) if error is not None else None
+    log.error("decoding failed for %s", ", ".join(r.id for r in failed), exc_info=exc_info)
+
+
+class EventStream(StreamingResponse):
+    """Server-Sent Events; `cleanup` runs however the response ends (done, error, disconnect)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], None]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cleanup()
+
+
+def _sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode()
+
+
+def _delta(full: str, emitted: str) -> tuple[str, str]:
+    """The new text since `emitted` (nothing while a multi-byte character is incomplete)."""
+    if full.endswith("\ufffd") or not full.startswith(emitted):
+        return "", emitted
+    return full[len(emitted) :], full
+
+
+async def _events(
+    model: ServedModel,
+    request: EngineRequest,
+    future: asyncio.Future[EngineRequest],
+    timeout: float,
+) -> AsyncIterator[bytes]:
+    """One event per token, a final event (or an error event), then [DONE]."""
+    loop = asyncio.get_running_loop()
+    # The scheduler ends the request at its deadline; this later one only guards against an
+    # engine that stopped stepping.
+    end = loop.time() + timeout + STREAM_DEADLINE_GRACE
+    tokens: list[int] = []
+    emitted = ""
+    chunks = model.engine.tokens(request)
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(chunks), max(end - loop.time(), 0.0))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            model.engine.cancel(request.id)
+            message = f"deadline of {timeout * 1000:.0f} ms exceeded"
+            yield _sse(error_body(504, message, param="timeout_ms"))
+            yield _sse("[DONE]")
+            return
+        for token in chunk:
+            tokens.append(token)
+            delta, emitted = _delta(model.tokenizer.decode(tokens), emitted)
+            event = TokenEvent(index=len(tokens) - 1, token_id=token, text=delta)
+            yield _sse(event.model_dump())
+    done = await future
+    if done.outcome is Outcome.DONE and done.hypotheses:
+        best = done.hypotheses[0]
+        final = FinalEvent(
+            finish_reason=finish_reason(done),
+            text=model.tokenizer.decode(best.tokens),
+            output_tokens=done.output_tokens,
+            usage=Usage(input_tokens=len(done.source), output_tokens=done.output_tokens),
+        )
+        yield _sse(final.model_dump())
+    elif done.outcome is Outcome.CANCELLED:
+        return  # the client is gone
+    elif done.outcome is Outcome.DEADLINE:
+        message = f"deadline of {timeout * 1000:.0f} ms exceeded"
+        yield _sse(error_body(504, message, param="timeout_ms"))
+    else:
+        _log_failure([done])
+        message = f"decoding failed; quote request id {request_id_var.get()} when reporting it"
+        yield _sse(error_body(500, message))
+    yield _sse("[DONE]")
+
+
+@router.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
+async def models(service: Service) -> ModelList:
+    default = service.registry.default
+    return ModelList(
+        models=[
+            ModelInfo(
+                name=m.name,
+                default=m is default,
+                backend=m.backend_name,
+                variant=m.variant,
+                provider=m.provider,
+                source_lang=m.tokenizer.source_lang,
+                target_lang=m.tokenizer.target_lang,
+                target_languages=m.tokenizer.target_languages,
+                max_input_tokens=m.max_input_tokens,
+                max_new_tokens=m.max_new_tokens,
+                beam_size=m.defaults.beam_size,
+            )
+            for m in service.registry
+        ]
+    )
+
+
+@router.get("/healthz", response_model=Status, summary="Liveness: 200 while the process runs")
+async def healthz(service: Service) -> Status:
+    return Status(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Status,
+    responses={503: {"model": Status, "description": "Loading, draining or failed"}},
+    summary="Readiness: 200 once every model is warmed up, 503 before and while draining",
+)
+async def readyz(service: Service) -> JSONResponse:
+    lifecycle = service.lifecycle
+    status = Status(status=lifecycle.phase, detail=lifecycle.detail)
+    return JSONResponse(status.model_dump(), status_code=200 if lifecycle.ready else 503)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    summary="Prometheus metrics (text exposition format)",
+)
+async def metrics(service: Service) -> Response:
+    body, content_type = service.metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,196 @@
+"""Request and response bodies of the HTTP API (pydantic v2; they are the OpenAPI schema).
+
+Ranges a JSON schema can state are declared here (a request outside them is a 422 before any
+work); limits that depend on the server's configuration or the model (beam_size at most
+`max_beam_size`, texts per request, input tokens, max_new_tokens) and rules across fields
+(num_hypotheses <= beam_size, sampling with beam_size 1) are checked by the routes, with the same
+422 error naming the `param`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Request bodies are validated strictly, as their JSON schema says: unknown fields (a typo must
+# not silently decode with defaults), "4" for an integer, "yes" for a boolean and NaN / Infinity
+# (Python's JSON parser accepts them) are 422s. Integers are accepted for numbers.
+_REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+Text = str | list[str]
+
+
+class TranslateRequest(BaseModel):
+    """Translate one text or a list of texts (each decoded as its own request, all together)."""
+
+    model_config = ConfigDict(
+        **_REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [
+                {"text": "How are you?"},
+                {
+                    "text": ["Good morning.", "Where is the station?"],
+                    "target_lang": "de",
+                    "beam_size": 4,
+                    "num_hypotheses": 2,
+                    "return_scores": True,
+                },
+            ]
+        },
+    )
+
+    text: Text = Field(description="A text, or a list of texts (each is translated separately).")
+    model: str | None = Field(
+        default=None, description="Model name (GET /v1/models); default: the first."
+    )
+    source_lang: str | None = Field(
+        default=None, max_length=32, description="Checked against the model's source language."
+    )
+    target_lang: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Target language of a multi-target model (adds its >>xx<< tag).",
+    )
+    beam_size: int | None = Field(default=None, ge=1, description="Default: the model's.")
+    num_hypotheses: int | None = Field(
+        default=None, ge=1, description="n-best list size <= beam_size."
+    )
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    length_penalty: float | None = Field(default=None, ge=-10.0, le=10.0)
+    return_scores: bool = Field(
+        default=False, description="Include scores (log-prob / length**penalty)."
+    )
+    timeout_ms: int | None = Field(
+        default=None, ge=1, description="Deadline; default and maximum are server settings."
+    )
+
+
+class GenerateRequest(TranslateRequest):
+    """Full decoding control. `stream: true` needs a single text and beam_size 1."""
+
+    model_config = ConfigDict(
+        **_REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [
+                {"text": "How are you?", "stream": True},
+                {
+                    "text": "How are you?",
+                    "sampling": True,
+                    "temperature": 0.8,
+                    "top_p": 0.9,
+                    "seed": 7,
+                    "max_new_tokens": 64,
+                },
+            ]
+        },
+    )
+
+    sampling: bool = Field(default=False, description="Sample instead of greedy / beam search.")
+    temperature: float | None = Field(default=None, gt=0.0, le=100.0)
+    top_k: int | None = Field(default=None, ge=0, description="0 = off")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="1.0 = off")
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    no_repeat_ngram_size: int | None = Field(default=None, ge=0)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    early_stopping: bool | Literal["never"] | None = Field(
+        default=None, description="Beam search stop rule (Hugging Face's)."
+    )
+    stream: bool = Field(
+        default=False, description="Answer with Server-Sent Events, one per new token."
+    )
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float | None = Field(description="null only if the score is not finite")
+
+
+class Translation(BaseModel):
+    text: str
+    score: float | None = Field(default=None, description="With return_scores.")
+    hypotheses: list[Hypothesis] | None = Field(
+        default=None, description="The n-best list when num_hypotheses > 1."
+    )
+    output_tokens: int = Field(description="Generated tokens, the end-of-sentence token included.")
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = Field(
+        default=None, description="/v1/generate only: the generated token ids (no EOS)."
+    )
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class TranslateResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "ende-small",
+                    "translations": [
+                        {"text": "Wie geht es dir?", "output_tokens": 6, "finish_reason": "stop"}
+                    ],
+                    "usage": {"input_tokens": 5, "output_tokens": 6},
+                }
+            ]
+        }
+    )
+
+    model: str
+    translations: list[Translation]
+    usage: Usage
+
+
+class TokenEvent(BaseModel):
+    """One SSE `data:` event per new token; the `text` deltas concatenate to the output."""
+
+    index: int
+    token_id: int
+    text: str
+
+
+class FinalEvent(BaseModel):
+    """The last event before `data: [DONE]`."""
+
+    finish_reason: Literal["stop", "length"]
+    text: str
+    output_tokens: int
+    usage: Usage
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    param: str | None = None
+    request_id: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ModelInfo(BaseModel):
+    name: str
+    default: bool
+    backend: str
+    variant: str | None
+    provider: str | None
+    source_lang: str | None
+    target_lang: str | None
+    target_languages: list[str]
+    max_input_tokens: int
+    max_new_tokens: int
+    beam_size: int = Field(description="Default beam size (the model's generation config).")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class Status(BaseModel):
+    status: Literal["ok", "ready", "loading", "draining", "failed"]
+    detail: str | None = None

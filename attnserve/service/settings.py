@@ -1,0 +1,93 @@
+"""Service configuration: one `Settings` object, from `ATTNSERVE_*` variables and CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "ende-small"
+
+
+def _split_commas(value: Any) -> Any:
+    """ "a,b" -> ["a", "b"] (lists pass through); an empty string is an empty list."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything the service reads at start-up; CLI flags override the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid", frozen=True)
+
+    # Model directories, comma-separated in ATTNSERVE_MODELS. A model's name is its directory's
+    # name; the first one is the default for requests that name none.
+    models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [str(DEFAULT_MODEL_DIR)])
+    backend: Literal["onnx", "torch"] = "onnx"
+    variant: Literal["fp32", "int8", "fp16"] = "int8"
+    provider: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, ge=0, description="intra-op threads per model")
+    # `attnserve serve` exports MODEL/onnx/<variant> when it is missing (needs torch, once).
+    auto_export: bool = True
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    # Scheduler limits (per model).
+    max_batch_rows: int = Field(default=64, ge=1)
+    max_batch_tokens: int = Field(default=65536, ge=1)
+    max_waiting: int = Field(default=256, ge=1)
+
+    # Request limits.
+    default_timeout_ms: int = Field(default=30_000, ge=1)
+    max_timeout_ms: int = Field(default=120_000, ge=1)
+    max_body_bytes: int = Field(default=1 << 20, ge=64)
+    max_texts_per_request: int = Field(default=64, ge=1)
+    max_input_tokens: int = Field(default=512, ge=1, description="capped by the model's")
+    max_new_tokens_limit: int = Field(default=512, ge=1, description="capped by the model's")
+    max_beam_size: int = Field(default=8, ge=1)
+    retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a 429")
+
+    api_key: SecretStr | None = None
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    drain_seconds: float = Field(default=30.0, ge=0)
+    log_json: bool = True
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("models", "cors_origins", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if not self.models:
+            raise ValueError("models: at least one model directory is needed")
+        names = [self.model_name(d) for d in self.models]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"models: two directories share the name {', '.join(duplicates)}")
+        if self.default_timeout_ms > self.max_timeout_ms:
+            raise ValueError("default_timeout_ms must not exceed max_timeout_ms")
+        return self
+
+    @staticmethod
+    def model_name(directory: str | Path) -> str:
+        return Path(directory).resolve().name
+
+    @property
+    def beam_limit(self) -> int:
+        """The largest beam a request may ask for (a beam's rows must fit the batch)."""
+        return min(self.max_beam_size, self.max_batch_rows)
+
+    @property
+    def model_dirs(self) -> list[Path]:
+        return [Path(d) for d in self.models]

@@ -1,0 +1,81 @@
+"""Host row operations of the ONNX backend: query slots, the buffer pool, copy-on-write appends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.engine.backend import pad_batch
+from attnserve.engine.onnx_backend import OnnxBackend
+from attnserve.engine.onnx_rowops import SPARE, BufferPool, Columns, HostRowOps, slot_index
+
+
+def test_slot_index_groups_the_rows_of_each_source() -> None:
+    row_source = np.array([1, 0, 1, 1, 2, 0])  # source 1 has 3 rows: G = 3
+    row_slots, slot_rows = slot_index(row_source, 3)
+    assert slot_rows.shape == (9,)
+    # Every row owns one slot among its source's G slots, and the slot points back at it.
+    np.testing.assert_array_equal(row_slots // 3, row_source)
+    np.testing.assert_array_equal(slot_rows[row_slots], np.arange(6))
+    assert row_slots.tolist() == [3, 0, 4, 5, 6, 1]  # ranks in row order within a source
+    # One row per source (greedy, or the first step of beam search): one slot each.
+    row_slots, slot_rows = slot_index(np.arange(4), 4)
+    assert row_slots.tolist() == slot_rows.tolist() == [0, 1, 2, 3]
+
+
+def test_buffer_pool_reuses_only_what_nobody_holds() -> None:
+    f32 = np.dtype(np.float32)
+    pool = BufferPool()
+    a = pool.get((2, 3), f32)
+    b = pool.get((2, 3), f32)
+    ids = {"a": id(a), "b": id(b)}
+    view = b[1:]
+    del b
+    c = pool.get((2, 3), f32)  # a is held, b is alive through its view: a third array
+    ids["c"] = id(c)
+    del view
+    d = pool.get((2, 3), f32)  # b is free again
+    ids["d"] = id(d)
+    del a, c, d
+    e = pool.get((4, 3), f32)  # another shape: the free arrays are dropped
+    shapes = [x.shape for x in pool._arrays]
+    assert len({ids["a"], ids["b"], ids["c"]}) == 3 and ids["d"] == ids["b"]
+    assert e.shape == (4, 3) and shapes == [(4, 3)]
+
+
+def test_append_writes_in_place_once_then_copies() -> None:
+    """Two states that share tensors: the first to append writes in place, the other copies."""
+    ops = HostRowOps()
+    past = [np.zeros((2, 1, SPARE, 3), dtype=np.float32)]
+    columns = Columns(0)
+    one = [np.ones((2, 1, 1, 3), dtype=np.float32)]
+    two = [np.full((2, 1, 1, 3), 2.0, dtype=np.float32)]
+    grown_a, cols_a = ops.append(past, one, 0, columns)
+    assert grown_a[0] is past[0] and cols_a is columns and columns.written == 1
+    grown_b, cols_b = ops.append(past, two, 0, columns)  # the same state again
+    assert grown_b[0] is not past[0] and cols_b.written == 1
+    assert grown_a[0][0, 0, 0, 0] == 1.0 and grown_b[0][0, 0, 0, 0] == 2.0
+    full = [np.zeros((2, 1, 1, 3), dtype=np.float32)]  # no spare column: grows
+    grown, cols = ops.append(full, two, 1, Columns(1))
+    assert grown[0].shape == (2, 1, 2 + SPARE, 3) and cols.written == 2
+    assert grown[0][0, 0, 1, 0] == 2.0
+
+
+def test_stepping_a_state_twice_gives_the_same_log_probs(tiny_onnx_import: Path) -> None:
+    """The Backend API stays functional although host tensors are appended in place."""
+    backend = OnnxBackend.from_dir(tiny_onnx_import, "fp32", provider="cpu")
+    ids, lengths = pad_batch([[5, 6, 7, 0], [8, 0]], backend.spec.pad_id)
+    state = backend.encode(ids, lengths)
+    tokens = np.full(2, backend.spec.start_id)
+    _, state = backend.step(tokens, state)
+    first, after_first = backend.step(np.array([9, 10]), state)
+    second, after_second = backend.step(np.array([11, 12]), state)  # must not see 9, 10
+    again, _ = backend.step(np.array([9, 10]), state)
+    # (the copy has more spare columns: the softmax sums over another width, last bits differ)
+    np.testing.assert_allclose(first, again, atol=1e-5)
+    assert not np.array_equal(first, second)
+    next_a, _ = backend.step(np.array([3, 3]), after_first)
+    replay, _ = backend.step(np.array([3, 3]), backend.step(np.array([9, 10]), state)[1])
+    np.testing.assert_allclose(next_a, replay, atol=1e-5)
+    assert after_second.length == after_first.length == 2

@@ -1,0 +1,128 @@
+"""Settings from the environment and flags, `attnserve serve` start-up checks, no torch."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from attnserve.cli import build_parser, main
+from attnserve.service.launch import ServeError, check_models, settings_from_args
+from attnserve.service.settings import DEFAULT_MODEL_DIR, Settings
+from tests.service.helpers import LiveServer, make_settings
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSERVE_MODELS", "/m/first, /m/second")
+    monkeypatch.setenv("ATTNSERVE_MAX_BATCH_ROWS", "3")
+    monkeypatch.setenv("ATTNSERVE_CORS_ORIGINS", "https://a.example,https://b.example")
+    monkeypatch.setenv("ATTNSERVE_API_KEY", "")
+    monkeypatch.setenv("ATTNSERVE_LOG_JSON", "false")
+    settings = Settings()
+    assert settings.models == ["/m/first", "/m/second"]
+    assert settings.max_batch_rows == 3 and settings.beam_limit == 3
+    assert settings.cors_origins == ["https://a.example", "https://b.example"]
+    assert settings.api_key is None and settings.log_json is False
+    assert Settings().models == Settings(models="/m/first,/m/second").models
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSERVE_PORT", "7000")
+    monkeypatch.setenv("ATTNSERVE_MAX_WAITING", "5")
+    args = build_parser().parse_args(["serve", "--model", "/m/a,/m/b", "--port", "9000"])
+    settings = settings_from_args(args)
+    assert settings.port == 9000 and settings.max_waiting == 5
+    assert settings.models == ["/m/a", "/m/b"]
+    assert [Settings.model_name(d) for d in settings.models] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "/x/same,/y/same"], "share the name same"),
+        (["--default-timeout-ms", "9", "--max-timeout-ms", "5"], "default_timeout_ms"),
+        (["--variant", "int4"], "variant"),
+    ],
+)
+def test_invalid_settings(flags: list[str], message: str) -> None:
+    with pytest.raises(ServeError, match=message):
+        settings_from_args(build_parser().parse_args(["serve", *flags]))
+
+
+def test_serve_without_the_model_fails_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command would set up the process's logging; keep pytest's.
+    monkeypatch.setattr("attnserve.service.logs.configure_logging", lambda *a, **k: None)
+    missing = tmp_path / "ende-small"
+    assert main(["serve", "--model", str(missing)]) == 2
+    error = capsys.readouterr().err
+    assert f"model directory {missing} does not exist" in error
+    assert "attnserve import-marian" in error
+
+
+@pytest.mark.skipif(DEFAULT_MODEL_DIR.exists(), reason="the default model is in this checkout")
+def test_missing_default_model_says_how_to_get_it() -> None:
+    with pytest.raises(ServeError, match="default model is not in this checkout"):
+        check_models(Settings())
+
+
+def test_serve_refuses_a_model_without_graphs_when_auto_export_is_off(
+    tmp_path: Path, tiny_marian_import: Path
+) -> None:
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_marian_import, model)
+    with pytest.raises(ServeError, match=f"attnserve export {model} --variants int8"):
+        check_models(Settings(models=[str(model)], auto_export=False))
+
+
+@pytest.mark.slow
+def test_serve_exports_a_model_without_graphs(tmp_path: Path, tiny_marian_import: Path) -> None:
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_marian_import, model)
+    check_models(Settings(models=[str(model)], variant="fp32"))
+    assert (model / "onnx" / "fp32" / "decoder.onnx").is_file()
+
+
+def test_a_model_that_fails_to_load_stops_the_server(model_dir: Path) -> None:
+    def broken(directory: Path, settings: Settings) -> object:
+        raise RuntimeError("corrupt graph")
+
+    server = LiveServer(make_settings(model_dir), backend_factory=broken, wait_ready=False)
+    server.thread.join(30)
+    assert not server.thread.is_alive() and server.server.failed
+    assert server.service.lifecycle.phase == "failed"
+    assert "corrupt graph" in (server.service.lifecycle.detail or "")
+    server.sock.close()
+
+
+def test_the_service_never_imports_torch(model_dir: Path) -> None:
+    """Loading and serving the ONNX model end to end leaves torch unimported."""
+    code = f"""
+import sys
+import time
+from fastapi.testclient import TestClient
+from attnserve.service.app import create_app
+from attnserve.service.launch import check_models
+from attnserve.service.server import serve
+from attnserve.service.settings import Settings
+settings = Settings(models=[{str(model_dir)!r}], threads=1, provider="cpu")
+check_models(settings)
+with TestClient(create_app(settings)) as client:
+    while (ready := client.get("/readyz")).json()["status"] == "loading":
+        time.sleep(0.01)
+    assert ready.status_code == 200, ready.text
+    assert client.post("/v1/translate", json={{"text": "ka"}}).status_code == 200
+sys.exit("torch" in sys.modules)
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_version_and_docs_are_served(live: LiveServer) -> None:
+    schema = httpx.get(live.url + "/openapi.json").json()
+    assert schema["info"]["title"] == "attnserve"
+    assert "TokenEvent" in schema["components"]["schemas"]
