@@ -212,19 +212,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         from attnserve.loadtest.bench_report import write_report
 
-        title = args.title or _describe(args, config)
+        title = args.title or _describe(args, config, names)
         for path in write_report(results, args.output_dir, args.name, model=title):
             log.info("wrote %s", path)
     return 0
 
 
-def _describe(args: argparse.Namespace, config: Any) -> str:
-    """e.g. 'preset small (d256, 6+3 layers, vocab 8000), random weights, 1 thread'."""
-    source = f"preset {args.preset}" if args.preset else f"{args.hf_dir or args.model}"
+def _describe(args: argparse.Namespace, config: Any, names: Sequence[str]) -> str:
+    """e.g. 'preset small (d256, 6+3 layers, ffn 1024, vocab 8000), random weights, ...'."""
     shape = (
         f"d{config.d_model}, {config.encoder_layers}+{config.decoder_layers} layers, "
         f"ffn {config.ffn_dim}, vocab {config.target_vocab_size}"
     )
+    if args.preset and any(n in PEERS for n in names):
+        source = f"random MarianMTModel of the {args.preset} shape ({shape}), imported"
+    elif args.preset:
+        source = f"preset {args.preset} ({shape}), random weights"
+    else:
+        source = f"{args.hf_dir or args.model} ({shape})"
     threads = f"{args.threads} thread(s)" if args.threads else "default threads"
-    weights = ", random weights" if args.preset else ""
-    return f"{source} ({shape}){weights}, {args.new_tokens} new tokens, {threads}"
+    return f"{source}, {args.new_tokens} new tokens, {threads}"
