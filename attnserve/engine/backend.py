@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from attnserve.model.config import ModelConfig
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]
@@ -29,6 +32,16 @@ class ModelSpec:
     eos_id: int
     start_id: int  # first decoder input (Marian: the pad id)
     max_positions: int  # longest source and longest target, in tokens
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> ModelSpec:
+        return cls(
+            vocab_size=config.target_vocab_size,
+            pad_id=config.pad_id,
+            eos_id=config.eos_id,
+            start_id=config.start_id,
+            max_positions=config.max_positions,
+        )
 
 
 class Backend(Protocol[State]):

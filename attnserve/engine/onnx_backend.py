@@ -180,13 +180,7 @@ class OnnxBackend:
         device_id: int = 0,
     ) -> None:
         directory = Path(directory)
-        self._spec = ModelSpec(
-            vocab_size=config.target_vocab_size,
-            pad_id=config.pad_id,
-            eos_id=config.eos_id,
-            start_id=config.start_id,
-            max_positions=config.max_positions,
-        )
+        self._spec = ModelSpec.from_config(config)
         self.manifest = read_manifest(directory)
         self.variant = str(self.manifest.get("variant", directory.name))
         n = config.decoder_layers

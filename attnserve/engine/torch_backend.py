@@ -38,14 +38,7 @@ class TorchBackend:
         self.model = model.eval()
         self._next_source = 0
         self.device = next(model.parameters()).device
-        cfg = model.config
-        self._spec = ModelSpec(
-            vocab_size=cfg.target_vocab_size,
-            pad_id=cfg.pad_id,
-            eos_id=cfg.eos_id,
-            start_id=cfg.start_id,
-            max_positions=cfg.max_positions,
-        )
+        self._spec = ModelSpec.from_config(model.config)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, threads: int | None = None) -> TorchBackend:
