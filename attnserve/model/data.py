@@ -147,6 +147,11 @@ def length_ok(en: str, de: str) -> bool:
     return long_ < RATIO_MIN_CHARS or long_ <= MAX_LENGTH_RATIO * max(short, 1)
 
 
+def held_out_ok(verse: Verse) -> bool:
+    """Whether a dev/test verse is kept: both sides non-empty and lengths compatible."""
+    return bool(verse.en and verse.de and length_ok(verse.en, verse.de))
+
+
 # -- readers --------------------------------------------------------------------------------
 
 
@@ -230,6 +235,15 @@ def read_ding(path: Path, stats: Counter[str]) -> Iterator[tuple[str, str]]:
                     yield pair[1], pair[0]
 
 
+def held_out_verses(
+    split: str = "test", bible_db: str | Path | None = None, pairing: Pairing = DEFAULT_PAIRINGS[0]
+) -> list[Verse]:
+    """The verses `build_corpus` writes to `<split>.tsv`, read straight from bible.db."""
+    books = {"test": TEST_BOOKS, "dev": DEV_BOOKS}[split]
+    db = Path(bible_db) if bible_db is not None else default_bible_db()
+    return [v for v in read_bible(db, pairing) if v.book in books and held_out_ok(v)]
+
+
 def _ding_version(path: Path) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         first = f.readline()
@@ -301,7 +315,7 @@ def build_corpus(
             elif split == "train":
                 add_train(directions, v.en, v.de, source)
             elif i == 0:
-                if v.en and v.de and length_ok(v.en, v.de):
+                if held_out_ok(v):
                     held_out[split].append(v)
                 else:
                     stats[f"{source}_{split}_dropped"] += 1
