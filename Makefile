@@ -25,15 +25,16 @@ typecheck: $(STAMP)
 unit: $(STAMP) prometheus
 	$(PY) -m pytest -q
 
-# The real-Prometheus test (tests/service/test_prometheus.py) needs the Debian package; install it
-# when missing and we are root, otherwise that test skips and says why.
+# The real-Prometheus test (tests/service/test_prometheus.py) and the promtool checks of
+# deploy/prometheus (tests/deploy) need the Debian package; install it when missing and we are
+# root, otherwise those tests skip and say why.
 prometheus:
-	@command -v prometheus >/dev/null 2>&1 || { \
+	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get install -y -q prometheus >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null && apt-get install -y -q prometheus >/dev/null; } || \
-	    echo "could not install prometheus: its test will skip"; \
-	  else echo "prometheus not installed (needs root to apt-get it): its test will skip"; fi; }
+	    echo "could not install prometheus: its tests will skip"; \
+	  else echo "prometheus not installed (needs root to apt-get it): its tests will skip"; fi; }
 
 test: lint typecheck unit
 
