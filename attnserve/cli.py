@@ -14,6 +14,7 @@ from attnserve.cli_model import add_commands as add_model_commands
 from attnserve.cli_model import load_translator
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.loadtest.bench_cli import add_bench_command
+from attnserve.loadtest.runner import add_loadtest_command
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "ende-small"
 
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     add_bench_command(sub, DEFAULT_MODEL, PROVIDER_CHOICES)
+    add_loadtest_command(sub, DEFAULT_MODEL)
 
     add_model_commands(sub, DEFAULT_MODEL, _add_runtime_flags)
 

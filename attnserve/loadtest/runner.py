@@ -1,0 +1,282 @@
+"""`attnserve loadtest` (`make loadtest`): a locust ladder against a server, with a report.
+
+Starts `attnserve serve --model DIR` on a free port (or targets `--host URL`), then for each user
+count of `--users` runs locust headless for `--stage-seconds` (a fresh locust process per stage,
+so every stage's statistics are its own), scraping `/metrics` before and after. Writes
+`--out/<UTC timestamp>/`: locust's CSVs and log per stage (`u004_stats.csv`, ...), the
+locustfile's record (`u004_record.json`), the scrapes, `server.log`, `summary.json`,
+`summary.md` and the plots. Exits 1 when a stage had a failure other than 429, or the server's
+`attnserve_requests_total` disagrees with what locust sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from attnserve.loadtest.traffic import (
+    DEFAULT_BEAMS,
+    DEFAULT_WEIGHTS,
+    MIXES,
+    TrafficConfig,
+    parse_mapping,
+)
+
+log = logging.getLogger(__name__)
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+STOP_GRACE_SECONDS = 5.0
+
+
+def add_loadtest_command(sub: Any, default_model: Path) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "loadtest", help="HTTP load test with locust: a ladder of user counts, report and plots"
+    )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--model", type=Path, default=default_model, help="model to serve")
+    target.add_argument("--host", default=None, help="a running server, e.g. http://host:8000")
+    p.add_argument("--users", default="1,2,4,8,16,32", help="the ladder of concurrent users")
+    p.add_argument("--stage-seconds", type=float, default=30.0, help="locust run time per stage")
+    p.add_argument("--out", type=Path, default=Path("loadtest/results"), help="results root")
+    p.add_argument("--variant", default="int8", help="served ONNX variant (without --host)")
+    p.add_argument("--threads", type=int, default=None, help="server intra-op threads")
+    p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
+    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")
+    defaults = TrafficConfig()
+    p.add_argument("--weights", default="", help=f"users per shape, default {DEFAULT_WEIGHTS}")
+    p.add_argument("--beams", default="", help=f"beam size per shape, default {DEFAULT_BEAMS}")
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help="texts per batch")
+    p.add_argument("--deadline-ms", type=int, default=defaults.deadline_ms, help="timeout_ms")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the server's")
+    p.add_argument("--sentences", type=Path, default=None, help="TSV with en/de columns")
+    p.add_argument("--max-chars", type=int, default=0, help="skip longer sentences (0: none)")
+    p.add_argument("--wait-seconds", type=float, default=0.0, help="think time 0..N per user")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mix",
+        choices=MIXES,
+        default="requests",
+        help="requests: each request's shape drawn by the weights (every stage sends the same "
+        "mix); users: one shape per user, users split by weight",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="accept empty translations (random test models may end at once)",
+    )
+    p.add_argument("--title", default=None, help="what was tested, for the plots")
+    p.set_defaults(func=cmd_loadtest)
+    return p
+
+
+def _traffic(args: argparse.Namespace) -> TrafficConfig:
+    return TrafficConfig(
+        weights=parse_mapping(args.weights, DEFAULT_WEIGHTS),
+        beams=parse_mapping(args.beams, DEFAULT_BEAMS),
+        batch_size=args.batch_size,
+        deadline_ms=args.deadline_ms,
+        max_new_tokens=args.max_new_tokens,
+        sentences=args.sentences,
+        max_chars=args.max_chars,
+        wait_seconds=args.wait_seconds,
+        seed=args.seed,
+        mix=args.mix,
+        allow_empty=args.allow_empty,
+    )
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def served(args: argparse.Namespace, out: Path) -> Iterator[tuple[str, list[str] | None]]:
+    """The base URL to test (and the server command when this process started it)."""
+    if args.host is not None:
+        yield args.host.rstrip("/"), None
+        return
+    if not (args.model / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model directory {args.model} does not exist or has no config.json; "
+            "pass --model DIR (make loadtest LOADTEST_MODEL=DIR) or --host URL of a running server"
+        )
+    port = _free_port()
+    command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(args.model)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--variant", args.variant]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
+    command += shlex.split(args.serve_args)
+    url = f"http://127.0.0.1:{port}"
+    log_path = out / "server.log"
+    log.info("starting %s (log: %s)", shlex.join(command), log_path)
+    with open(log_path, "wb") as server_log:
+        process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(url, process, args.ready_timeout, log_path)
+            yield url, command
+        finally:
+            _stop(process)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}):\n{_tail(log_path)}")
+        try:
+            if _get(url + "/readyz", timeout=2.0)[0] == 200:
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not ready in {timeout:.0f} s:\n{_tail(log_path)}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it does not exit."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def run_locust(url: str, users: int, seconds: float, config: TrafficConfig, prefix: Path) -> Path:
+    """One headless locust run; returns the path of its record (JSON)."""
+    record = prefix.with_name(prefix.name + "_record.json")
+    config = replace(config, record=record)
+    stop_timeout = config.client_timeout + STOP_GRACE_SECONDS
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless"]
+    command += ["-u", str(users), "-r", str(users), "-t", f"{seconds:g}s", "--host", url]
+    command += ["--csv", str(prefix), "--csv-full-history", "--only-summary"]
+    command += ["--stop-timeout", f"{stop_timeout:g}", "--exit-code-on-error", "0"]
+    log_path = prefix.with_name(prefix.name + "_locust.log")
+    env = {**os.environ, **config.to_env()}
+    with open(log_path, "wb") as locust_log:
+        code = subprocess.call(command, env=env, stdout=locust_log, stderr=subprocess.STDOUT)
+    if code != 0 or not record.is_file():
+        raise RuntimeError(f"locust failed (exit {code}):\n{_tail(log_path)}")
+    return record
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _meta(args: argparse.Namespace, url: str, command: list[str] | None) -> dict[str, Any]:
+    import importlib.metadata
+
+    from attnserve.loadtest.bench_report import machine
+
+    models = json.loads(_get(url + "/v1/models")[1]).get("models", [])
+    default = next((m for m in models if m.get("default")), models[0] if models else {})
+    title = args.title or (
+        f"{default.get('name')} ({default.get('backend')} {default.get('variant') or ''}, "
+        f"{default.get('provider')}), {args.stage_seconds:g} s per stage"
+    )
+    versions: dict[str, str | None] = {}
+    for package in ("attnserve", "locust", "onnxruntime"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    traffic = _traffic(args)
+    return {
+        "title": title,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "url": url,
+        "server_command": shlex.join(command) if command else None,
+        "stage_seconds": args.stage_seconds,
+        "traffic": {k: str(v) for k, v in traffic.to_env().items()},
+        "models": models,
+        "machine": machine(),
+        "versions": versions,
+    }
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from attnserve.loadtest.counters import scrape, settle
+    from attnserve.loadtest.plots import write_plots
+    from attnserve.loadtest.report import load_stage, write_summary
+    from attnserve.loadtest.traffic import Record
+
+    ladder = [int(u) for u in args.users.split(",") if u.strip()]
+    if not ladder or min(ladder) < 1:
+        raise ValueError("--users: a comma-separated list of positive user counts")
+    config = _traffic(args)
+    out: Path = args.out / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=False)
+    stages = []
+    with served(args, out) as (url, command):
+        meta = _meta(args, url, command)
+        for users in ladder:
+            prefix = out / f"u{users:03d}"
+            log.info("stage: %d users for %g s", users, args.stage_seconds)
+            before = scrape(url)
+            record = run_locust(url, users, args.stage_seconds, config, prefix)
+            check, after = settle(before, Record.load(record).responses, lambda: scrape(url))
+            _write(prefix.with_name(prefix.name + "_metrics_before.txt"), before)
+            _write(prefix.with_name(prefix.name + "_metrics_after.txt"), after)
+            stage = load_stage(prefix, users, check)
+            stages.append(stage)
+            _log_stage(stage)
+    written = write_summary(out, stages, meta)
+    written += write_plots(stages, out, meta["title"])
+    for path in written:
+        log.info("wrote %s", path)
+    verdict = json.loads((out / "summary.json").read_text())["verdict"]
+    sys.stdout.write(json.dumps({"results": str(out), **verdict}) + "\n")
+    ok = verdict["unexpected_failures"] == 0 and verdict["counters_match"] is not False
+    if not ok:
+        log.error("failures other than 429, or counters that disagree: see %s", out)
+    return 0 if ok else 1
+
+
+def _log_stage(stage: dict[str, Any]) -> None:
+    latency = stage["latency_ms"]
+    log.info(
+        "%d users: %.1f req/s, %.0f tokens/s, p50 %s ms, p95 %s ms, p99 %s ms, errors %s, "
+        "counters %s",
+        stage["users"],
+        stage["requests_per_s"],
+        stage["target_tokens_per_s"],
+        latency["p50"],
+        latency["p95"],
+        latency["p99"],
+        stage["errors_by_status"] or "none",
+        "equal" if stage["counters"]["match"] else "DIFFER",
+    )
