@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test serve lint typecheck unit venv clean prometheus
+.PHONY: test serve lint typecheck unit venv clean prometheus loadtest
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -42,6 +42,20 @@ test: lint typecheck unit
 # first when MODEL/onnx/<variant> is missing.
 serve: $(STAMP)
 	$(VENV)/bin/attnserve serve
+
+# HTTP load test (docs/BENCHMARKS.md): serves LOADTEST_MODEL (or targets LOADTEST_HOST), runs
+# locust headless at each user count of LOADTEST_USERS for LOADTEST_SECONDS, and writes
+# loadtest/results/<timestamp>/ (locust CSVs, summary.json/.md, PNG plots). More flags of
+# `attnserve loadtest` in LOADTEST_ARGS, e.g. LOADTEST_ARGS='--weights batch=0 --threads 2'.
+LOADTEST_MODEL ?= checkpoints/ende-small
+LOADTEST_HOST ?=
+LOADTEST_USERS ?= 1,2,4,8,16,32
+LOADTEST_SECONDS ?= 30
+LOADTEST_ARGS ?=
+loadtest: $(STAMP)
+	$(VENV)/bin/attnserve loadtest \
+	  $(if $(LOADTEST_HOST),--host $(LOADTEST_HOST),--model $(LOADTEST_MODEL)) \
+	  --users $(LOADTEST_USERS) --stage-seconds $(LOADTEST_SECONDS) $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
