@@ -63,8 +63,10 @@ RUN groupadd --system --gid 10001 attnserve \
 COPY --from=venv-base /opt/python/ /opt/python/
 COPY --from=venv-cpu /opt/venv/ /opt/venv/
 COPY --from=export /build/serve-int8/ /opt/attnserve/models/
+# ONNX Runtime's telemetry would write HOME/.cache and TMPDIR/.ses (and try to upload).
 ENV PATH=/opt/venv/bin:$PATH LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/var/lib/attnserve \
+    ORT_DISABLE_TELEMETRY=1 \
     ATTNSERVE_MODELS=/opt/attnserve/models/${MODEL_NAME} \
     ATTNSERVE_VARIANT=int8 \
     ATTNSERVE_PROVIDER=cpu \
@@ -89,6 +91,7 @@ COPY --from=venv-gpu /opt/venv/ /opt/venv/
 COPY --from=export /build/serve-fp16/ /opt/attnserve/models/
 ENV PATH=/opt/venv/bin:$PATH LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/var/lib/attnserve \
+    ORT_DISABLE_TELEMETRY=1 \
     ATTNSERVE_MODELS=/opt/attnserve/models/${MODEL_NAME} \
     ATTNSERVE_VARIANT=fp16 \
     ATTNSERVE_PROVIDER=cuda \
