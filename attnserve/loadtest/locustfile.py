@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import gevent
-from locust import FastHttpUser, between, constant, events, task
+from locust import FastHttpUser, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from attnserve.loadtest.sentences import load_pools
@@ -86,8 +87,12 @@ def _on_start(environment: Any, **_: Any) -> None:
 
 
 @events.request.add_listener
-def _on_request(name: str, response: Any = None, **_: Any) -> None:
+def _on_request(
+    name: str, response_time: float, response: Any = None, exception: Any = None, **_: Any
+) -> None:
     RECORD.count(route_of(name), getattr(response, "status_code", 0) or 0)
+    if exception is None:
+        RECORD.add_latency(name, response_time)
 
 
 @events.test_stop.add_listener
@@ -101,13 +106,18 @@ def _on_stop(environment: Any, **_: Any) -> None:
 
 
 class TrafficUser(FastHttpUser):
-    """Sends its shape's requests back to back (plus ATTNSERVE_LOADTEST_WAIT_SECONDS)."""
+    """Sends its shape's requests back to back (plus ATTNSERVE_LOADTEST_WAIT_SECONDS), and
+    after a 429 waits the Retry-After seconds, as a well-behaved client does."""
 
     abstract = True
     shape: str | None = None  # None: drawn per request by the weights
-    wait_time = between(0, CONFIG.wait_seconds) if CONFIG.wait_seconds > 0 else constant(0)
     network_timeout = CONFIG.client_timeout
     connection_timeout = 10.0
+    _retry_after = 0.0
+
+    def wait_time(self) -> float:
+        backoff, self._retry_after = self._retry_after, 0.0
+        return max(backoff, random.uniform(0, CONFIG.wait_seconds))
 
     @task
     def send(self) -> None:
@@ -124,6 +134,8 @@ class TrafficUser(FastHttpUser):
             problem: str | None
             if response.status_code != 200:
                 problem = _error(response)
+                if response.status_code == 429:
+                    self._retry_after = _retry_after(response)
             elif planned.stream:
                 problem = self._read_stream(response, start)
             else:
@@ -161,6 +173,13 @@ class TrafficUser(FastHttpUser):
             if first is not None:
                 RECORD.ttft_ms.append((first - start) * 1000)
         return problem
+
+
+def _retry_after(response: Any) -> float:
+    try:
+        return float((response.headers or {}).get("retry-after", 1))
+    except (TypeError, ValueError):
+        return 1.0
 
 
 def _error(response: Any) -> str:

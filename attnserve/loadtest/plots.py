@@ -1,8 +1,9 @@
 """PNG plots of a load test (matplotlib, the `loadtest` extra): where the limits are.
 
-- throughput.png: requests/s and target tokens/s against concurrent users;
-- latency.png: p50 / p95 / p99 latency and the streams' time to first token against users,
-  the stages with 429s (overload) marked;
+- throughput.png: successful requests/s (and all answers/s, 429s included) and target tokens/s
+  against concurrent users;
+- latency.png: p50 / p95 / p99 latency and the streams' time to first token against users, and
+  the p95 of each request name (shape); the first stage with 429s (overload) is marked;
 - latency_distribution.png: the latency percentiles of every stage (one line per user count).
 """
 
@@ -49,6 +50,16 @@ def _users_axis(ax: Any, users: Sequence[int]) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _log_y(ax: Any) -> None:
+    """A log latency axis labelled in plain numbers (5, 20, 100, 2000 ms)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def _mark_overload(ax: Any, stages: Sequence[dict[str, Any]]) -> None:
     overloaded = [s["users"] for s in stages if s["errors_by_status"].get("429")]
     if overloaded:
@@ -61,7 +72,9 @@ def plot_throughput(stages: Sequence[dict[str, Any]], path: Path, title: str) ->
         return None
     users = [s["users"] for s in stages]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=90)
-    ax.plot(users, _series(stages, "requests_per_s"), "o-", color="C0", label="requests/s")
+    ax.plot(users, _series(stages, "ok_requests_per_s"), "o-", color="C0", label="successful/s")
+    answered = _series(stages, "requests_per_s")
+    ax.plot(users, answered, "o:", color="C0", alpha=0.5, label="answered/s (with 429s)")
     ax.set_ylabel("requests/s", color="C0")
     _users_axis(ax, users)
     _mark_overload(ax, stages)
@@ -78,20 +91,27 @@ def plot_throughput(stages: Sequence[dict[str, Any]], path: Path, title: str) ->
 
 
 def plot_latency(stages: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Left: all requests' percentiles and the streams' TTFT; right: p95 per request name."""
     plt = _pyplot()
     if plt is None:
         return None
     users = [s["users"] for s in stages]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=90)
+    fig, (ax, by_name) = plt.subplots(1, 2, figsize=(11, 4), dpi=90, sharey=True)
     for key, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
         ax.plot(users, _series(stages, "latency_ms", key), style, label=f"latency {key}")
     for key, style in (("p50", "o--"), ("p95", "s--")):
         ax.plot(users, _series(stages, "ttft_ms", key), style, label=f"TTFT {key} (streams)")
-    _users_axis(ax, users)
-    _mark_overload(ax, stages)
-    ax.set_yscale("log")
+    ax.set_title("successful requests (all shapes)", fontsize=9)
+    names = sorted({name for s in stages for name in s["by_name"]})
+    for name in names:
+        by_name.plot(users, _series(stages, "by_name", name, "p95_ms"), "o-", label=name)
+    by_name.set_title("p95 of successful requests per request name", fontsize=9)
+    for axis in (ax, by_name):
+        _users_axis(axis, users)
+        _mark_overload(axis, stages)
+        _log_y(axis)
+        axis.legend(fontsize=7)
     ax.set_ylabel("milliseconds")
-    ax.legend(fontsize=8)
     return _save(plt, fig, path, "Latency vs concurrency\n" + title)
 
 
@@ -113,8 +133,8 @@ def plot_distribution(stages: Sequence[dict[str, Any]], path: Path, title: str) 
         )
     ax.set_xticks(positions)
     ax.set_xticklabels(DISTRIBUTION)
-    ax.set_xlabel("percentile of requests (all shapes)")
-    ax.set_yscale("log")
+    ax.set_xlabel("percentile of successful requests (all shapes)")
+    _log_y(ax)
     ax.set_ylabel("latency (ms)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)

@@ -1,9 +1,10 @@
 """Load test results: locust's CSVs and the locustfile's record -> one summary per stage.
 
-Per stage (one user count): requests/s and latency percentiles from locust's `<stage>_stats.csv`
-(its "Aggregated" row and one row per request name), failures from `<stage>_failures.csv`,
-answers per status, target tokens and time to first token from `<stage>_record.json`, and the
-check of the server's counters. `write_summary` writes `summary.json` and `summary.md`.
+Per stage (one user count): requests, failures and requests/s from locust's `<stage>_stats.csv`
+(its "Aggregated" row and one row per request name), failures by message from
+`<stage>_failures.csv`; answers per status, the latencies of successful requests, target tokens
+and time to first token from the locustfile's `<stage>_record.json`; and the check of the
+server's counters. `write_summary` writes `summary.json` and `summary.md`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from attnserve.loadtest.counters import CounterCheck
 from attnserve.loadtest.traffic import Record
 
 AGGREGATED = "Aggregated"
+PERCENTILES = (50, 66, 75, 80, 90, 95, 98, 99, 99.9, 100)
 OVERLOADED = "HTTP 429"  # the only failure allowed, and only above saturation
 _CATCH = re.compile(r"^CatchResponseError\((['\"])(.*)\1\)$")
 
@@ -94,6 +96,11 @@ def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def latency_percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """{"50%": ms, ..., "100%": ms} of `values` (None when there are none)."""
+    return {f"{q:g}%": _round(percentile(values, q)) for q in PERCENTILES}
+
+
 def stage_summary(
     users: int,
     stats: dict[str, StatsRow],
@@ -101,30 +108,41 @@ def stage_summary(
     record: Record,
     counters: CounterCheck | None = None,
 ) -> dict[str, Any]:
-    """The numbers of one stage; see the module docstring for where each comes from."""
+    """The numbers of one stage; see the module docstring for where each comes from.
+
+    Rates use locust's window (its first to its last request). Latencies are those of the
+    successful requests (a 429 answers at once and would flatter them); locust's own
+    percentiles, over every answer, are kept as `locust_latency_ms`.
+    """
     total = stats[AGGREGATED]
     seconds = total.requests / total.requests_per_s if total.requests_per_s else 0.0
+    succeeded = total.requests - total.failures
+    latencies = [t for values in record.latency_ms.values() for t in values]
+    distribution = latency_percentiles(latencies)
     statuses: Counter[int] = Counter()
     for (_, status), n in record.responses.items():
         statuses[status] += n
     unexpected = sum(n for error, n in failures.items() if not error.startswith(OVERLOADED))
+    traffic = sum(n for (route, _), n in record.responses.items() if route != "/v1/models")
     return {
         "users": users,
         "seconds": round(seconds, 2),
         "requests": total.requests,
         "failures": total.failures,
         "requests_per_s": round(total.requests_per_s, 3),
+        "ok_requests_per_s": round(succeeded / seconds, 3) if seconds else 0.0,
         "texts": record.texts,
         "output_tokens": record.output_tokens,
         "target_tokens_per_s": round(record.output_tokens / seconds, 1) if seconds else 0.0,
         "latency_ms": {
-            "p50": total.percentile("50%"),
-            "p95": total.percentile("95%"),
-            "p99": total.percentile("99%"),
-            "max": total.max_ms,
-            "average": _round(total.average_ms),
+            "p50": distribution["50%"],
+            "p95": distribution["95%"],
+            "p99": distribution["99%"],
+            "max": distribution["100%"],
+            "mean": _round(sum(latencies) / len(latencies)) if latencies else None,
         },
-        "latency_percentiles_ms": total.percentiles,
+        "latency_percentiles_ms": distribution,
+        "locust_latency_ms": {p: total.percentile(p) for p in ("50%", "95%", "99%", "100%")},
         "ttft_ms": {
             "streams": len(record.ttft_ms),
             "p50": _round(percentile(record.ttft_ms, 50)),
@@ -139,18 +157,17 @@ def stage_summary(
                 "requests": row.requests,
                 "failures": row.failures,
                 "requests_per_s": round(row.requests_per_s, 3),
-                "p50_ms": row.percentile("50%"),
-                "p95_ms": row.percentile("95%"),
-                "p99_ms": row.percentile("99%"),
+                **{
+                    f"p{q}_ms": _round(percentile(record.latency_ms.get(name, []), q))
+                    for q in (50, 95, 99)
+                },
             }
             for name, row in stats.items()
             if name != AGGREGATED
         },
-        # Every request locust counted is in the record too (plus GET /v1/models at the start).
-        "record_matches_locust": sum(
-            n for (route, _), n in record.responses.items() if route != "/v1/models"
-        )
-        == total.requests,
+        # Every answer locust counted is in the record too (plus GET /v1/models at the start),
+        # and so is the latency of every success.
+        "record_matches_locust": traffic == total.requests and len(latencies) == succeeded,
         "counters": counters.to_dict() if counters is not None else None,
     }
 
@@ -181,10 +198,10 @@ def _cell(value: float | None, digits: int = 0) -> str:
 
 
 def markdown_table(stages: Sequence[dict[str, Any]]) -> str:
-    """One row per stage, for docs/BENCHMARKS.md."""
+    """One row per stage, for docs/BENCHMARKS.md (latencies: successful requests)."""
     header = (
-        "| users | requests/s | target tokens/s | p50 ms | p95 ms | p99 ms | TTFT p50 / p95 ms "
-        "| errors by status | counters |"
+        "| users | successful requests/s | target tokens/s | p50 ms | p95 ms | p99 ms "
+        "| TTFT p50 / p95 ms | errors by status | counters |"
     )
     rows = [header, "|" + "---|" * header.count(" | ") + "---|"]
     for s in stages:
@@ -193,7 +210,7 @@ def markdown_table(stages: Sequence[dict[str, Any]]) -> str:
         counters = s.get("counters")
         agree = "-" if counters is None else ("equal" if counters["match"] else "**differ**")
         rows.append(
-            f"| {s['users']} | {s['requests_per_s']:.1f} | {s['target_tokens_per_s']:.0f} "
+            f"| {s['users']} | {s['ok_requests_per_s']:.1f} | {s['target_tokens_per_s']:.0f} "
             f"| {_cell(latency['p50'])} | {_cell(latency['p95'])} | {_cell(latency['p99'])} "
             f"| {_cell(ttft['p50'])} / {_cell(ttft['p95'])} | {errors} | {agree} |"
         )

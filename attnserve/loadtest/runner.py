@@ -269,10 +269,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 def _log_stage(stage: dict[str, Any]) -> None:
     latency = stage["latency_ms"]
     log.info(
-        "%d users: %.1f req/s, %.0f tokens/s, p50 %s ms, p95 %s ms, p99 %s ms, errors %s, "
-        "counters %s",
+        "%d users: %.1f successful req/s, %.0f tokens/s, p50 %s ms, p95 %s ms, p99 %s ms, "
+        "errors %s, counters %s",
         stage["users"],
-        stage["requests_per_s"],
+        stage["ok_requests_per_s"],
         stage["target_tokens_per_s"],
         latency["p50"],
         latency["p95"],

@@ -327,7 +327,8 @@ class StreamState:
 
 @dataclass
 class Record:
-    """What one locust process sent and got: answers per (route, status), tokens, TTFT."""
+    """What one locust process sent and got: answers per (route, status), the latency of every
+    successful request per request name, target tokens and the streams' time to first token."""
 
     started: float | None = None  # time.time()
     ended: float | None = None
@@ -336,9 +337,13 @@ class Record:
     input_tokens: int = 0
     texts: int = 0
     ttft_ms: list[float] = field(default_factory=list)
+    latency_ms: dict[str, list[float]] = field(default_factory=dict)  # successful requests
 
     def count(self, route: str, status: int) -> None:
         self.responses[route, status] += 1
+
+    def add_latency(self, name: str, milliseconds: float) -> None:
+        self.latency_ms.setdefault(name, []).append(milliseconds)
 
     def add_usage(self, usage: Mapping[str, Any], texts: int) -> None:
         self.output_tokens += int(usage.get("output_tokens", 0))
@@ -357,6 +362,7 @@ class Record:
             "input_tokens": self.input_tokens,
             "texts": self.texts,
             "ttft_ms": [round(t, 2) for t in self.ttft_ms],
+            "latency_ms": {k: [round(t, 2) for t in v] for k, v in sorted(self.latency_ms.items())},
         }
 
     @classmethod
@@ -373,6 +379,7 @@ class Record:
             input_tokens=int(data.get("input_tokens", 0)),
             texts=int(data.get("texts", 0)),
             ttft_ms=[float(t) for t in data.get("ttft_ms", [])],
+            latency_ms={k: [float(t) for t in v] for k, v in data.get("latency_ms", {}).items()},
         )
 
     def save(self, path: Path) -> None:
