@@ -124,13 +124,15 @@ def _tail(path: Path, lines: int = 20) -> str:
 def served(args: argparse.Namespace, out: Path) -> Iterator[tuple[str, list[str] | None]]:
     """The base URL to test (and the server command when this process started it)."""
     if args.host is not None:
-        yield args.host.rstrip("/"), None
+        url = args.host.rstrip("/")
+        try:
+            status = _get(url + "/readyz")[0]
+        except OSError as exc:
+            raise RuntimeError(f"{url} does not answer: {exc}") from exc
+        if status != 200:
+            raise RuntimeError(f"{url}/readyz answers {status}: the server is not ready")
+        yield url, None
         return
-    if not (args.model / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model directory {args.model} does not exist or has no config.json; "
-            "pass --model DIR (make loadtest LOADTEST_MODEL=DIR) or --host URL of a running server"
-        )
     port = _free_port()
     command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(args.model)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--variant", args.variant]
@@ -229,17 +231,46 @@ def _meta(args: argparse.Namespace, url: str, command: list[str] | None) -> dict
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
-    from attnserve.loadtest.counters import scrape, settle
     from attnserve.loadtest.plots import write_plots
-    from attnserve.loadtest.report import load_stage, write_summary
-    from attnserve.loadtest.traffic import Record
+    from attnserve.loadtest.report import write_summary
 
     ladder = [int(u) for u in args.users.split(",") if u.strip()]
     if not ladder or min(ladder) < 1:
         raise ValueError("--users: a comma-separated list of positive user counts")
-    config = _traffic(args)
+    if args.host is None and not (args.model / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model directory {args.model} does not exist or has no config.json; pass "
+            "--model DIR (make loadtest LOADTEST_MODEL=DIR) or --host URL of a running server"
+        )
     out: Path = args.out / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=False)
+    try:
+        stages, meta = _run_ladder(args, ladder, _traffic(args), out)
+    except (RuntimeError, OSError) as exc:  # the server or locust failed: logs say why
+        log.error("%s", exc)
+        if not any(out.iterdir()):
+            out.rmdir()
+        return 1
+    written = write_summary(out, stages, meta)
+    written += write_plots(stages, out, meta["title"])
+    for path in written:
+        log.info("wrote %s", path)
+    verdict = json.loads((out / "summary.json").read_text())["verdict"]
+    sys.stdout.write(json.dumps({"results": str(out), **verdict}) + "\n")
+    ok = verdict["unexpected_failures"] == 0 and verdict["counters_match"] is not False
+    if not ok:
+        log.error("failures other than 429, or counters that disagree: see %s", out)
+    return 0 if ok else 1
+
+
+def _run_ladder(
+    args: argparse.Namespace, ladder: list[int], config: TrafficConfig, out: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every stage's summary, and what was tested."""
+    from attnserve.loadtest.counters import scrape, settle
+    from attnserve.loadtest.report import load_stage
+    from attnserve.loadtest.traffic import Record
+
     stages = []
     with served(args, out) as (url, command):
         meta = _meta(args, url, command)
@@ -254,16 +285,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
             stage = load_stage(prefix, users, check)
             stages.append(stage)
             _log_stage(stage)
-    written = write_summary(out, stages, meta)
-    written += write_plots(stages, out, meta["title"])
-    for path in written:
-        log.info("wrote %s", path)
-    verdict = json.loads((out / "summary.json").read_text())["verdict"]
-    sys.stdout.write(json.dumps({"results": str(out), **verdict}) + "\n")
-    ok = verdict["unexpected_failures"] == 0 and verdict["counters_match"] is not False
-    if not ok:
-        log.error("failures other than 429, or counters that disagree: see %s", out)
-    return 0 if ok else 1
+    return stages, meta
 
 
 def _log_stage(stage: dict[str, Any]) -> None:
