@@ -102,8 +102,11 @@ def _traffic(args: argparse.Namespace) -> TrafficConfig:
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET with the API key of ATTNSERVE_API_KEY, as the locust users send it."""
+    key = os.environ.get("ATTNSERVE_API_KEY")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return int(response.status), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
