@@ -3,12 +3,18 @@
 Requests join after their encoder pass and leave as soon as their search is done, so the batch
 never waits for its longest member. This is the loop that both the offline translator and the
 continuous-batching scheduler drive.
+
+Removing rows copies the cache of every row that stays, so the rows of a request that finished
+(or was cancelled) stay in the state as dead rows, decoded but never read, until they are a
+quarter of the batch or requests join (a join copies the cache anyway). A step then costs a few
+wasted rows instead of a copy of the whole cache each time a request ends.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic
 
 import numpy as np
@@ -19,17 +25,36 @@ from attnserve.engine.search import Search
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Dead:
+    """Rows of a request that left, still in the state."""
+
+    num_rows: int
+
+
 class RunningBatch(Generic[State]):
     """Searches and the backend state holding their rows, in the same order."""
 
+    # Dead rows are dropped (one copy of the cache) once they are this fraction of the batch.
+    DEAD_FRACTION = 0.25
+
     def __init__(self, backend: Backend[State]) -> None:
         self.backend = backend
-        self.searches: list[Search] = []
+        self.entries: list[Search | _Dead] = []  # in the state's row order
         self.state: State | None = None
 
     @property
+    def searches(self) -> list[Search]:
+        return [e for e in self.entries if not isinstance(e, _Dead)]
+
+    @property
     def num_rows(self) -> int:
+        """Rows of running requests (dead rows are not counted: a join drops them)."""
         return sum(s.num_rows for s in self.searches)
+
+    @property
+    def dead_rows(self) -> int:
+        return sum(e.num_rows for e in self.entries if isinstance(e, _Dead))
 
     def __len__(self) -> int:
         return len(self.searches)
@@ -43,51 +68,77 @@ class RunningBatch(Generic[State]):
         """Add requests whose encoded rows are `state` (one row per search, same order)."""
         if not searches:
             return
-        self.searches.extend(searches)
+        if self.dead_rows:
+            self._compact()
+        self.entries.extend(searches)
         self.state = state if self.state is None else self.backend.concat([self.state, state])
 
     def step(self) -> list[Search]:
         """One decoding step for every row; returns the searches that finished in it."""
         if not self.searches or self.state is None:
             return []
-        tokens = np.concatenate([s.last_tokens for s in self.searches])
+        pad = self.backend.spec.pad_id
+        tokens = np.concatenate(
+            [
+                np.full(e.num_rows, pad, dtype=np.int64) if isinstance(e, _Dead) else e.last_tokens
+                for e in self.entries
+            ]
+        )
         log_probs, state = self.backend.step(tokens, self.state)
         rows: list[IntArray] = []
         finished: list[Search] = []
-        kept: list[Search] = []
+        kept: list[Search | _Dead] = []
         offset = 0
-        for search in self.searches:
-            n = search.num_rows
+        for entry in self.entries:
+            n = entry.num_rows
+            same = np.arange(offset, offset + n, dtype=np.int64)
+            if isinstance(entry, _Dead):
+                rows.append(same)
+                kept.append(entry)
+                offset += n
+                continue
             try:
-                parents = search.step(log_probs[offset : offset + n])
+                parents = entry.step(log_probs[offset : offset + n])
             except Exception as exc:  # one request's failure must not stop the others
                 log.exception("search of one request failed; dropping its rows")
-                search.fail(exc)
-            if search.done:
-                finished.append(search)
+                entry.fail(exc)
+            if entry.done:
+                finished.append(entry)
+                rows.append(same)
+                kept.append(_Dead(n))
             else:
                 rows.append(parents + offset)
-                kept.append(search)
+                kept.append(entry)
             offset += n
-        self.searches = kept
+        self.entries = kept
         self.state = self._select(state, rows, offset)
+        self._drop_dead_if_many()
         return finished
 
     def remove(self, doomed: Sequence[Search]) -> None:
-        """Drop requests (cancelled, deadline passed) and free their rows before the next step."""
+        """Drop requests (cancelled, deadline passed); their rows are dead from now on."""
         drop = {id(s) for s in doomed}
         if not drop or self.state is None:
             return
+        self.entries = [_Dead(e.num_rows) if id(e) in drop else e for e in self.entries]
+        self._drop_dead_if_many()
+
+    def _drop_dead_if_many(self) -> None:
+        dead = self.dead_rows
+        if dead and (not self.searches or dead >= self.DEAD_FRACTION * (dead + self.num_rows)):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the dead rows from the state (one copy of the live rows)."""
         rows: list[IntArray] = []
-        kept: list[Search] = []
         offset = 0
-        for search in self.searches:
-            if id(search) not in drop:
-                rows.append(np.arange(offset, offset + search.num_rows, dtype=np.int64))
-                kept.append(search)
-            offset += search.num_rows
-        self.searches = kept
-        self.state = self._select(self.state, rows, offset)
+        for entry in self.entries:
+            if not isinstance(entry, _Dead):
+                rows.append(np.arange(offset, offset + entry.num_rows, dtype=np.int64))
+            offset += entry.num_rows
+        self.entries = [e for e in self.entries if not isinstance(e, _Dead)]
+        if self.state is not None:
+            self.state = self._select(self.state, rows, offset)
 
     def _select(self, state: State, rows: list[IntArray], total: int) -> State | None:
         if not rows:

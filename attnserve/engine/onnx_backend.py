@@ -313,7 +313,9 @@ class OnnxBackend:
         row_source = state.row_source[rows]
         src_mask, cross = state.src_mask, state.cross
         counts = np.bincount(row_source, minlength=src_mask.shape[0])
-        if not counts.all():  # some source lost all its rows: drop its K/V
+        if 2 * np.count_nonzero(counts) <= counts.size:
+            # Half the sources lost all their rows: drop their K/V. Fewer dead sources stay (no
+            # row reads them) so that a request leaving does not copy every other one's K/V.
             kept = np.flatnonzero(counts)
             src_mask, cross = src_mask[kept], self.rows.select(cross, kept, 0)
             row_source = (np.cumsum(counts > 0) - 1)[row_source]

@@ -79,12 +79,15 @@ class BufferPool:
     A fresh array of a few MB is mapped memory whose pages fault and are zeroed by the kernel on
     first touch: on the benchmark machine that took 5x as long as the copy into it, every beam
     step. A pooled array is free when the pool holds its only reference (CPython reference
-    counts; a view keeps its base alive). Free arrays of another shape are dropped when a new
-    one is made, so the pool holds at most one spare generation of the cache.
+    counts; a view keeps its base alive). Arrays are allocated with a few rows to spare and
+    handed out as views of their first rows, so a batch whose row count moves by a few rows (a
+    request leaving or joining) reuses them too. Free arrays that fit no more are dropped when a
+    new one is made, so the pool holds at most one spare generation of the cache.
     """
 
     # References to a free array while `_free` counts them: the list's and getrefcount's.
     FREE = 2
+    ROWS = 16  # allocations round their rows up to a multiple of this
 
     def __init__(self) -> None:
         self._arrays: list[np.ndarray] = []
@@ -92,14 +95,23 @@ class BufferPool:
     def _free(self, i: int) -> bool:
         return sys.getrefcount(self._arrays[i]) <= self.FREE
 
+    def _fits(self, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
+        rows = shape[0]
+        return (
+            array.dtype == dtype
+            and array.shape[1:] == shape[1:]
+            and rows <= array.shape[0] < rows + 2 * self.ROWS
+        )
+
     def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An array of this shape and dtype, with finite but arbitrary contents."""
         for i in range(len(self._arrays)):
-            if self._free(i) and self._arrays[i].shape == shape and self._arrays[i].dtype == dtype:
-                return self._arrays[i]
+            if self._free(i) and self._fits(self._arrays[i], shape, dtype):
+                return self._arrays[i][: shape[0]]
         self._arrays = [self._arrays[i] for i in range(len(self._arrays)) if not self._free(i)]
-        self._arrays.append(np.zeros(shape, dtype=dtype))
-        return self._arrays[-1]
+        rows = -(-shape[0] // self.ROWS) * self.ROWS
+        self._arrays.append(np.zeros((rows, *shape[1:]), dtype=dtype))
+        return self._arrays[-1][: shape[0]]
 
 
 class HostRowOps:
@@ -156,7 +168,7 @@ class HostRowOps:
             used = widths or [p.shape[2] for p in parts]
             _, h, _, d = parts[0].shape
             width = pads[0][0] + used[0] + pads[0][1]
-            y = np.zeros((sum(p.shape[0] for p in parts), h, width, d), dtype=parts[0].dtype)
+            y = self.pool.get((sum(p.shape[0] for p in parts), h, width, d), parts[0].dtype)
             row = 0
             for part, (left, _), n in zip(parts, pads, used, strict=True):
                 y[row : row + part.shape[0], :, left : left + n] = part[:, :, :n]

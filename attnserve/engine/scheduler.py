@@ -88,12 +88,27 @@ class StepEvents:
     admitted: int = 0
 
 
+BATCHING = ("continuous", "request")
+
+
 @dataclass(frozen=True)
 class SchedulerLimits:
     max_batch_rows: int = 128  # decoder rows (beam requests count beam_size)
     max_batch_tokens: int = 32768  # rows * (source + target positions) held in the batch
     max_waiting: int = 256  # requests queued before submit() raises QueueFull
     max_new_tokens: int = 256  # used for the token budget of an admitted request
+    # While more requests wait than fit, admit only once they bring this many rows (or the
+    # batch is empty, or `max_join_steps` steps passed since the last admission): one encoder
+    # pass and one cache copy per group rather than per finished request. 0: admit every step.
+    join_rows: int = 16
+    max_join_steps: int = 16
+    # "continuous": requests join the running batch at every step; "request": request-level
+    # batching, a new batch starts only when the running one has finished (for comparison).
+    batching: str = "continuous"
+
+    def __post_init__(self) -> None:
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}")
 
 
 class Scheduler:
@@ -112,6 +127,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[int, Request] = {}  # id(search) -> request
         self._cancelled: set[str] = set()
+        self._since_admit = 0  # steps since requests last joined
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -206,21 +222,38 @@ class Scheduler:
             for request in doomed:
                 self._end(request, outcome(request) or Outcome.CANCELLED, events)
 
+    def _fitting(self) -> int:
+        """How many requests at the head of the queue fit the batch now (FIFO: none skips)."""
+        rows, tokens = self.batch.num_rows, self._tokens_in_batch()
+        n = 0
+        for request in self.waiting:
+            rows += request.rows
+            tokens += self.budget(request)
+            if rows > self.limits.max_batch_rows or tokens > self.limits.max_batch_tokens:
+                break
+            n += 1
+        return n
+
+    def _should_admit(self, n: int) -> bool:
+        if n == 0:
+            return False
+        if not self.running:
+            return True
+        if self.limits.batching == "request":
+            return False
+        if n == len(self.waiting):  # everything waiting fits: no reason to make anyone wait
+            return True
+        rows = sum(self.waiting[i].rows for i in range(n))
+        return rows >= self.limits.join_rows or self._since_admit >= self.limits.max_join_steps
+
     def _admit(self, events: StepEvents, now: float) -> int:
         """Move waiting requests (FIFO) into the batch while they fit; one encoder pass."""
-        admitted: list[Request] = []
-        rows, tokens = self.batch.num_rows, self._tokens_in_batch()
-        while self.waiting:
-            head = self.waiting[0]
-            if rows + head.rows > self.limits.max_batch_rows:
-                break
-            if tokens + self.budget(head) > self.limits.max_batch_tokens:
-                break
-            admitted.append(self.waiting.popleft())
-            rows += head.rows
-            tokens += self.budget(head)
-        if not admitted:
+        self._since_admit += 1
+        n = self._fitting()
+        if not self._should_admit(n):
             return 0
+        self._since_admit = 0
+        admitted = [self.waiting.popleft() for _ in range(n)]
         try:
             searches = [make_search(r.options, self.backend.spec) for r in admitted]
             state = self.batch.encode([r.source for r in admitted])

@@ -80,6 +80,9 @@ def load_model(
         max_batch_tokens=settings.max_batch_tokens,
         max_waiting=settings.max_waiting,
         max_new_tokens=max_new,
+        join_rows=settings.join_rows,
+        max_join_steps=settings.max_join_steps,
+        batching=settings.batching,
     )
     engine = EngineLoop(
         Scheduler(backend, limits), observer=lambda events, _: metrics.observe_step(name, events)

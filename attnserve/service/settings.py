@@ -40,6 +40,13 @@ class Settings(BaseSettings):
     max_batch_rows: int = Field(default=64, ge=1)
     max_batch_tokens: int = Field(default=65536, ge=1)
     max_waiting: int = Field(default=256, ge=1)
+    # While more requests wait than fit, they join the running batch in groups of at least
+    # `join_rows` rows (or after `max_join_steps` steps): fewer encoder passes and cache copies
+    # at saturation. "request" batching starts a new batch only when the last one has finished
+    # (no joining; kept to compare, docs/BENCHMARKS.md).
+    batching: Literal["continuous", "request"] = "continuous"
+    join_rows: int = Field(default=8, ge=0)
+    max_join_steps: int = Field(default=16, ge=1)
 
     # Request limits.
     default_timeout_ms: int = Field(default=30_000, ge=1)

@@ -29,19 +29,21 @@ def test_buffer_pool_reuses_only_what_nobody_holds() -> None:
     pool = BufferPool()
     a = pool.get((2, 3), f32)
     b = pool.get((2, 3), f32)
-    ids = {"a": id(a), "b": id(b)}
+    assert a.shape == b.shape == (2, 3) and a.base is not None and b.base is not None
+    bases = {"a": id(a.base), "b": id(b.base)}
     view = b[1:]
     del b
     c = pool.get((2, 3), f32)  # a is held, b is alive through its view: a third array
-    ids["c"] = id(c)
+    bases["c"] = id(c.base)
     del view
-    d = pool.get((2, 3), f32)  # b is free again
-    ids["d"] = id(d)
+    d = pool.get((5, 3), f32)  # b is free again, and has rows to spare for 5
+    bases["d"] = id(d.base)
+    assert d.shape == (5, 3)
     del a, c, d
-    e = pool.get((4, 3), f32)  # another shape: the free arrays are dropped
+    e = pool.get((40, 3), f32)  # more rows than any array has: the free arrays are dropped
     shapes = [x.shape for x in pool._arrays]
-    assert len({ids["a"], ids["b"], ids["c"]}) == 3 and ids["d"] == ids["b"]
-    assert e.shape == (4, 3) and shapes == [(4, 3)]
+    assert len({bases["a"], bases["b"], bases["c"]}) == 3 and bases["d"] == bases["b"]
+    assert e.shape == (40, 3) and shapes == [(48, 3)]
 
 
 def test_append_writes_in_place_once_then_copies() -> None:

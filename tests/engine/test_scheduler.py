@@ -254,3 +254,41 @@ def test_engine_loop_rejects_when_queue_is_full() -> None:
             loop.submit(request("3", 1))
 
     asyncio.run(main())
+
+
+def test_saturated_queue_joins_in_groups() -> None:
+    """With more waiting than fits, requests join once `join_rows` rows are free: one encoder
+    pass for the group, not one per finished request."""
+    limits = SchedulerLimits(max_batch_rows=4, max_new_tokens=16, join_rows=2, max_join_steps=99)
+    s, backend, _ = make(limits)
+    for rid, length in [("a", 1), ("b", 2), ("c", 6), ("d", 6), ("e", 1), ("f", 1), ("g", 1)]:
+        s.submit(request(rid, length))
+    admitted = []
+    while s.has_work:
+        events = s.step()
+        admitted.append(events.admitted)
+    # "a" ends at step 2 and "b" at step 3: "e" and "f" join together at step 4, not one each.
+    assert admitted[:5] == [4, 0, 0, 2, 0]
+    assert backend.step_rows[:4] == [4, 4, 3, 4]
+
+
+def test_saturated_queue_waits_at_most_max_join_steps() -> None:
+    limits = SchedulerLimits(max_batch_rows=2, max_new_tokens=16, join_rows=2, max_join_steps=1)
+    s, _, _ = make(limits)
+    for rid, length in [("a", 1), ("b", 8), ("c", 1), ("d", 1)]:
+        s.submit(request(rid, length))
+    admitted = [s.step().admitted for _ in range(4)]
+    assert admitted == [2, 0, 1, 0]  # "c" joins as soon as "a" leaves: waiting is bounded
+
+
+def test_request_level_batching_waits_for_the_whole_batch() -> None:
+    limits = SchedulerLimits(max_batch_rows=2, max_new_tokens=16, batching="request")
+    s, backend, _ = make(limits)
+    for rid, length in [("short", 1), ("long", 5), ("next", 1)]:
+        s.submit(request(rid, length))
+    ended = run_until_idle(s)
+    # "next" may not take the row "short" freed; it starts after "long" ends.
+    assert ended[5] == ["long"] and ended[-1] == ["next"]
+    assert backend.step_rows == [2, 2, 1, 1, 1, 1, 1, 1]
+    with pytest.raises(ValueError, match="batching"):
+        SchedulerLimits(batching="static")

@@ -1,0 +1,67 @@
+"""RunningBatch keeps the rows of finished requests as dead rows until copying them out pays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnserve.engine.batch import RunningBatch
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.search import make_search
+from attnserve.engine.translator import decode_batch
+from tests.engine.fakes import TableBackend
+
+V = 4
+EOS, A = 0, 2
+
+
+def count_of_first(src: tuple[int, ...], prefix: tuple[int, ...]) -> list[float]:
+    """src[0] tokens A, then EOS."""
+    return [1.0, 0, 0, 0] if len(prefix) >= src[0] else [0.1, 0, 0.9, 0]
+
+
+class CountingBackend(TableBackend):
+    def __init__(self) -> None:
+        super().__init__(count_of_first, V)
+        self.selects: list[list[int]] = []
+
+    def select(self, state: list, rows: Any) -> list:
+        self.selects.append([int(r) for r in rows])
+        return super().select(state, rows)
+
+
+def test_finished_rows_stay_dead_until_a_quarter_of_the_batch() -> None:
+    backend = CountingBackend()
+    batch: RunningBatch[Any] = RunningBatch(backend)
+    lengths = [1, 2, 6, 6, 6, 6, 6, 6]  # 8 greedy rows; the first two end at steps 2 and 3
+    opts = DecodingOptions(max_new_tokens=8)
+    searches = [make_search(opts, backend.spec) for _ in lengths]
+    batch.join(searches, batch.encode([[n, EOS] for n in lengths]))
+    finished = [[searches.index(s) for s in batch.step()] for _ in range(3)]
+    assert finished == [[], [0], [1]]
+    # Step 3 still decoded the dead row of request 0 (1/8 dead); two dead rows (1/4) are
+    # dropped in one copy after step 3.
+    assert backend.step_rows == [8, 8, 8]
+    assert backend.selects == [[2, 3, 4, 5, 6, 7]]
+    assert batch.num_rows == 6 and batch.dead_rows == 0
+    while len(batch):
+        batch.step()
+    alone = decode_batch(TableBackend(count_of_first, V), [[n, EOS] for n in lengths], [opts] * 8)
+    assert [s.hypotheses()[0].tokens for s in searches] == [h[0].tokens for h in alone]
+    assert searches[0].hypotheses()[0].tokens == (A,)
+
+
+def test_removed_rows_are_dropped_when_requests_join() -> None:
+    backend = CountingBackend()
+    batch: RunningBatch[Any] = RunningBatch(backend)
+    opts = DecodingOptions(max_new_tokens=8)
+    first = [make_search(opts, backend.spec) for _ in range(8)]
+    batch.join(first, batch.encode([[6, EOS]] * 8))
+    batch.step()
+    batch.remove(first[:1])  # cancelled: a dead row, no copy yet
+    assert backend.selects == [] and batch.num_rows == 7 and batch.dead_rows == 1
+    late = make_search(opts, backend.spec)
+    batch.join([late], batch.encode([[1, EOS]]))
+    assert backend.selects == [list(range(1, 8))] and batch.dead_rows == 0
+    assert len(batch) == 8 and np.isfinite(backend.step_rows).all()
