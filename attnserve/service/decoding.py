@@ -82,7 +82,8 @@ def decoding_options(
 
 def texts_of(body: TranslateRequest, service: ServiceState) -> list[str]:
     texts = [body.text] if isinstance(body.text, str) else list(body.text)
-    limit = service.settings.max_texts_per_request
+    # More texts than the waiting queue holds could never be queued: 422, not a 429 forever.
+    limit = min(service.settings.max_texts_per_request, service.settings.max_waiting)
     if not texts:
         raise ApiError(422, "text: give a text or a non-empty list of texts", param="text")
     if len(texts) > limit:

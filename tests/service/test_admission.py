@@ -82,6 +82,16 @@ def test_overload_answers_200_or_429_then_serves_normally(slow: LiveServer) -> N
     assert running(slow) == 0.0
 
 
+def test_more_texts_than_the_queue_holds_is_422_not_429(slow: LiveServer) -> None:
+    """A request that could never be queued must not be told to retry forever."""
+    response = httpx.post(
+        slow.url + "/v1/translate", json={"text": ["ka"] * (WAITING + 1)}, timeout=30
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "text"
+    assert f"at most {WAITING}" in response.json()["error"]["message"]
+
+
 def test_deadline_gives_504_and_frees_the_rows(slow: LiveServer) -> None:
     before = outcomes(slow, "deadline_exceeded")
     started = time.monotonic()
