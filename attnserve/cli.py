@@ -14,6 +14,7 @@ from attnserve.cli_model import add_commands as add_model_commands
 from attnserve.cli_model import load_translator
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.loadtest.bench_cli import add_bench_command
+from attnserve.loadtest.bench_http import add_bench_http_command
 from attnserve.loadtest.runner import add_loadtest_command
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "ende-small"
@@ -187,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_command(sub, DEFAULT_MODEL, PROVIDER_CHOICES)
     add_loadtest_command(sub, DEFAULT_MODEL)
+    add_bench_http_command(sub, DEFAULT_MODEL)
 
     add_model_commands(sub, DEFAULT_MODEL, _add_runtime_flags)
 
@@ -209,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     try:
         return int(args.func(args))
     except InvalidOption as exc:

@@ -1,0 +1,229 @@
+"""`attnserve bench-http`: the service at saturation against offline `translate`, and
+continuous against request-level batching, on the same sentences.
+
+Each repeat runs, one after the other (round-robin, so a change of machine load hits all alike):
+
+- offline: the `Translator` of `attnserve translate` (length-sorted batches of `--batch-size`
+  sentences) on all sentences;
+- one server per batching mode (`attnserve serve --batching continuous|request`, started once,
+  `--max-batch-rows` = batch size x beam so a batch holds as many sentences as offline), driven
+  by `--concurrency` asyncio clients that each send one request at a time until every sentence
+  was sent: a closed loop that keeps the server saturated.
+
+Target tokens are counted the same way on both sides (`output_tokens`, the server's `usage`).
+With `--mixed`, the sentences alternate between the shortest and the longest third of the
+test books, and latencies are reported per class (short / long).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODES = ("continuous", "request")
+
+
+@dataclass
+class Work:
+    texts: list[str]
+    kinds: list[str]  # "short" / "long" / "any", per text
+
+
+@dataclass
+class Run:
+    """One pass of one system over all sentences."""
+
+    system: str  # "offline" or "http-<mode>"
+    repeat: int
+    seconds: float
+    output_tokens: int
+    latency_ms: dict[str, dict[str, float]]  # kind -> p50/p99 (HTTP only)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bench-http",
+        help="the service at saturation vs offline translate, continuous vs request batching",
+    )
+    p.add_argument("--model", type=Path, default=default_model)
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (both sides)")
+    p.add_argument("--source-lang", default="en")
+    p.add_argument("--target-lang", default="de", help="(multi-target models)")
+    p.add_argument("--sentences", type=int, default=256, help="sentences per pass")
+    p.add_argument("--mixed", action="store_true", help="alternate short and long sentences")
+    p.add_argument("--max-chars", type=int, default=0, help="skip longer sentences (0: none)")
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32, help="offline sentences per batch")
+    p.add_argument("--concurrency", type=int, default=64, help="clients with a request out")
+    p.add_argument("--modes", default="continuous,request", help="server batching modes")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
+    p.add_argument("--output-dir", type=Path, default=None, help="write NAME.jsonl and NAME.md")
+    p.add_argument("--name", default="http")
+    p.set_defaults(func=cmd_bench_http)
+    return p
+
+
+def choose_work(
+    pool: Any, count: int, mixed: bool, seed: int
+) -> Work:  # pool: sentences.LanguagePool
+    rng = random.Random(seed)
+    if not mixed:
+        texts = [rng.choice(pool.all) for _ in range(count)]
+        return Work(texts, ["any"] * count)
+    kinds = ["short" if i % 2 == 0 else "long" for i in range(count)]
+    return Work([rng.choice(pool.short if k == "short" else pool.long) for k in kinds], kinds)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": round(at(0.50), 1), "p99": round(at(0.99), 1), "n": len(ordered)}
+
+
+async def drive(
+    url: str, work: Work, body: dict[str, Any], concurrency: int
+) -> tuple[float, int, dict[str, dict[str, float]]]:
+    """Send every text as its own request, `concurrency` at a time; wall seconds, output
+    tokens and latency percentiles per kind. Any answer but 200 is an error."""
+    import httpx
+
+    todo = iter(range(len(work.texts)))
+    latencies: dict[str, list[float]] = {}
+    tokens = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        for i in todo:
+            sent = time.perf_counter()
+            response = await http.post(url + "/v1/translate", json={**body, "text": work.texts[i]})
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
+            tokens += int(response.json()["usage"]["output_tokens"])
+            elapsed = (time.perf_counter() - sent) * 1000
+            latencies.setdefault(work.kinds[i], []).append(elapsed)
+            latencies.setdefault("all", []).append(elapsed)
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return seconds, tokens, {kind: percentiles(v) for kind, v in latencies.items()}
+
+
+def cmd_bench_http(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from attnserve.engine.options import DecodingOptions
+    from attnserve.engine.translator import Translator
+    from attnserve.loadtest.bench_report import machine
+    from attnserve.loadtest.runner import served
+    from attnserve.loadtest.sentences import load_pools
+
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= set(MODES):
+        raise ValueError(f"--modes: choose from {', '.join(MODES)}")
+    pool = load_pools(max_chars=args.max_chars)[args.source_lang]
+    work = choose_work(pool, args.sentences, args.mixed, args.seed)
+    translator = Translator.from_model_dir(
+        args.model, backend="onnx", variant=args.variant, threads=args.threads
+    )
+    max_new = translator.defaults.max_new_tokens
+    options = DecodingOptions(beam_size=args.beam_size, max_new_tokens=max_new)
+    body: dict[str, Any] = {"beam_size": args.beam_size, "max_new_tokens": max_new}
+    # A single-direction model has no target-language tags: send no languages then.
+    target_lang = args.target_lang if translator.tokenizer.target_languages else None
+    if target_lang is not None:
+        body["target_lang"] = target_lang
+    rows = args.batch_size * args.beam_size
+    runs: list[Run] = []
+    with ExitStack() as stack:
+        urls = {}
+        for mode in modes:
+            serve_args = (
+                f"--batching {mode} --max-batch-rows {rows} --max-waiting "
+                f"{max(256, args.concurrency)} --log-level warning {args.serve_args}"
+            )
+            server = argparse.Namespace(
+                host=None,
+                model=args.model,
+                variant=args.variant,
+                threads=args.threads,
+                serve_args=serve_args,
+                ready_timeout=900.0,
+            )
+            out = Path(stack.enter_context(_tempdir()))
+            urls[mode] = stack.enter_context(served(server, out))[0]
+        for repeat in range(args.repeats):
+            started = time.perf_counter()
+            done = translator.translate(
+                work.texts, options, target_lang=target_lang, max_batch_size=args.batch_size
+            )
+            seconds = time.perf_counter() - started
+            runs.append(Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {}))
+            log.info("offline: %.0f tokens/s", runs[-1].tokens_per_second)
+            for mode in modes:
+                seconds, tokens, latency = asyncio.run(
+                    drive(urls[mode], work, body, args.concurrency)
+                )
+                runs.append(Run(f"http-{mode}", repeat, seconds, tokens, latency))
+                log.info("http %s: %.0f tokens/s", mode, runs[-1].tokens_per_second)
+    table = summary(runs)
+    print(table)
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        info = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}}
+        lines = [json.dumps({**asdict(r), **info}) for r in runs]
+        (args.output_dir / f"{args.name}.jsonl").write_text("\n".join(lines) + "\n")
+        (args.output_dir / f"{args.name}.md").write_text(table + "\n")
+    return 0
+
+
+def _tempdir() -> Any:
+    import tempfile
+
+    return tempfile.TemporaryDirectory(prefix="attnserve-bench-http-")
+
+
+def summary(runs: Sequence[Run]) -> str:
+    """A markdown table: median tokens/s per system, its ratio to offline, latencies."""
+    systems = list(dict.fromkeys(r.system for r in runs))
+    median = {
+        s: statistics.median(r.tokens_per_second for r in runs if r.system == s) for s in systems
+    }
+    lines = [
+        "| system | tokens/s (median) | vs offline | runs | latency p50 / p99 ms (last run) |",
+        "|---|---|---|---|---|",
+    ]
+    for s in systems:
+        mine = [r for r in runs if r.system == s]
+        latency = "; ".join(
+            f"{kind} {p['p50']:.0f} / {p['p99']:.0f}" for kind, p in mine[-1].latency_ms.items()
+        )
+        each = ", ".join(f"{r.tokens_per_second:.0f}" for r in mine)
+        ratio = median[s] / median["offline"] if "offline" in median else float("nan")
+        lines.append(f"| {s} | {median[s]:.0f} | {ratio:.2f}x | {each} | {latency or '-'} |")
+    return "\n".join(lines)

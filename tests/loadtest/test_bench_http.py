@@ -1,0 +1,58 @@
+"""`attnserve bench-http` on the tiny model: offline and both batching modes, same tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from attnserve.loadtest.bench_http import Run, choose_work, percentiles, summary
+from attnserve.loadtest.sentences import LanguagePool
+
+
+def test_mixed_work_alternates_short_and_long() -> None:
+    pool = LanguagePool.of([f"{'w ' * n}." for n in range(1, 31)])
+    work = choose_work(pool, 6, mixed=True, seed=1)
+    assert work.kinds == ["short", "long"] * 3
+    assert all(t in pool.short for t in work.texts[::2]) and all(
+        t in pool.long for t in work.texts[1::2]
+    )
+    assert choose_work(pool, 6, mixed=True, seed=1) == work  # seeded
+
+
+def test_percentiles_and_summary_table() -> None:
+    assert percentiles([float(v) for v in range(1, 101)]) == {"p50": 51.0, "p99": 100.0, "n": 100}
+    runs = [
+        Run("offline", 0, 2.0, 1000, {}),
+        Run("offline", 1, 2.5, 1000, {}),
+        Run("http-continuous", 0, 2.5, 1000, {"short": {"p50": 10.0, "p99": 30.0}}),
+        Run("http-continuous", 1, 2.5, 1000, {"short": {"p50": 12.0, "p99": 40.0}}),
+    ]
+    table = summary(runs)
+    assert "| offline | 450 | 1.00x | 500, 400 | - |" in table
+    assert "| http-continuous | 400 | 0.89x | 400, 400 | short 12 / 40 |" in table
+
+
+def test_bench_http_runs_both_modes_on_the_tiny_model(
+    tiny_onnx_import: Path, tmp_path: Path
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "attnserve.cli",
+        "bench-http",
+        "--model",
+        str(tiny_onnx_import),
+    ]
+    command += ["--variant", "fp32", "--sentences", "6", "--repeats", "1", "--concurrency", "3"]
+    command += ["--beam-size", "2", "--batch-size", "2", "--mixed", "--output-dir", str(tmp_path)]
+    command += ["--max-chars", "55"]  # the tiny model's inputs stop at 64 tokens
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [json.loads(line) for line in (tmp_path / "http.jsonl").read_text().splitlines()]
+    assert [r["system"] for r in runs] == ["offline", "http-continuous", "http-request"]
+    # The same sentences and decoding on every side: the same number of target tokens.
+    assert len({r["output_tokens"] for r in runs}) == 1
+    assert set(runs[1]["latency_ms"]) == {"short", "long", "all"}
+    assert "| http-request |" in (tmp_path / "http.md").read_text()
