@@ -6,8 +6,8 @@ continuous-batching scheduler drive.
 
 Removing rows copies the cache of every row that stays, so the rows of a request that finished
 (or was cancelled) stay in the state as dead rows, decoded but never read, until they are a
-quarter of the batch or requests join (a join copies the cache anyway). A step then costs a few
-wasted rows instead of a copy of the whole cache each time a request ends.
+quarter of the batch. A step then costs a few wasted rows instead of a copy of the whole cache
+each time a request ends.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class RunningBatch(Generic[State]):
 
     @property
     def num_rows(self) -> int:
-        """Rows of running requests (dead rows are not counted: a join drops them)."""
+        """Rows of running requests (dead rows are not counted: at most a third more)."""
         return sum(s.num_rows for s in self.searches)
 
     @property
@@ -68,8 +68,6 @@ class RunningBatch(Generic[State]):
         """Add requests whose encoded rows are `state` (one row per search, same order)."""
         if not searches:
             return
-        if self.dead_rows:
-            self._compact()
         self.entries.extend(searches)
         self.state = state if self.state is None else self.backend.concat([self.state, state])
 

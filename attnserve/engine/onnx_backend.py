@@ -260,6 +260,29 @@ class OnnxBackend:
         values = binding.get_outputs()
         return [v.numpy() if n == LOG_PROBS else v for n, v in zip(outputs, values, strict=True)]
 
+    def _join_in_place(
+        self, state: OnnxState, new: OnnxState, rows: HostRowOps
+    ) -> OnnxState | None:
+        """Freshly encoded rows (`new`, no past yet) written into the spare rows of `state`'s
+        tensors: only their cross K/V are copied, not the whole batch. None when there is no
+        room (the caller concatenates)."""
+        n, m = new.past_mask.shape[0], new.src_mask.shape[0]
+        width = state.src_mask.shape[1]
+        if new.length != 0 or new.src_mask.shape[1] > width:
+            return None
+        if not (rows.room(state.past, n) and rows.room(state.cross, m)):
+            return None
+        src_pad = ((0, 0), (0, width - new.src_mask.shape[1]))
+        return OnnxState.build(
+            np.concatenate([state.src_mask, np.pad(new.src_mask, src_pad)]),
+            rows.extend(state.cross, m, new.cross),
+            np.concatenate([state.row_source, new.row_source + state.src_mask.shape[0]]),
+            rows.extend(state.past, n),
+            np.concatenate([state.past_mask, np.zeros((n, state.past_mask.shape[1]), np.int64)]),
+            state.length,
+            state.columns,
+        )
+
     def _width(self, tensor: Tensor) -> int:
         """Columns of a cache tensor (numpy: .shape; OrtValue: .shape())."""
         shape = tensor.shape if isinstance(tensor, np.ndarray) else tensor.shape()
@@ -337,7 +360,15 @@ class OnnxBackend:
     def concat(self, states: Sequence[OnnxState]) -> OnnxState:
         if len(states) == 1:
             return states[0]
+        if len(states) == 2 and isinstance(self.rows, HostRowOps):
+            joined = self._join_in_place(states[0], states[1], self.rows)
+            if joined is not None:
+                return joined
         s_max = max(s.src_mask.shape[1] for s in states)
+        if isinstance(self.rows, HostRowOps):
+            # Room to spare (multiples of 16 positions): later joins of slightly longer sources
+            # still fit in place.
+            s_max = -(-s_max // 16) * 16
         t_max = max(s.length for s in states)
         spare = self.rows.spare
         src_pads = [(0, s_max - s.src_mask.shape[1]) for s in states]  # right-pad sources

@@ -74,44 +74,82 @@ def first_used_column(mask: IntArray) -> int:
 
 
 class BufferPool:
-    """Hands out numpy arrays again once no state holds them.
+    """Hands out numpy arrays again once no state holds them, with rows to spare.
 
     A fresh array of a few MB is mapped memory whose pages fault and are zeroed by the kernel on
     first touch: on the benchmark machine that took 5x as long as the copy into it, every beam
-    step. A pooled array is free when the pool holds its only reference (CPython reference
-    counts; a view keeps its base alive). Arrays are allocated with a few rows to spare and
-    handed out as views of their first rows, so a batch whose row count moves by a few rows (a
-    request leaving or joining) reuses them too. Free arrays that fit no more are dropped when a
-    new one is made, so the pool holds at most one spare generation of the cache.
+    step. So arrays are views of pooled flat buffers, reused for any shape that fits (a cache
+    one column wider, a batch a few rows smaller). A buffer is free when the pool holds its only
+    reference (CPython reference counts; a view keeps its buffer alive). Buffers are allocated
+    with room to spare, so rows that join a running batch go into the rows after a view
+    (`extend`) instead of a copy of the whole batch. Free buffers that fit no more are dropped
+    when a new one is made, so the pool holds at most one spare generation of the cache.
     """
 
-    # References to a free array while `_free` counts them: the list's and getrefcount's.
+    # References to a free buffer while `_free` counts them: the list's and getrefcount's.
     FREE = 2
     ROWS = 16  # allocations round their rows up to a multiple of this
 
     def __init__(self) -> None:
-        self._arrays: list[np.ndarray] = []
+        self._buffers: list[np.ndarray] = []  # flat
+        self._claimed: list[int] = []  # elements of each buffer the last view handed out holds
+
+    @classmethod
+    def capacity(cls, rows: int) -> int:
+        """Rows allocated for a request of `rows`: a quarter and ROWS more, rounded up."""
+        return -(-(rows + rows // 4 + cls.ROWS) // cls.ROWS) * cls.ROWS
 
     def _free(self, i: int) -> bool:
-        return sys.getrefcount(self._arrays[i]) <= self.FREE
+        return sys.getrefcount(self._buffers[i]) <= self.FREE
 
-    def _fits(self, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
-        rows = shape[0]
-        return (
-            array.dtype == dtype
-            and array.shape[1:] == shape[1:]
-            and rows <= array.shape[0] < rows + 2 * self.ROWS
-        )
+    def _fits(self, i: int, need: int, dtype: np.dtype[Any]) -> bool:
+        size = self._buffers[i].size
+        return self._buffers[i].dtype == dtype and need <= size <= 3 * need + 1024
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An array of this shape and dtype, with finite but arbitrary contents."""
-        for i in range(len(self._arrays)):
-            if self._free(i) and self._fits(self._arrays[i], shape, dtype):
-                return self._arrays[i][: shape[0]]
-        self._arrays = [self._arrays[i] for i in range(len(self._arrays)) if not self._free(i)]
-        rows = -(-shape[0] // self.ROWS) * self.ROWS
-        self._arrays.append(np.zeros((rows, *shape[1:]), dtype=dtype))
-        return self._arrays[-1][: shape[0]]
+        need = int(np.prod(shape))
+        for i in range(len(self._buffers)):  # no loop variable: it would hold a reference
+            if self._fits(i, need, dtype) and self._free(i):
+                self._claimed[i] = need
+                return self._buffers[i][:need].reshape(shape)
+        kept = [i for i in range(len(self._buffers)) if not self._free(i)]
+        self._buffers = [self._buffers[i] for i in kept]
+        self._claimed = [self._claimed[i] for i in kept]
+        row = int(np.prod(shape[1:]))
+        # Columns grow too (a cache gains one a step): a quarter more room than the rows need.
+        self._buffers.append(np.zeros(self.capacity(shape[0]) * row * 5 // 4, dtype=dtype))
+        self._claimed.append(need)
+        return self._buffers[-1][:need].reshape(shape)
+
+    def _index(self, view: np.ndarray) -> int | None:
+        """The buffer whose first elements `view` is, if any."""
+        for i, buffer in enumerate(self._buffers):
+            if view.base is buffer:
+                whole = view.ctypes.data == buffer.ctypes.data and view.flags.c_contiguous
+                return i if whole else None
+        return None
+
+    def room(self, view: np.ndarray, rows: int) -> bool:
+        """Whether `view` can grow by `rows` rows in place: its buffer has them, and no other
+        view grew into them (the last one handed out of this buffer was `view`)."""
+        i = self._index(view)
+        grown = (view.shape[0] + rows) * (view.size // max(view.shape[0], 1))
+        return (
+            i is not None
+            and view.shape[0] > 0
+            and self._claimed[i] == view.size
+            and self._buffers[i].size >= grown
+        )
+
+    def extend(self, view: np.ndarray, rows: int) -> np.ndarray:
+        """`view` and `rows` more rows after it in its buffer (check `room` first)."""
+        i = self._index(view)
+        assert i is not None
+        shape = (view.shape[0] + rows, *view.shape[1:])
+        need = int(np.prod(shape))
+        self._claimed[i] = need
+        return self._buffers[i][:need].reshape(shape)
 
 
 class HostRowOps:
@@ -174,6 +212,24 @@ class HostRowOps:
                 y[row : row + part.shape[0], :, left : left + n] = part[:, :, :n]
                 row += part.shape[0]
             out.append(y)
+        return out
+
+    def room(self, tensors: Sequence[Tensor], rows: int) -> bool:
+        """Whether `extend` can add `rows` rows to every tensor in place."""
+        return all(self.pool.room(t, rows) for t in tensors)
+
+    def extend(
+        self, tensors: Sequence[Tensor], rows: int, new: Sequence[Tensor] | None = None
+    ) -> list[Tensor]:
+        """The tensors with `rows` more rows, in place (check `room` first): new[j] (rows, H,
+        S', D), when given, is written into the first S' columns of the new rows; the other
+        columns keep finite leftovers (the caller's masks hide them)."""
+        out = []
+        for j, t in enumerate(tensors):
+            grown = self.pool.extend(t, rows)
+            if new is not None:
+                grown[t.shape[0] :, :, : new[j].shape[2]] = new[j]
+            out.append(grown)
         return out
 
     def append(

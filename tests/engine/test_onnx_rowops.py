@@ -33,17 +33,34 @@ def test_buffer_pool_reuses_only_what_nobody_holds() -> None:
     bases = {"a": id(a.base), "b": id(b.base)}
     view = b[1:]
     del b
-    c = pool.get((2, 3), f32)  # a is held, b is alive through its view: a third array
+    c = pool.get((2, 3), f32)  # a is held, b is alive through its view: a third buffer
     bases["c"] = id(c.base)
     del view
-    d = pool.get((5, 3), f32)  # b is free again, and has rows to spare for 5
+    d = pool.get((5, 4), f32)  # b is free again, and has room for another shape
     bases["d"] = id(d.base)
-    assert d.shape == (5, 3)
+    assert d.shape == (5, 4)
     del a, c, d
-    e = pool.get((40, 3), f32)  # more rows than any array has: the free arrays are dropped
-    shapes = [x.shape for x in pool._arrays]
+    e = pool.get((4000, 3), f32)  # larger than any buffer: the free buffers are dropped
+    sizes = [x.size for x in pool._buffers]
     assert len({bases["a"], bases["b"], bases["c"]}) == 3 and bases["d"] == bases["b"]
-    assert e.shape == (40, 3) and shapes == [(48, 3)]
+    assert e.shape == (4000, 3) and sizes == [BufferPool.capacity(4000) * 3 * 5 // 4]
+
+
+def test_rows_join_in_place_once_per_array() -> None:
+    """`extend` grows a view into its array's spare rows, unless another view grew there."""
+    f32 = np.dtype(np.float32)
+    ops = HostRowOps()
+    a = ops.pool.get((3, 1, 4, 2), f32)  # (B, H, S, D)
+    a[:] = 1.0
+    spare = a.base.size // 8 - 3  # the rows after a that its buffer holds (8 values a row)
+    assert ops.room([a], spare) and not ops.room([a], spare + 1)
+    new = np.full((2, 1, 3, 2), 7.0, dtype=np.float32)  # a shorter source: 3 of 4 columns
+    grown = ops.extend([a], 2, [new])[0]
+    assert grown.base is a.base and grown.shape == (5, 1, 4, 2)
+    assert (grown[:3] == 1.0).all() and (grown[3:, :, :3] == 7.0).all()
+    assert not ops.room([a], 1)  # a's spare rows now belong to `grown`
+    assert ops.room([grown], 1)
+    assert not ops.room([np.zeros((3, 1, 4, 2), dtype=np.float32)], 1)  # not pooled: no room
 
 
 def test_append_writes_in_place_once_then_copies() -> None:
