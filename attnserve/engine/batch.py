@@ -30,6 +30,7 @@ class _Dead:
     """Rows of a request that left, still in the state."""
 
     num_rows: int
+    steps: int  # decoder steps its rows have seen (their next position)
 
 
 class RunningBatch(Generic[State]):
@@ -75,6 +76,11 @@ class RunningBatch(Generic[State]):
         """One decoding step for every row; returns the searches that finished in it."""
         if not self.searches or self.state is None:
             return []
+        if any(
+            isinstance(e, _Dead) and e.steps >= self.backend.spec.max_positions
+            for e in self.entries
+        ):
+            self._compact()  # a dead row would step past the last position
         pad = self.backend.spec.pad_id
         tokens = np.concatenate(
             [
@@ -92,7 +98,7 @@ class RunningBatch(Generic[State]):
             same = np.arange(offset, offset + n, dtype=np.int64)
             if isinstance(entry, _Dead):
                 rows.append(same)
-                kept.append(entry)
+                kept.append(_Dead(n, entry.steps + 1))
                 offset += n
                 continue
             try:
@@ -103,7 +109,7 @@ class RunningBatch(Generic[State]):
             if entry.done:
                 finished.append(entry)
                 rows.append(same)
-                kept.append(_Dead(n))
+                kept.append(_Dead(n, entry.steps))
             else:
                 rows.append(parents + offset)
                 kept.append(entry)
@@ -118,7 +124,10 @@ class RunningBatch(Generic[State]):
         drop = {id(s) for s in doomed}
         if not drop or self.state is None:
             return
-        self.entries = [_Dead(e.num_rows) if id(e) in drop else e for e in self.entries]
+        self.entries = [
+            _Dead(e.num_rows, e.steps) if id(e) in drop and not isinstance(e, _Dead) else e
+            for e in self.entries
+        ]
         self._drop_dead_if_many()
 
     def _drop_dead_if_many(self) -> None:

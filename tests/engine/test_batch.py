@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from attnserve.engine.batch import RunningBatch
@@ -64,3 +65,25 @@ def test_removed_rows_stay_dead_when_requests_join() -> None:
     batch.step()
     assert backend.selects == [] and batch.dead_rows == 1 and backend.step_rows == [8, 9]
     assert len(batch) == 8 and late.tokens == [A]
+
+
+def test_dead_rows_leave_before_they_would_pass_the_last_position() -> None:
+    """Dead rows are still stepped, so an early request's dead row can outgrow the positions
+    of the rows that joined after it: it must leave before its position passes the last."""
+    backend = CountingBackend()
+    backend._spec = dataclasses.replace(backend.spec, max_positions=12)
+    batch: RunningBatch[Any] = RunningBatch(backend)
+    opts = DecodingOptions(max_new_tokens=12)
+    early = make_search(opts, backend.spec)
+    batch.join([early], batch.encode([[10, EOS]]))  # ends after 11 steps
+    batch.step()
+    batch.step()
+    late = [make_search(opts, backend.spec) for _ in range(7)]  # 12 steps each
+    batch.join(late, batch.encode([[11, EOS]] * 7))
+    while len(batch):
+        batch.step()
+    # The early row died after step 11 (1 of 8 rows) and was stepped at position 11 in step
+    # 12; it was dropped before step 13 would have used position 12.
+    assert backend.step_rows == [1, 1] + [8] * 10 + [7, 7]
+    assert backend.selects == [list(range(1, 8))]
+    assert all(s.hypotheses()[0].tokens == (A,) * 11 for s in late)
