@@ -115,7 +115,7 @@ class RunningBatch(Generic[State]):
                 kept.append(entry)
             offset += n
         self.entries = kept
-        self.state = self._select(state, rows, offset)
+        self.state = self._select(state, rows, offset, owned=True)
         self._drop_dead_if_many()
         return finished
 
@@ -147,10 +147,17 @@ class RunningBatch(Generic[State]):
         if self.state is not None:
             self.state = self._select(self.state, rows, offset)
 
-    def _select(self, state: State, rows: list[IntArray], total: int) -> State | None:
+    def _select(
+        self, state: State, rows: list[IntArray], total: int, *, owned: bool = False
+    ) -> State | None:
+        """The rows `rows` of `state`; `owned`: nobody else holds `state` (the step's result),
+        so a backend that can reorder its rows in place (`reorder`) may."""
         if not rows:
             return None
         index = np.concatenate(rows)
         if index.size == total and np.array_equal(index, np.arange(total)):
             return state  # nothing left or moved: skip the copy
+        reorder = getattr(self.backend, "reorder", None)
+        if owned and reorder is not None:
+            return reorder(state, index)
         return self.backend.select(state, index)

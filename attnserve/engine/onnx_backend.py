@@ -331,8 +331,8 @@ class OnnxBackend:
         )
         return log_probs, grown
 
-    def select(self, state: OnnxState, rows: IntArray) -> OnnxState:
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
+    def _sources(self, state: OnnxState, rows: IntArray) -> tuple[IntArray, list[Tensor], IntArray]:
+        """src_mask, cross K/V and row -> source index of the rows `rows` of `state`."""
         row_source = state.row_source[rows]
         src_mask, cross = state.src_mask, state.cross
         counts = np.bincount(row_source, minlength=src_mask.shape[0])
@@ -342,6 +342,26 @@ class OnnxBackend:
             kept = np.flatnonzero(counts)
             src_mask, cross = src_mask[kept], self.rows.select(cross, kept, 0)
             row_source = (np.cumsum(counts > 0) - 1)[row_source]
+        return src_mask, cross, row_source
+
+    def reorder(self, state: OnnxState, rows: IntArray) -> OnnxState:
+        """`select` for a caller that gives `state` up (the running batch after a step): as
+        many rows as before, and on the host path only the rows whose source row differs are
+        rewritten, in place (a beam step moves a few beams, not the whole cache)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        t, width = state.length, self._width(state.past[0])
+        if not isinstance(self.rows, HostRowOps) or rows.shape[0] != state.row_source.shape[0]:
+            return self.select(state, rows)
+        mask = state.past_mask[rows]
+        if t >= width or first_used_column(mask[:, :t]) >= max(self.rows.spare, t // 4):
+            return self.select(state, rows)  # grow, or trim the padding nobody uses
+        src_mask, cross, row_source = self._sources(state, rows)
+        past = self.rows.reorder(state.past, rows, t)
+        return OnnxState.build(src_mask, cross, row_source, past, mask, t, state.columns)
+
+    def select(self, state: OnnxState, rows: IntArray) -> OnnxState:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        src_mask, cross, row_source = self._sources(state, rows)
         mask = state.past_mask[rows]  # (B', W)
         t = state.length
         start = first_used_column(mask[:, :t])

@@ -164,6 +164,16 @@ class HostRowOps:
         """tensors[j][rows][:, :, start:] (all columns), one contiguous copy each."""
         return [t[rows, :, start:] for t in tensors]
 
+    def reorder(self, tensors: Sequence[Tensor], rows: IntArray, length: int) -> list[Tensor]:
+        """In place: row i of every tensor becomes row rows[i] (first `length` columns), for
+        the rows where they differ. Only for tensors no other state reads."""
+        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
+        if changed.size:
+            source = rows[changed]
+            for t in tensors:
+                t[changed, :, :length] = t[source, :, :length]  # the right side is a copy
+        return list(tensors)
+
     def take_rows(self, tensors: Sequence[Tensor], rows: IntArray) -> list[Tensor]:
         """tensors[j][rows], whole rows (spare columns included): a single copy each."""
         out = []
@@ -378,6 +388,16 @@ class DeviceRowOps:
         host["start"] = np.array([start], dtype=np.int64)
         device = {f"x{j}": t for j, t in enumerate(tensors)}
         return self._run(self._session("select", 1, n), host, device, n)
+
+    def reorder(self, tensors: Sequence[Tensor], rows: IntArray, length: int) -> list[Tensor]:
+        """In place: row i of every tensor becomes row rows[i] (first `length` columns), for
+        the rows where they differ. Only for tensors no other state reads."""
+        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
+        if changed.size:
+            source = rows[changed]
+            for t in tensors:
+                t[changed, :, :length] = t[source, :, :length]  # the right side is a copy
+        return list(tensors)
 
     def take_rows(self, tensors: Sequence[Any], rows: IntArray) -> list[Any]:
         return self.select(tensors, rows, 0)
