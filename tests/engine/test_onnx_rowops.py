@@ -98,3 +98,13 @@ def test_stepping_a_state_twice_gives_the_same_log_probs(tiny_onnx_import: Path)
     replay, _ = backend.step(np.array([3, 3]), backend.step(np.array([9, 10]), state)[1])
     np.testing.assert_allclose(next_a, replay, atol=1e-5)
     assert after_second.length == after_first.length == 2
+
+
+def test_reorder_in_place_rewrites_only_moved_rows() -> None:
+    ops = HostRowOps()
+    t = np.arange(4 * 1 * 3 * 2, dtype=np.float32).reshape(4, 1, 3, 2)
+    before = t.copy()
+    out = ops.reorder([t], np.array([0, 0, 3, 2]), length=2)[0]  # a beam step: 1 <- 0, 2 <-> 3
+    assert out is t
+    np.testing.assert_array_equal(t[:, :, :2], before[[0, 0, 3, 2], :, :2])
+    np.testing.assert_array_equal(t[:, :, 2:], before[:, :, 2:])  # columns past `length` stay
