@@ -40,6 +40,13 @@ def cmd_package(args: argparse.Namespace) -> int:
 
     out = export_model_dir(args.run_dir, args.out, which=args.which)
     sys.stderr.write(f"wrote {out}\n")
+    if args.curve is not None:
+        from attnserve.model.curve import curve_table, dev_history, plot_curve
+
+        history = dev_history(out)
+        sys.stdout.write(curve_table(history) + "\n")
+        plot_curve(history, args.curve, f"{out.name}: dev BLEU while training")
+        sys.stderr.write(f"wrote {args.curve}\n")
     return 0
 
 
@@ -104,6 +111,7 @@ def add_commands(sub: Any, default_model: Path, add_runtime_flags: Any) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--which", choices=["best", "checkpoint"], default="best")
+    p.add_argument("--curve", type=Path, default=None, help="also plot dev BLEU vs hours (PNG)")
     p.set_defaults(func=cmd_package)
 
     p = sub.add_parser("eval", help="sacreBLEU and chrF on the test books, both directions")

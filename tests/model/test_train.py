@@ -138,7 +138,16 @@ def test_cli_package_and_eval(
     data, spm_model = tiny_data
     run = tmp_path / "run"
     train(config(data, spm_model, run, max_steps=4, eval_every=2, dev_sentences=4))
-    assert main(["package", str(run), str(tmp_path / "model")]) == 0
+    curve = tmp_path / "curve.png"
+    assert main(["package", str(run), str(tmp_path / "model"), "--curve", str(curve)]) == 0
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| step | hours |") and [
+        r.split("|")[1].strip() for r in table[2:]
+    ] == [
+        "2",
+        "4",
+    ]
     hyps = tmp_path / "hyps"
     code = main(
         ["eval", "--model", str(tmp_path / "model"), "--backend", "torch", "--data-dir",
