@@ -66,6 +66,10 @@ class Backend(Protocol[State]):
         """One state holding the rows of `states` in order (rows of different lengths may mix)."""
         ...
 
+    # Optional: `reorder(state, rows) -> State`, `select` for a caller that gives `state` up
+    # (RunningBatch after a step) and keeps the number of rows: the backend may move rows in
+    # place, so `state` and every state sharing its tensors must not be used again.
+
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[IntArray, IntArray]:
     """Right-pad token id lists into (B, S) int64 ids and (B,) lengths."""

@@ -101,15 +101,16 @@ class RunningBatch(Generic[State]):
                 kept.append(_Dead(n, entry.steps + 1))
                 offset += n
                 continue
+            stepped = entry.steps + 1  # counted here: a search that raises did not count it
             try:
                 parents = entry.step(log_probs[offset : offset + n])
             except Exception as exc:  # one request's failure must not stop the others
                 log.exception("search of one request failed; dropping its rows")
-                entry.fail(exc)
+                entry.fail(exc.with_traceback(None))  # its frames would pin the whole batch
             if entry.done:
                 finished.append(entry)
                 rows.append(same)
-                kept.append(_Dead(n, entry.steps))
+                kept.append(_Dead(n, stepped))
             else:
                 rows.append(parents + offset)
                 kept.append(entry)

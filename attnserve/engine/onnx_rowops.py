@@ -389,16 +389,6 @@ class DeviceRowOps:
         device = {f"x{j}": t for j, t in enumerate(tensors)}
         return self._run(self._session("select", 1, n), host, device, n)
 
-    def reorder(self, tensors: Sequence[Tensor], rows: IntArray, length: int) -> list[Tensor]:
-        """In place: row i of every tensor becomes row rows[i] (first `length` columns), for
-        the rows where they differ. Only for tensors no other state reads."""
-        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
-        if changed.size:
-            source = rows[changed]
-            for t in tensors:
-                t[changed, :, :length] = t[source, :, :length]  # the right side is a copy
-        return list(tensors)
-
     def take_rows(self, tensors: Sequence[Any], rows: IntArray) -> list[Any]:
         return self.select(tensors, rows, 0)
 

@@ -87,3 +87,32 @@ def test_dead_rows_leave_before_they_would_pass_the_last_position() -> None:
     assert backend.step_rows == [1, 1] + [8] * 10 + [7, 7]
     assert backend.selects == [list(range(1, 8))]
     assert all(s.hypotheses()[0].tokens == (A,) * 11 for s in late)
+
+
+def test_a_failed_search_counts_the_step_its_rows_ran() -> None:
+    """A search that raises has not counted the step the backend ran for its rows: the batch
+    counts it, or the dead row would step past the last position one step late."""
+    backend = CountingBackend()
+    backend._spec = dataclasses.replace(backend.spec, max_positions=12)
+    batch: RunningBatch[Any] = RunningBatch(backend)
+    opts = DecodingOptions(max_new_tokens=12)
+    early = make_search(opts, backend.spec)
+    real_step = early.step
+
+    def failing_step(log_probs: Any) -> Any:
+        if early.steps == 2:
+            raise RuntimeError("bad request")
+        return real_step(log_probs)
+
+    early.step = failing_step  # type: ignore[method-assign]
+    batch.join([early], batch.encode([[10, EOS]]))
+    batch.step()
+    batch.step()
+    late = [make_search(opts, backend.spec) for _ in range(7)]
+    batch.join(late, batch.encode([[11, EOS]] * 7))
+    while len(batch):
+        batch.step()
+    # `early` failed in step 3 (its rows ran 3 steps, its search counted 2); dead, its row
+    # reached position 12 after step 12 and left before step 13.
+    assert isinstance(early.error, RuntimeError) and early.error.__traceback__ is None
+    assert backend.step_rows == [1, 1] + [8] * 10 + [7, 7]
