@@ -18,7 +18,7 @@ import pytest
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import Translator
 from tests.conftest import SYLLABLES, make_sentences
-from tests.service.helpers import LiveServer, metric_value
+from tests.service.helpers import LiveServer, make_settings, metric_value
 
 TEXTS = make_sentences(11, SYLLABLES, n=12)
 DESIGN_METRICS = [
@@ -77,6 +77,29 @@ def test_concurrent_requests_match_offline_translator_one_by_one(
     assert [g["output_tokens"] for g in got] == [e.output_tokens for e in expected]
     assert [g["score"] for g in got] == pytest.approx([e.score for e in expected], rel=1e-4)
     assert isinstance(options, DecodingOptions)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"batching": "continuous", "max_batch_rows": 8, "join_rows": 4, "max_join_steps": 3},
+        {"batching": "request", "max_batch_rows": 8},
+    ],
+    ids=["continuous-saturated", "request-level"],
+)
+def test_saturated_batches_give_the_offline_outputs(
+    model_dir: Path, translator: Translator, limits: dict[str, Any]
+) -> None:
+    """Twelve beam-4 requests through 8 rows: they queue, join in groups (continuous) or wait
+    for the batch to end (request-level); every output is the one-by-one output."""
+    settings = make_settings(model_dir, variant="fp32", **limits)
+    expected = [translator.translate([t], target_lang="de")[0] for t in TEXTS]
+    with LiveServer(settings) as server, ThreadPoolExecutor(len(TEXTS)) as pool:
+        bodies = [{"text": t, "target_lang": "de", "beam_size": 4} for t in TEXTS]
+        responses = list(pool.map(lambda b: post(server, "/v1/translate", b), bodies))
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        got = [r.json()["translations"][0]["text"] for r in responses]
+    assert got == [e.text for e in expected]
 
 
 def test_usage_and_response_shape(live: LiveServer, translator: Translator) -> None:
