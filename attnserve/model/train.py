@@ -353,6 +353,9 @@ def export_model_dir(run_dir: str | Path, out_dir: str | Path, which: str = "bes
         "train_hours": round(state["seconds"] / 3600, 3),
         "dev_history": state["history"],
         "dev": saved.get("dev"),
+        # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
+        # scores are measured.
+        "generation": {"num_beams": 4},
     }
     tokenizer = Tokenizer.from_spm(ckpt["train_config"]["spm_model"])
     return save_model_dir(model.eval(), tokenizer, out_dir, extra_metadata=metadata)

@@ -37,6 +37,7 @@ def test_the_default_model_is_committed_and_served_by_default() -> None:
 
 def test_translates_a_test_book_verse_into_german(translator: Translator) -> None:
     assert translator.tokenizer.target_languages == ["de", "en"]
+    assert translator.defaults.beam_size == 4  # metadata.json's generation defaults
     options = DecodingOptions(beam_size=4, max_new_tokens=64)
     (german,) = translator.translate([RUTH_1_1], options, target_lang="de")
     assert german.text.strip() and german.text != RUTH_1_1
