@@ -75,6 +75,10 @@ class TrainConfig:
     resume: bool = False
 
 
+# A step longer than this means the process was stopped (SIGSTOP, a suspended machine).
+MAX_STEP_SECONDS = 120.0
+
+
 @dataclass
 class TrainState:
     """Progress that a checkpoint restores besides the tensors."""
@@ -274,8 +278,8 @@ class Trainer:
         cfg, st = self.cfg, self.state
         self.model.train()
         stream = self.micro_batches()
-        started = last_ckpt = last_log = time.monotonic()
-        seconds_at_start, tokens_at_log, losses = st.seconds, st.tokens, []
+        started = last_ckpt = last_log = step_start = time.monotonic()
+        tokens_at_log, losses = st.tokens, []
         while not cfg.max_steps or st.step < cfg.max_steps:
             batches = []
             for _ in range(cfg.accum_steps):
@@ -286,7 +290,10 @@ class Trainer:
             st.step += 1
             st.tokens += sum(b.num_tokens for b in batches)
             now = time.monotonic()
-            st.seconds = seconds_at_start + now - started
+            # Training time: the steps alone (dev evaluations and checkpoints are not counted),
+            # and a step that took longer than MAX_STEP_SECONDS (the process was stopped) counts
+            # for that much only.
+            st.seconds += min(now - step_start, MAX_STEP_SECONDS)
             if st.step % cfg.log_every == 0:
                 tok_s = (st.tokens - tokens_at_log) / max(now - last_log, 1e-9)
                 log.info(
@@ -304,6 +311,7 @@ class Trainer:
             if cfg.max_hours and now - started >= cfg.max_hours * 3600:
                 log.info("time limit of %.2f h reached", cfg.max_hours)
                 break
+            step_start = time.monotonic()
         self.save_checkpoint()
         return st
 

@@ -110,6 +110,35 @@ def test_resumed_run_continues_from_the_same_step(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_training_time_leaves_out_evaluations_and_pauses(
+    tiny_data: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hours on the learning curve are training hours: no dev evaluation, and a stopped
+    process (SIGSTOP) counts for at most MAX_STEP_SECONDS."""
+    import time
+
+    from attnserve.model import train as train_module
+
+    data, spm_model = tiny_data
+    real_step = train_module.Trainer.train_step
+    calls = {"n": 0}
+
+    def paused_step(self: object, batches: object) -> float:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            time.sleep(1.0)  # the process "stopped" during this step
+        return real_step(self, batches)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(train_module, "MAX_STEP_SECONDS", 0.3)
+    monkeypatch.setattr(train_module.Trainer, "train_step", paused_step)
+    monkeypatch.setattr(train_module.Trainer, "evaluate", lambda self: time.sleep(1.0))
+    started = time.monotonic()
+    state = train(config(data, spm_model, tmp_path / "run", max_steps=4, eval_every=2))
+    wall = time.monotonic() - started
+    # 2 s of evaluations left out entirely, and the 1 s pause counted as 0.3 s at most.
+    assert state.seconds <= wall - 2.0 - 0.7 + 0.05
+
+
 def test_dev_bleu_best_weights_and_export(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
     from attnserve.model.checkpoint import load_model_dir
 
