@@ -277,6 +277,9 @@ def _run_ladder(
     stages = []
     with served(args, out) as (url, command):
         meta = _meta(args, url, command)
+        if config.sentences is None:
+            # Read the test books once, not in every stage's locust (whose clock runs meanwhile).
+            config = replace(config, sentences=_write_held_out(out / "sentences.tsv"))
         for users in ladder:
             prefix = out / f"u{users:03d}"
             log.info("stage: %d users for %g s", users, args.stage_seconds)
@@ -289,6 +292,17 @@ def _run_ladder(
             stages.append(stage)
             _log_stage(stage)
     return stages, meta
+
+
+def _write_held_out(path: Path) -> Path:
+    """The test books' verses as a TSV with `en` and `de` columns (what `--sentences` reads)."""
+    from attnserve.loadtest.sentences import LANGUAGES, held_out_sentences
+
+    by_language = held_out_sentences()
+    rows = zip(*(by_language[lang] for lang in LANGUAGES), strict=True)
+    lines = ["\t".join(LANGUAGES), *("\t".join(row) for row in rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def _log_stage(stage: dict[str, Any]) -> None:
