@@ -23,11 +23,14 @@ import json
 import logging
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from attnserve.loadtest.sentences import LanguagePool
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +84,7 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     return p
 
 
-def choose_work(
-    pool: Any, count: int, mixed: bool, seed: int
-) -> Work:  # pool: sentences.LanguagePool
+def choose_work(pool: LanguagePool, count: int, mixed: bool, seed: int) -> Work:
     rng = random.Random(seed)
     if not mixed:
         texts = [rng.choice(pool.all) for _ in range(count)]
@@ -175,7 +176,7 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
                 serve_args=serve_args,
                 ready_timeout=900.0,
             )
-            out = Path(stack.enter_context(_tempdir()))
+            out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnserve-")))
             urls[mode] = stack.enter_context(served(server, out))[0]
         for repeat in range(args.repeats):
             started = time.perf_counter()
@@ -200,12 +201,6 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
         (args.output_dir / f"{args.name}.jsonl").write_text("\n".join(lines) + "\n")
         (args.output_dir / f"{args.name}.md").write_text(table + "\n")
     return 0
-
-
-def _tempdir() -> Any:
-    import tempfile
-
-    return tempfile.TemporaryDirectory(prefix="attnserve-bench-http-")
 
 
 def summary(runs: Sequence[Run]) -> str:

@@ -272,6 +272,7 @@ def _run_ladder(
     """Every stage's summary, and what was tested."""
     from attnserve.loadtest.counters import scrape, settle
     from attnserve.loadtest.report import load_stage
+    from attnserve.loadtest.sentences import held_out_sentences, write_tsv
     from attnserve.loadtest.traffic import Record
 
     stages = []
@@ -279,7 +280,8 @@ def _run_ladder(
         meta = _meta(args, url, command)
         if config.sentences is None:
             # Read the test books once, not in every stage's locust (whose clock runs meanwhile).
-            config = replace(config, sentences=_write_held_out(out / "sentences.tsv"))
+            tsv = write_tsv(held_out_sentences(), out / "sentences.tsv")
+            config = replace(config, sentences=tsv)
         for users in ladder:
             prefix = out / f"u{users:03d}"
             log.info("stage: %d users for %g s", users, args.stage_seconds)
@@ -292,17 +294,6 @@ def _run_ladder(
             stages.append(stage)
             _log_stage(stage)
     return stages, meta
-
-
-def _write_held_out(path: Path) -> Path:
-    """The test books' verses as a TSV with `en` and `de` columns (what `--sentences` reads)."""
-    from attnserve.loadtest.sentences import LANGUAGES, held_out_sentences
-
-    by_language = held_out_sentences()
-    rows = zip(*(by_language[lang] for lang in LANGUAGES), strict=True)
-    lines = ["\t".join(LANGUAGES), *("\t".join(row) for row in rows)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def _log_stage(stage: dict[str, Any]) -> None:

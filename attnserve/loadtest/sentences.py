@@ -47,6 +47,15 @@ def read_tsv(path: Path) -> dict[str, list[str]]:
     }
 
 
+def write_tsv(by_language: Mapping[str, Sequence[str]], path: Path) -> Path:
+    """Aligned sentences per language as the TSV `read_tsv` reads (a header of language codes)."""
+    languages = list(by_language)
+    rows = zip(*(by_language[lang] for lang in languages), strict=True)
+    lines = ["\t".join(languages), *("\t".join(row) for row in rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def held_out_sentences(bible_db: Path | None = None) -> dict[str, list[str]]:
     """Both sides of the corpus builder's test split."""
     from attnserve.model.data import held_out_verses
