@@ -43,6 +43,7 @@ class RunningBatch(Generic[State]):
         self.backend = backend
         self.entries: list[Search | _Dead] = []  # in the state's row order
         self.state: State | None = None
+        self.steps = 0  # decoding steps run: the age of the oldest rows' cache
 
     @property
     def searches(self) -> list[Search]:
@@ -89,6 +90,7 @@ class RunningBatch(Generic[State]):
             ]
         )
         log_probs, state = self.backend.step(tokens, self.state)
+        self.steps += 1
         rows: list[IntArray] = []
         finished: list[Search] = []
         kept: list[Search | _Dead] = []

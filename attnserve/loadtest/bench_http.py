@@ -74,7 +74,11 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32, help="offline sentences per batch")
     p.add_argument("--concurrency", type=int, default=64, help="clients with a request out")
-    p.add_argument("--modes", default="continuous,request", help="server batching modes")
+    p.add_argument(
+        "--modes",
+        default="continuous,request",
+        help="server batching modes; continuous:N caps its cohorts at N (--max-cohorts)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
@@ -145,8 +149,7 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     from attnserve.loadtest.sentences import load_pools
 
     modes = [m for m in args.modes.split(",") if m]
-    if not set(modes) <= set(MODES):
-        raise ValueError(f"--modes: choose from {', '.join(MODES)}")
+    mode_args = {m: mode_serve_args(m) for m in modes}
     pool = load_pools(max_chars=args.max_chars)[args.source_lang]
     work = choose_work(pool, args.sentences, args.mixed, args.seed)
     translator = Translator.from_model_dir(
@@ -165,7 +168,7 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
         urls = {}
         for mode in modes:
             serve_args = (
-                f"--batching {mode} --max-batch-rows {rows} --max-waiting "
+                f"{mode_args[mode]} --max-batch-rows {rows} --max-waiting "
                 f"{max(256, args.concurrency)} --log-level warning {args.serve_args}"
             )
             server = argparse.Namespace(
@@ -201,6 +204,15 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
         (args.output_dir / f"{args.name}.jsonl").write_text("\n".join(lines) + "\n")
         (args.output_dir / f"{args.name}.md").write_text(table + "\n")
     return 0
+
+
+def mode_serve_args(mode: str) -> str:
+    """`attnserve serve` flags of a --modes entry: a batching mode, for continuous optionally
+    with its cohorts (`continuous:1` is one running batch)."""
+    batching, _, cohorts = mode.partition(":")
+    if batching not in MODES or (cohorts and (batching != "continuous" or not cohorts.isdigit())):
+        raise ValueError(f"--modes: {mode!r}; choose from {', '.join(MODES)}, continuous:N")
+    return f"--batching {batching}" + (f" --max-cohorts {cohorts}" if cohorts else "")
 
 
 def summary(runs: Sequence[Run]) -> str:

@@ -82,6 +82,8 @@ def load_model(
         max_new_tokens=max_new,
         join_rows=settings.join_rows,
         max_join_steps=settings.max_join_steps,
+        max_cohorts=settings.max_cohorts,
+        cohort_join_steps=settings.cohort_join_steps,
         batching=settings.batching,
     )
     engine = EngineLoop(

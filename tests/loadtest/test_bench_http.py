@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnserve.loadtest.bench_http import Run, choose_work, percentiles, summary
+import pytest
+
+from attnserve.loadtest.bench_http import Run, choose_work, mode_serve_args, percentiles, summary
 from attnserve.loadtest.sentences import LanguagePool
 
 
@@ -34,6 +36,14 @@ def test_percentiles_and_summary_table() -> None:
     assert "| http-continuous | 400 | 0.89x | 400, 400 | short 12 / 40 |" in table
 
 
+def test_modes_name_serve_flags() -> None:
+    assert mode_serve_args("request") == "--batching request"
+    assert mode_serve_args("continuous:3") == "--batching continuous --max-cohorts 3"
+    for bad in ("static", "request:2", "continuous:x"):
+        with pytest.raises(ValueError, match="--modes"):
+            mode_serve_args(bad)
+
+
 def test_bench_http_runs_both_modes_on_the_tiny_model(
     tiny_onnx_import: Path, tmp_path: Path
 ) -> None:
@@ -48,10 +58,12 @@ def test_bench_http_runs_both_modes_on_the_tiny_model(
     command += ["--variant", "fp32", "--sentences", "6", "--repeats", "1", "--concurrency", "3"]
     command += ["--beam-size", "2", "--batch-size", "2", "--mixed", "--output-dir", str(tmp_path)]
     command += ["--max-chars", "55"]  # the tiny model's inputs stop at 64 tokens
+    command += ["--modes", "continuous,continuous:1,request"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = [json.loads(line) for line in (tmp_path / "http.jsonl").read_text().splitlines()]
-    assert [r["system"] for r in runs] == ["offline", "http-continuous", "http-request"]
+    systems = ["offline", "http-continuous", "http-continuous:1", "http-request"]
+    assert [r["system"] for r in runs] == systems
     # The same sentences and decoding on every side: the same number of target tokens.
     assert len({r["output_tokens"] for r in runs}) == 1
     assert set(runs[1]["latency_ms"]) == {"short", "long", "all"}

@@ -83,15 +83,17 @@ def test_concurrent_requests_match_offline_translator_one_by_one(
     "limits",
     [
         {"batching": "continuous", "max_batch_rows": 8, "join_rows": 4, "max_join_steps": 3},
+        {"batching": "continuous", "max_batch_rows": 12, "max_cohorts": 3, "join_rows": 4},
         {"batching": "request", "max_batch_rows": 8},
     ],
-    ids=["continuous-saturated", "request-level"],
+    ids=["continuous-saturated", "continuous-3-cohorts", "request-level"],
 )
 def test_saturated_batches_give_the_offline_outputs(
     model_dir: Path, translator: Translator, limits: dict[str, Any]
 ) -> None:
-    """Twelve beam-4 requests through 8 rows: they queue, join in groups (continuous) or wait
-    for the batch to end (request-level); every output is the one-by-one output."""
+    """Twelve beam-4 requests through 8 or 12 rows: they queue, join in groups or start
+    cohorts (continuous) or wait for the batch to end (request-level); every output is the
+    one-by-one output."""
     settings = make_settings(model_dir, variant="fp32", **limits)
     expected = [translator.translate([t], target_lang="de")[0] for t in TEXTS]
     with LiveServer(settings) as server, ThreadPoolExecutor(len(TEXTS)) as pool:
