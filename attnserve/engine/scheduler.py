@@ -10,13 +10,15 @@ Each `step()` is schedule -> execute -> update:
 - execute: one decoder step for every running row (RunningBatch.step of every cohort);
 - update: report new tokens (for streaming) and finished, failed or expired requests.
 
-Cohorts: the running rows are up to `max_cohorts` RunningBatches, each stepped once per step.
-Requests admitted together start a new cohort while there is room for one, else they join the
-youngest. A backend's dense cache is as wide as its oldest row and its longest source (left-
-padded), so a row that joins an old batch pays for the old row's columns at every step: on a
-CPU, where a step costs in proportion to rows x columns, one mixed-age batch at saturation
-spent ~1.8x the decoder time of length-sorted offline batches for the same tokens. Cohorts keep
-rows of similar age together, and a new group still starts at the next step.
+Joining has a price on this backend design: a backend's dense cache is as wide as its oldest
+row (left-padded), so a row that joins a batch `age` steps old reads `age` columns of padding at
+every step, and on a CPU a step costs in proportion to rows x columns. Always joining made a
+long-lived batch whose every row paid for its oldest one: at 8 clients it gave half the
+throughput of request-level batching (docs/BENCHMARKS.md). So admitted requests join the running
+batch only while the padding they would get there (their rows x its age) is at most
+`max_join_padding`; otherwise they start a new running batch ("cohort", stepped beside the others
+with a decoder call of its own) while there are fewer than `max_cohorts`, or wait for one to
+finish. Requests still leave at every step.
 """
 
 from __future__ import annotations
@@ -113,15 +115,17 @@ class SchedulerLimits:
     # "continuous": requests join the running batch at every step; "request": request-level
     # batching, a new batch starts only when the running one has finished (for comparison).
     batching: str = "continuous"
-    # Continuous batching: running batches of different ages stepped side by side (module doc).
-    max_cohorts: int = 2
-    cohort_join_steps: int = 2
+    # Continuous batching: requests join the youngest running batch (cohort) if that pads
+    # them by at most this many rows x columns; else they start a new cohort while there are
+    # fewer than `max_cohorts`, else wait (module doc).
+    max_join_padding: int = 128
+    max_cohorts: int = 1
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}")
-        if self.max_cohorts < 1:
-            raise ValueError("max_cohorts must be >= 1")
+        if self.max_cohorts < 1 or self.max_join_padding < 0:
+            raise ValueError("max_cohorts must be >= 1 and max_join_padding >= 0")
 
 
 class Scheduler:
@@ -274,7 +278,7 @@ class Scheduler:
         n = self._fitting()
         if not self._should_admit(n):
             return 0
-        cohort = self._cohort_to_join(saturated=n < len(self.waiting))
+        cohort = self._cohort_to_join(sum(self.waiting[i].rows for i in range(n)))
         if cohort is None:
             return 0
         self._since_admit = 0
@@ -296,14 +300,13 @@ class Scheduler:
             self.cohorts.append(cohort)
         return len(admitted)
 
-    def _cohort_to_join(self, saturated: bool) -> RunningBatch[Any] | None:
-        """Where admitted requests go: the youngest cohort if it is at most
-        `cohort_join_steps` steps old, or if the queue is not `saturated` (it all fits: a
-        join costs little, another cohort a decoder call per step); else a new cohort while
-        there is room for one; else nowhere yet (None: they wait for a cohort to finish)."""
+    def _cohort_to_join(self, rows: int) -> RunningBatch[Any] | None:
+        """Where admitted requests with `rows` rows go: the youngest cohort if the left padding
+        they would get there (rows x its age in steps) is within `max_join_padding`; else a new
+        cohort while there is room for one; else nowhere yet (None: they wait)."""
         self.cohorts = [c for c in self.cohorts if len(c)]
         young = min(self.cohorts, key=lambda c: c.steps, default=None)
-        if young is not None and (young.steps <= self.limits.cohort_join_steps or not saturated):
+        if young is not None and rows * young.steps <= self.limits.max_join_padding:
             return young
         if len(self.cohorts) < self.limits.max_cohorts:
             return RunningBatch(self.backend)

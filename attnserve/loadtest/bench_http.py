@@ -77,7 +77,8 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument(
         "--modes",
         default="continuous,request",
-        help="server batching modes; continuous:N caps its cohorts at N (--max-cohorts)",
+        help="servers to compare: continuous, request, or LABEL=SERVE FLAGS (e.g. "
+        "'always=--max-join-padding 100000')",
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -148,8 +149,8 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     from attnserve.loadtest.runner import served
     from attnserve.loadtest.sentences import load_pools
 
-    modes = [m for m in args.modes.split(",") if m]
-    mode_args = {m: mode_serve_args(m) for m in modes}
+    mode_args = dict(mode_serve_args(m) for m in args.modes.split(",") if m)
+    modes = list(mode_args)
     pool = load_pools(max_chars=args.max_chars)[args.source_lang]
     work = choose_work(pool, args.sentences, args.mixed, args.seed)
     translator = Translator.from_model_dir(
@@ -206,13 +207,14 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     return 0
 
 
-def mode_serve_args(mode: str) -> str:
-    """`attnserve serve` flags of a --modes entry: a batching mode, for continuous optionally
-    with its cohorts (`continuous:1` is one running batch)."""
-    batching, _, cohorts = mode.partition(":")
-    if batching not in MODES or (cohorts and (batching != "continuous" or not cohorts.isdigit())):
-        raise ValueError(f"--modes: {mode!r}; choose from {', '.join(MODES)}, continuous:N")
-    return f"--batching {batching}" + (f" --max-cohorts {cohorts}" if cohorts else "")
+def mode_serve_args(mode: str) -> tuple[str, str]:
+    """A --modes entry -> (label, `attnserve serve` flags): a batching mode, or LABEL=FLAGS."""
+    if mode in MODES:
+        return mode, f"--batching {mode}"
+    label, eq, flags = mode.partition("=")
+    if not eq or not label.strip() or not flags.strip():
+        raise ValueError(f"--modes: {mode!r}; give continuous, request or LABEL=SERVE FLAGS")
+    return label.strip(), flags.strip()
 
 
 def summary(runs: Sequence[Run]) -> str:

@@ -32,7 +32,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--join-rows": ("join_rows", int),
     "--max-join-steps": ("max_join_steps", int),
     "--max-cohorts": ("max_cohorts", int),
-    "--cohort-join-steps": ("cohort_join_steps", int),
+    "--max-join-padding": ("max_join_padding", int),
     "--default-timeout-ms": ("default_timeout_ms", int),
     "--max-timeout-ms": ("max_timeout_ms", int),
     "--max-texts-per-request": ("max_texts_per_request", int),

@@ -83,7 +83,7 @@ def load_model(
         join_rows=settings.join_rows,
         max_join_steps=settings.max_join_steps,
         max_cohorts=settings.max_cohorts,
-        cohort_join_steps=settings.cohort_join_steps,
+        max_join_padding=settings.max_join_padding,
         batching=settings.batching,
     )
     engine = EngineLoop(

@@ -47,11 +47,11 @@ class Settings(BaseSettings):
     batching: Literal["continuous", "request"] = "continuous"
     join_rows: int = Field(default=8, ge=0)
     max_join_steps: int = Field(default=16, ge=1)
-    # Continuous batching steps up to `max_cohorts` running batches of different ages side by
-    # side. Requests join the youngest if it is at most `cohort_join_steps` old or nothing else
-    # waits; at saturation they start a new one, or wait for one to finish (engine/scheduler.py).
-    max_cohorts: int = Field(default=2, ge=1)
-    cohort_join_steps: int = Field(default=2, ge=0)
+    # Requests join the running batch only if that pads them by at most `max_join_padding`
+    # rows x columns (their rows x its age); else they start another batch ("cohort", stepped
+    # beside it) while there are fewer than `max_cohorts`, else wait (engine/scheduler.py).
+    max_join_padding: int = Field(default=128, ge=0)
+    max_cohorts: int = Field(default=1, ge=1)
 
     # Request limits.
     default_timeout_ms: int = Field(default=30_000, ge=1)

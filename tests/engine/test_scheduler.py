@@ -267,11 +267,9 @@ def test_saturated_queue_joins_in_groups() -> None:
     while s.has_work:
         events = s.step()
         admitted.append(events.admitted)
-    # "a" ends at step 2 and "b" at step 3: "e" and "f" join together at step 4, not one each,
-    # as a second cohort (the first is 3 steps old): two decoder calls of 2 rows per step. At
-    # step 6 "g" is all that waits (no saturation): it joins the youngest cohort.
-    assert admitted == [4, 0, 0, 2, 0, 1, 0]
-    assert backend.step_rows == [4, 4, 3, 2, 2, 2, 2, 3, 3]
+    # "a" ends at step 2 and "b" at step 3: "e" and "f" join together at step 4, not one each.
+    assert admitted[:5] == [4, 0, 0, 2, 0]
+    assert backend.step_rows[:4] == [4, 4, 3, 4]
 
 
 def test_saturated_queue_waits_at_most_max_join_steps() -> None:
@@ -296,15 +294,15 @@ def test_request_level_batching_waits_for_the_whole_batch() -> None:
         SchedulerLimits(batching="static")
 
 
-def cohort_scenario(more_waiting: bool) -> tuple[list[int], list[int], list[Request]]:
-    """Cohort X = a, b, c (3 rows, all the batch has); "a" ends at step 2, so "d" starts
-    cohort Y at step 3; "c" ends at step 4 and frees a row for "e" at step 5."""
+def cohort_scenario(padding: int) -> tuple[list[int], list[int], list[Request]]:
+    """Cohort X = a, b, c (3 rows, all the batch has); "a" ends at step 2 and "d" may not
+    join X (2 steps old) with no padding allowed, so it starts cohort Y at step 3; "c" ends at
+    step 4 and frees a row for "e" at step 5, when Y is 2 steps old."""
     limits = SchedulerLimits(
-        max_batch_rows=3, max_new_tokens=16, join_rows=1, max_cohorts=2, cohort_join_steps=0
+        max_batch_rows=3, max_new_tokens=16, join_rows=1, max_cohorts=2, max_join_padding=padding
     )
     s, backend, _ = make(limits)
     reqs = [request("a", 1), request("b", 8), request("c", 3), request("d", 8), request("e", 1)]
-    reqs += [request("f", 1)] if more_waiting else []
     for r in reqs:
         s.submit(r)
     admitted = []
@@ -314,22 +312,22 @@ def cohort_scenario(more_waiting: bool) -> tuple[list[int], list[int], list[Requ
     return admitted, backend.step_rows, reqs
 
 
-def test_saturated_queue_waits_for_a_cohort_to_finish() -> None:
-    """With more waiting than fits and both cohorts older than `cohort_join_steps`, the free
-    row stays free: "e" and "f" start a new cohort once "b" ends cohort X (step 9)."""
-    admitted, step_rows, reqs = cohort_scenario(more_waiting=True)
-    assert admitted[:10] == [3, 0, 1, 0, 0, 0, 0, 0, 0, 2]
+def test_request_waits_for_a_cohort_rather_than_padding_beyond_the_limit() -> None:
+    """Both cohorts are older than the padding limit allows and no third may start: the free
+    row stays free and "e" starts a new cohort once "b" ends cohort X (step 9)."""
+    admitted, step_rows, reqs = cohort_scenario(padding=1)
+    assert admitted[:10] == [3, 0, 1, 0, 0, 0, 0, 0, 0, 1]
     assert step_rows[:4] == [3, 3, 2, 1]  # step 3: X (b, c), then Y (d): a call each
     assert step_rows[4:8] == [2, 1, 1, 1]  # "c" ends at step 4; step 5: X (b), Y (d)
-    assert reqs[4].admitted == reqs[5].admitted
+    assert reqs[4].admitted is not None and reqs[3].admitted is not None
 
 
-def test_unsaturated_queue_joins_the_youngest_cohort() -> None:
-    """When everything waiting fits, "e" joins at once (the youngest cohort, Y) instead of
-    starting a third decoder call per step."""
-    admitted, step_rows, _ = cohort_scenario(more_waiting=False)
+def test_request_joins_the_youngest_cohort_within_the_padding_limit() -> None:
+    """With 2 rows x columns of padding allowed, "d" joins X at step 3 (1 row x 2 steps), but
+    "e" at step 5 would get 4 columns of padding there: it starts cohort Y instead."""
+    admitted, step_rows, _ = cohort_scenario(padding=2)
     assert admitted[:5] == [3, 0, 1, 0, 1]
-    assert step_rows[6:8] == [1, 2]  # step 5: X (b), Y (d, e)
+    assert step_rows[:6] == [3, 3, 3, 3, 2, 1]  # step 5: X (b, d), then Y (e)
 
 
 def test_runtime_failure_fails_its_cohort_alone() -> None:
@@ -338,15 +336,17 @@ def test_runtime_failure_fails_its_cohort_alone() -> None:
             raise RuntimeError("bad row")
         return by_source(src, prefix)
 
-    limits = SchedulerLimits(max_batch_rows=2, max_new_tokens=16, join_rows=1, cohort_join_steps=0)
+    limits = SchedulerLimits(
+        max_batch_rows=2, max_new_tokens=16, join_rows=1, max_cohorts=2, max_join_padding=0
+    )
     s, _, _ = make(limits, table=table)
     ok, first = request("ok", 6), request("first", 1)
     bad = Request("bad", [BOOM, EOS], DecodingOptions(max_new_tokens=16))
     for r in (ok, first, bad, request("next", 1)):
         s.submit(r)
     run_until_idle(s)
-    # "bad" started a cohort of its own at step 3 ("first" left a row, "next" still waited);
-    # the runtime failed there at its second step, and "ok" in the other cohort went on.
+    # "bad" started a cohort of its own at step 3 (the first one was 2 steps old); the runtime
+    # failed there at its second step, and "ok" in the other cohort went on.
     assert bad.outcome is Outcome.FAILED and isinstance(bad.error, RuntimeError)
     assert ok.outcome is Outcome.DONE and ok.hypotheses[0].tokens == (A,) * 6
     assert s.num_rows == 0 and s.cohorts == []

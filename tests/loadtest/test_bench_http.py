@@ -37,9 +37,9 @@ def test_percentiles_and_summary_table() -> None:
 
 
 def test_modes_name_serve_flags() -> None:
-    assert mode_serve_args("request") == "--batching request"
-    assert mode_serve_args("continuous:3") == "--batching continuous --max-cohorts 3"
-    for bad in ("static", "request:2", "continuous:x"):
+    assert mode_serve_args("request") == ("request", "--batching request")
+    assert mode_serve_args("two=--max-cohorts 2") == ("two", "--max-cohorts 2")
+    for bad in ("static", "=--max-cohorts 2", "x="):
         with pytest.raises(ValueError, match="--modes"):
             mode_serve_args(bad)
 
@@ -58,11 +58,11 @@ def test_bench_http_runs_both_modes_on_the_tiny_model(
     command += ["--variant", "fp32", "--sentences", "6", "--repeats", "1", "--concurrency", "3"]
     command += ["--beam-size", "2", "--batch-size", "2", "--mixed", "--output-dir", str(tmp_path)]
     command += ["--max-chars", "55"]  # the tiny model's inputs stop at 64 tokens
-    command += ["--modes", "continuous,continuous:1,request"]
+    command += ["--modes", "continuous,cohorts=--max-cohorts 2 --max-join-padding 0,request"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = [json.loads(line) for line in (tmp_path / "http.jsonl").read_text().splitlines()]
-    systems = ["offline", "http-continuous", "http-continuous:1", "http-request"]
+    systems = ["offline", "http-continuous", "http-cohorts", "http-request"]
     assert [r["system"] for r in runs] == systems
     # The same sentences and decoding on every side: the same number of target tokens.
     assert len({r["output_tokens"] for r in runs}) == 1

@@ -83,7 +83,7 @@ def test_concurrent_requests_match_offline_translator_one_by_one(
     "limits",
     [
         {"batching": "continuous", "max_batch_rows": 8, "join_rows": 4, "max_join_steps": 3},
-        {"batching": "continuous", "max_batch_rows": 12, "max_cohorts": 3, "join_rows": 4},
+        {"batching": "continuous", "max_batch_rows": 12, "max_cohorts": 3, "max_join_padding": 0},
         {"batching": "request", "max_batch_rows": 8},
     ],
     ids=["continuous-saturated", "continuous-3-cohorts", "request-level"],
