@@ -5,10 +5,15 @@ Each repeat runs, one after the other (round-robin, so a change of machine load 
 
 - offline: the `Translator` of `attnserve translate` (length-sorted batches of `--batch-size`
   sentences) on all sentences;
-- one server per batching mode (`attnserve serve --batching continuous|request`, started once,
+- one server per mode (`--modes`: `continuous`, `request` or LABEL=SERVE FLAGS; started once,
   `--max-batch-rows` = batch size x beam so a batch holds as many sentences as offline), driven
   by `--concurrency` asyncio clients that each send one request at a time until every sentence
   was sent: a closed loop that keeps the server saturated.
+
+With `--in-process` the modes run without HTTP: each mode's flags make the scheduler limits the
+server would use, and a closed loop of `--concurrency` requests drives a `Scheduler` on the
+offline translator's backend directly (engine-<mode>), so the batching policy is measured apart
+from the HTTP stack; it also reports decoder steps and rows per step.
 
 Target tokens are counted the same way on both sides (`output_tokens`, the server's `usage`).
 With `--mixed`, the sentences alternate between the shortest and the longest third of the
@@ -22,11 +27,12 @@ import asyncio
 import json
 import logging
 import random
+import shlex
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +57,8 @@ class Run:
     repeat: int
     seconds: float
     output_tokens: int
-    latency_ms: dict[str, dict[str, float]]  # kind -> p50/p99 (HTTP only)
+    latency_ms: dict[str, dict[str, float]]  # kind -> p50/p99 (not offline)
+    detail: dict[str, float] = field(default_factory=dict)  # in-process: steps, rows per step
 
     @property
     def tokens_per_second(self) -> float:
@@ -83,6 +90,11 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="drive each mode's scheduler directly (no HTTP, no server processes)",
+    )
     p.add_argument("--output-dir", type=Path, default=None, help="write NAME.jsonl and NAME.md")
     p.add_argument("--name", default="http")
     p.set_defaults(func=cmd_bench_http)
@@ -144,8 +156,8 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from attnserve.engine.options import DecodingOptions
+    from attnserve.engine.scheduler import Scheduler
     from attnserve.engine.translator import Translator
-    from attnserve.loadtest.bench_report import machine
     from attnserve.loadtest.runner import served
     from attnserve.loadtest.sentences import load_pools
 
@@ -165,37 +177,119 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
         body["target_lang"] = target_lang
     rows = args.batch_size * args.beam_size
     runs: list[Run] = []
+    serve_args = {
+        mode: f"{flags} --max-batch-rows {rows} --max-waiting {max(256, args.concurrency)} "
+        f"--log-level warning {args.serve_args}"
+        for mode, flags in mode_args.items()
+    }
+    if args.in_process:
+        sources = [translator.encode(t, target_lang) for t in work.texts]
+        for repeat in range(args.repeats):
+            runs.append(offline_run(translator, work, options, target_lang, args, repeat))
+            for mode in modes:
+                limits = engine_limits(args.model, serve_args[mode], max_new)
+                scheduler = Scheduler(translator.backend, limits)
+                runs.append(drive_engine(scheduler, sources, work.kinds, options, args.concurrency))
+                runs[-1].system, runs[-1].repeat = f"engine-{mode}", repeat
+                log.info("engine %s: %.0f tokens/s", mode, runs[-1].tokens_per_second)
+        return report(runs, args)
     with ExitStack() as stack:
         urls = {}
         for mode in modes:
-            serve_args = (
-                f"{mode_args[mode]} --max-batch-rows {rows} --max-waiting "
-                f"{max(256, args.concurrency)} --log-level warning {args.serve_args}"
-            )
             server = argparse.Namespace(
                 host=None,
                 model=args.model,
                 variant=args.variant,
                 threads=args.threads,
-                serve_args=serve_args,
+                serve_args=serve_args[mode],
                 ready_timeout=900.0,
             )
             out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnserve-")))
             urls[mode] = stack.enter_context(served(server, out))[0]
         for repeat in range(args.repeats):
-            started = time.perf_counter()
-            done = translator.translate(
-                work.texts, options, target_lang=target_lang, max_batch_size=args.batch_size
-            )
-            seconds = time.perf_counter() - started
-            runs.append(Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {}))
-            log.info("offline: %.0f tokens/s", runs[-1].tokens_per_second)
+            runs.append(offline_run(translator, work, options, target_lang, args, repeat))
             for mode in modes:
                 seconds, tokens, latency = asyncio.run(
                     drive(urls[mode], work, body, args.concurrency)
                 )
                 runs.append(Run(f"http-{mode}", repeat, seconds, tokens, latency))
                 log.info("http %s: %.0f tokens/s", mode, runs[-1].tokens_per_second)
+    return report(runs, args)
+
+
+def offline_run(
+    translator: Any,
+    work: Work,
+    options: Any,
+    target_lang: str | None,
+    args: argparse.Namespace,
+    repeat: int,
+) -> Run:
+    started = time.perf_counter()
+    done = translator.translate(
+        work.texts, options, target_lang=target_lang, max_batch_size=args.batch_size
+    )
+    seconds = time.perf_counter() - started
+    run = Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {})
+    log.info("offline: %.0f tokens/s", run.tokens_per_second)
+    return run
+
+
+def engine_limits(model: Path, flags: str, max_new_tokens: int) -> Any:
+    """The SchedulerLimits `attnserve serve --model MODEL FLAGS` would give its model."""
+    from attnserve.service.launch import add_arguments, settings_from_args
+    from attnserve.service.models import scheduler_limits
+
+    parser = argparse.ArgumentParser(prog="attnserve serve", exit_on_error=False)
+    add_arguments(parser)
+    settings = settings_from_args(parser.parse_args(["--model", str(model), *shlex.split(flags)]))
+    return scheduler_limits(settings, max_new_tokens)
+
+
+def drive_engine(
+    scheduler: Any,
+    sources: Sequence[Sequence[int]],
+    kinds: Sequence[str],
+    options: Any,
+    concurrency: int,
+) -> Run:
+    """A closed loop straight on a Scheduler: `concurrency` requests in flight, the next one
+    submitted as soon as one ends (the engine thread's loop, without HTTP)."""
+    from attnserve.engine.scheduler import Outcome, Request
+
+    todo = iter(range(len(sources)))
+    latencies: dict[str, list[float]] = {}
+    tokens = steps = rows = 0
+
+    def submit_next() -> None:
+        i = next(todo, None)
+        if i is not None:
+            scheduler.submit(Request(str(i), list(sources[i]), options))
+
+    started = time.perf_counter()
+    for _ in range(concurrency):
+        submit_next()
+    while scheduler.has_work:
+        events = scheduler.step()
+        steps += 1
+        rows += events.batch_rows
+        for request in events.ended:
+            if request.outcome is not Outcome.DONE:
+                raise RuntimeError(f"request {request.id}: {request.outcome} {request.error}")
+            tokens += request.output_tokens
+            elapsed = (request.finished - request.arrived) * 1000
+            latencies.setdefault(kinds[int(request.id)], []).append(elapsed)
+            latencies.setdefault("all", []).append(elapsed)
+            submit_next()
+    seconds = time.perf_counter() - started
+    detail = {"steps": float(steps), "rows_per_step": rows / max(steps, 1)}
+    latency = {kind: percentiles(v) for kind, v in latencies.items()}
+    return Run("engine", 0, seconds, tokens, latency, detail)
+
+
+def report(runs: Sequence[Run], args: argparse.Namespace) -> int:
+    from attnserve.loadtest.bench_report import machine
+
     table = summary(runs)
     print(table)
     if args.output_dir is not None:
@@ -232,6 +326,9 @@ def summary(runs: Sequence[Run]) -> str:
         latency = "; ".join(
             f"{kind} {p['p50']:.0f} / {p['p99']:.0f}" for kind, p in mine[-1].latency_ms.items()
         )
+        if mine[-1].detail:
+            detail = mine[-1].detail
+            latency += f"; {detail['steps']:.0f} steps of {detail['rows_per_step']:.0f} rows"
         each = ", ".join(f"{r.tokens_per_second:.0f}" for r in mine)
         ratio = median[s] / median["offline"] if "offline" in median else float("nan")
         lines.append(f"| {s} | {median[s]:.0f} | {ratio:.2f}x | {each} | {latency or '-'} |")

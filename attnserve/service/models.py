@@ -58,6 +58,21 @@ class ServedModel:
         return self.tokenizer.encode_source(text, target_lang=target_lang)
 
 
+def scheduler_limits(settings: Settings, max_new_tokens: int) -> SchedulerLimits:
+    """The scheduler limits a model is served with."""
+    return SchedulerLimits(
+        max_batch_rows=settings.max_batch_rows,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_waiting=settings.max_waiting,
+        max_new_tokens=max_new_tokens,
+        join_rows=settings.join_rows,
+        max_join_steps=settings.max_join_steps,
+        max_cohorts=settings.max_cohorts,
+        max_join_padding=settings.max_join_padding,
+        batching=settings.batching,
+    )
+
+
 def load_model(
     directory: Path, settings: Settings, metrics: Metrics, factory: BackendFactory
 ) -> ServedModel:
@@ -75,17 +90,7 @@ def load_model(
         beam_size=min(defaults.beam_size, settings.beam_limit),
         max_new_tokens=min(defaults.max_new_tokens, max_new),
     )
-    limits = SchedulerLimits(
-        max_batch_rows=settings.max_batch_rows,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_waiting=settings.max_waiting,
-        max_new_tokens=max_new,
-        join_rows=settings.join_rows,
-        max_join_steps=settings.max_join_steps,
-        max_cohorts=settings.max_cohorts,
-        max_join_padding=settings.max_join_padding,
-        batching=settings.batching,
-    )
+    limits = scheduler_limits(settings, max_new)
     engine = EngineLoop(
         Scheduler(backend, limits), observer=lambda events, _: metrics.observe_step(name, events)
     )

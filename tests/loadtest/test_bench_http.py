@@ -68,3 +68,21 @@ def test_bench_http_runs_both_modes_on_the_tiny_model(
     assert len({r["output_tokens"] for r in runs}) == 1
     assert set(runs[1]["latency_ms"]) == {"short", "long", "all"}
     assert "| http-request |" in (tmp_path / "http.md").read_text()
+
+
+def test_bench_http_in_process_drives_the_scheduler(tiny_onnx_import: Path, tmp_path: Path) -> None:
+    """--in-process: each mode's serve flags become scheduler limits, no server is started."""
+    command = [sys.executable, "-m", "attnserve.cli", "bench-http", "--model"]
+    command += [str(tiny_onnx_import), "--variant", "fp32", "--sentences", "6", "--repeats", "1"]
+    command += ["--concurrency", "3", "--beam-size", "2", "--batch-size", "2", "--max-chars", "55"]
+    command += ["--modes", "continuous,wait=--max-join-padding 0,request", "--in-process"]
+    command += ["--output-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting" not in done.stderr  # no server process
+    runs = [json.loads(line) for line in (tmp_path / "http.jsonl").read_text().splitlines()]
+    systems = ["offline", "engine-continuous", "engine-wait", "engine-request"]
+    assert [r["system"] for r in runs] == systems
+    assert len({r["output_tokens"] for r in runs}) == 1
+    assert all(r["detail"]["steps"] > 0 and r["latency_ms"]["all"]["n"] == 6 for r in runs[1:])
+    assert "steps of" in (tmp_path / "http.md").read_text()
