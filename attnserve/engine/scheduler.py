@@ -200,12 +200,14 @@ class Scheduler:
             finished = []
             broken: list[RunningBatch[Any]] = []
             for cohort in self.cohorts:
+                members = cohort.searches
                 try:
                     finished += cohort.step()
                 except Exception as exc:  # the runtime failed: fail this cohort, keep serving
-                    self._fail_cohort(cohort, exc, events)
+                    # All its requests of before the step: one that finished in it is lost too.
+                    self._fail_requests(members, exc, events)
                     broken.append(cohort)
-            self.cohorts = [c for c in self.cohorts if len(c) and all(c is not b for b in broken)]
+            self.cohorts = [c for c in self.cohorts if all(c is not b for b in broken)]
             now = self.clock()
             for search in finished:
                 ended = self.running.get(id(search))
@@ -218,11 +220,14 @@ class Scheduler:
                     self._end(ended, Outcome.DONE, events, hypotheses=search.hypotheses())
             for running in self.running.values():
                 self._report_tokens(running, events, now)
+        self.cohorts = [c for c in self.cohorts if len(c)]
         events.step_seconds = self.clock() - started
         return events
 
-    def _fail_cohort(self, cohort: RunningBatch[Any], exc: Exception, events: StepEvents) -> None:
-        failed = [self.running[id(s)] for s in cohort.searches if id(s) in self.running]
+    def _fail_requests(
+        self, searches: Sequence[Search], exc: Exception, events: StepEvents
+    ) -> None:
+        failed = [self.running[id(s)] for s in searches if id(s) in self.running]
         log.exception("decoder step failed; failing %d requests", len(failed))
         for request in failed:
             self._end(request, Outcome.FAILED, events, error=exc)
@@ -278,7 +283,7 @@ class Scheduler:
         n = self._fitting()
         if not self._should_admit(n):
             return 0
-        cohort = self._cohort_to_join(sum(self.waiting[i].rows for i in range(n)))
+        cohort, n = self._cohort_to_join(n)
         if cohort is None:
             return 0
         self._since_admit = 0
@@ -300,17 +305,24 @@ class Scheduler:
             self.cohorts.append(cohort)
         return len(admitted)
 
-    def _cohort_to_join(self, rows: int) -> RunningBatch[Any] | None:
-        """Where admitted requests with `rows` rows go: the youngest cohort if the left padding
-        they would get there (rows x its age in steps) is within `max_join_padding`; else a new
-        cohort while there is room for one; else nowhere yet (None: they wait)."""
+    def _cohort_to_join(self, n: int) -> tuple[RunningBatch[Any] | None, int]:
+        """Where the first `n` waiting requests go, and how many of them: all `n` to the
+        youngest cohort if the left padding they would get there (their rows x its age) is
+        within `max_join_padding`; else all to a new cohort while there is room for one; else
+        the longest FIFO prefix whose padding is within it; else none (None: they wait)."""
         self.cohorts = [c for c in self.cohorts if len(c)]
-        young = min(self.cohorts, key=lambda c: c.steps, default=None)
-        if young is not None and rows * young.steps <= self.limits.max_join_padding:
-            return young
-        if len(self.cohorts) < self.limits.max_cohorts:
-            return RunningBatch(self.backend)
-        return None
+        young = min(self.cohorts, key=lambda c: c.age, default=None)
+        if young is None:
+            return RunningBatch(self.backend), n
+        fits, rows = 0, 0
+        for i in range(n):
+            rows += self.waiting[i].rows
+            if rows * young.age > self.limits.max_join_padding:
+                break
+            fits += 1
+        if fits == n or len(self.cohorts) >= self.limits.max_cohorts:
+            return (young, fits) if fits else (None, 0)
+        return RunningBatch(self.backend), n
 
     def _report_tokens(self, request: Request, events: StepEvents, now: float) -> None:
         """New tokens since the last report (greedy and sampling searches only)."""

@@ -93,7 +93,9 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument(
         "--in-process",
         action="store_true",
-        help="drive each mode's scheduler directly (no HTTP, no server processes)",
+        help="drive each mode's scheduler directly (no HTTP, no server processes) on the "
+        "offline backend (--variant, --threads); the modes' scheduler flags apply, backend "
+        "flags do not",
     )
     p.add_argument("--output-dir", type=Path, default=None, help="write NAME.jsonl and NAME.md")
     p.add_argument("--name", default="http")

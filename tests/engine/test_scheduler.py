@@ -57,6 +57,7 @@ def run_until_idle(s: Scheduler, clock: Clock | None = None) -> list[list[str]]:
     """Step until no work is left; returns the ids that ended at each step."""
     ended = []
     while s.has_work:
+        assert len(ended) < 1000, "the scheduler never ran out of work"
         ended.append([r.id for r in s.step().ended])
         if clock:
             clock.now += 1.0
@@ -352,3 +353,95 @@ def test_runtime_failure_fails_its_cohort_alone() -> None:
     assert s.num_rows == 0 and s.cohorts == []
     with pytest.raises(ValueError, match="max_cohorts"):
         SchedulerLimits(max_cohorts=0)
+
+
+def step_until_idle(s: Scheduler) -> list[int]:
+    """Step until no work is left; requests admitted at each step."""
+    admitted = []
+    while s.has_work:
+        assert len(admitted) < 1000, "the scheduler never ran out of work"
+        admitted.append(s.step().admitted)
+    return admitted
+
+
+def test_request_joins_the_youngest_cohort_not_the_oldest() -> None:
+    """X = a, b, c from step 1; "d" starts Y at step 5 (X is 4 steps old, over the padding
+    limit of 3); at step 7 "e" joins Y (2 steps old), which X (6) would not allow."""
+    limits = SchedulerLimits(
+        max_batch_rows=3, max_new_tokens=16, join_rows=1, max_cohorts=2, max_join_padding=3
+    )
+    s, backend, _ = make(limits)
+    for rid, length in [("a", 3), ("b", 10), ("c", 5), ("d", 8), ("e", 1)]:
+        s.submit(request(rid, length))
+    admitted = step_until_idle(s)
+    assert admitted[:7] == [3, 0, 0, 0, 1, 0, 1]
+    assert backend.step_rows[4:10] == [2, 1, 2, 1, 1, 2]  # steps 5-7: X, Y each; Y = d, e
+
+
+@pytest.mark.parametrize("how", ["deadline", "cancel"])
+def test_cancel_and_deadline_reach_every_cohort(how: str) -> None:
+    """ "c" runs in a second cohort from step 3 ("a" left X, 2 steps old, no padding allowed);
+    its deadline passes / it is cancelled before step 5: from step 5 only X (b) steps."""
+    limits = SchedulerLimits(
+        max_batch_rows=2, max_new_tokens=16, join_rows=1, max_cohorts=2, max_join_padding=0
+    )
+    s, backend, clock = make(limits)
+    c = request("c", 9)
+    if how == "deadline":
+        c.deadline = 4.0  # step k runs at clock k - 1
+    for r in [request("a", 1), request("b", 9), c]:
+        s.submit(r)
+    ended = []
+    while s.has_work:
+        if how == "cancel" and len(ended) == 4:
+            s.cancel("c")
+        ended.append([r.id for r in s.step().ended])
+        clock.now += 1.0
+    assert ended[4] == ["c"]
+    assert c.outcome is (Outcome.DEADLINE if how == "deadline" else Outcome.CANCELLED)
+    assert backend.step_rows == [2, 2] + [1, 1] * 2 + [1] * 6  # steps 3-4: X, Y; then X
+    assert s.num_rows == 0 and s.cohorts == []
+
+
+def test_padding_counts_every_admitted_row() -> None:
+    """Two 1-row requests wait while a batch 2 steps old has room for both: 1 row x 2 columns
+    is within a padding limit of 2, 2 rows x 2 are not, so only the first joins (FIFO prefix);
+    the second waits for the batch (one cohort) to finish."""
+    limits = SchedulerLimits(max_batch_rows=4, max_new_tokens=16, join_rows=1, max_join_padding=2)
+    s, _, _ = make(limits)
+    reqs = [request("a", 1), request("a2", 1), request("b", 6), request("c", 6)]
+    reqs += [request("e", 1), request("f", 1)]
+    for r in reqs:
+        s.submit(r)
+    admitted = step_until_idle(s)
+    assert admitted == [4, 0, 1, 0, 0, 0, 0, 1, 0]  # "f" starts once b and c end at step 7
+    assert all(r.outcome is Outcome.DONE for r in reqs)
+
+
+class FailingSelect(TableBackend):
+    """select() (compaction after rows finished) raises while `broken`."""
+
+    broken = True
+
+    def select(self, state: list, rows):
+        if self.broken:
+            raise RuntimeError("no memory for the compacted cache")
+        return super().select(state, rows)
+
+
+def test_failed_compaction_fails_the_cohort_and_nothing_is_left_running() -> None:
+    backend = FailingSelect(by_source, V)
+    s = Scheduler(backend, SchedulerLimits(max_new_tokens=16), Clock())
+    short, long = request("short", 1), request("long", 6)
+    s.submit(short)
+    s.submit(long)
+    run_until_idle(s)
+    # "short" finished at step 2 and compacting it away failed: both requests of that cohort
+    # fail (the finished one included), none is left in `running` to spin the engine.
+    assert short.outcome is Outcome.FAILED and long.outcome is Outcome.FAILED
+    assert s.running == {} and s.cohorts == [] and not s.has_work
+    backend.broken = False
+    after = request("after", 2)
+    s.submit(after)
+    run_until_idle(s)
+    assert after.outcome is Outcome.DONE
