@@ -43,8 +43,7 @@ class RunningBatch(Generic[State]):
         self.backend = backend
         self.entries: list[Search | _Dead] = []  # in the state's row order
         self.state: State | None = None
-        self.steps = 0  # decoding steps run
-        self._joined: dict[int, int] = {}  # id(search) -> `steps` when it joined
+        self.steps = 0  # decoding steps run since the batch started
 
     @property
     def searches(self) -> list[Search]:
@@ -59,13 +58,6 @@ class RunningBatch(Generic[State]):
     def dead_rows(self) -> int:
         return sum(e.num_rows for e in self.entries if isinstance(e, _Dead))
 
-    @property
-    def age(self) -> int:
-        """Steps since the oldest running request joined: about the columns of left padding a
-        row joining now would get (the backends trim columns no row uses when rows leave)."""
-        live = [self._joined.get(id(s), 0) for s in self.searches]
-        return self.steps - min(live) if live else 0
-
     def __len__(self) -> int:
         return len(self.searches)
 
@@ -79,7 +71,6 @@ class RunningBatch(Generic[State]):
         if not searches:
             return
         self.entries.extend(searches)
-        self._joined.update((id(s), self.steps) for s in searches)
         self.state = state if self.state is None else self.backend.concat([self.state, state])
 
     def step(self) -> list[Search]:
@@ -156,7 +147,6 @@ class RunningBatch(Generic[State]):
                 rows.append(np.arange(offset, offset + entry.num_rows, dtype=np.int64))
             offset += entry.num_rows
         self.entries = [e for e in self.entries if not isinstance(e, _Dead)]
-        self._joined = {id(s): self._joined.get(id(s), 0) for s in self.searches}
         if self.state is not None:
             self.state = self._select(self.state, rows, offset)
 
