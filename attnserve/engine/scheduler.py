@@ -309,23 +309,19 @@ class Scheduler:
         return len(admitted)
 
     def _cohort_to_join(self, n: int) -> tuple[RunningBatch[Any] | None, int]:
-        """Where the first `n` waiting requests go, and how many of them: all `n` to the
-        youngest cohort if their rows x its age (steps) is within `max_join_padding`; else all
-        to a new cohort while there is room for one; else the longest FIFO prefix that is
-        within it; else none (None: they wait)."""
+        """Where the first `n` waiting requests go: the youngest cohort if their rows x its age
+        (steps) is within `max_join_padding`; else a new cohort while there is room for one;
+        else nowhere (None: they wait). All of them or none: letting the FIFO prefix that fits
+        join instead kept batches alive longer and measured slower (0.71x of offline at
+        saturation against 0.85x)."""
         self.cohorts = [c for c in self.cohorts if len(c)]
         young = min(self.cohorts, key=lambda c: c.steps, default=None)
-        if young is None:
+        rows = sum(self.waiting[i].rows for i in range(n))
+        if young is not None and rows * young.steps <= self.limits.max_join_padding:
+            return young, n
+        if len(self.cohorts) < self.limits.max_cohorts:
             return RunningBatch(self.backend), n
-        fits, rows = 0, 0
-        for i in range(n):
-            rows += self.waiting[i].rows
-            if rows * young.steps > self.limits.max_join_padding:
-                break
-            fits += 1
-        if fits == n or len(self.cohorts) >= self.limits.max_cohorts:
-            return (young, fits) if fits else (None, 0)
-        return RunningBatch(self.backend), n
+        return None, 0
 
     def _report_tokens(self, request: Request, events: StepEvents, now: float) -> None:
         """New tokens since the last report (greedy and sampling searches only)."""

@@ -405,8 +405,8 @@ def test_cancel_and_deadline_reach_every_cohort(how: str) -> None:
 
 def test_padding_counts_every_admitted_row() -> None:
     """Two 1-row requests wait while a batch 2 steps old has room for both: 1 row x 2 columns
-    is within a padding limit of 2, 2 rows x 2 are not, so only the first joins (FIFO prefix);
-    the second waits for the batch (one cohort) to finish."""
+    would be within a padding limit of 2, but 2 rows x 2 are not, and they go together or not
+    at all: both start once the batch (one cohort) has finished."""
     limits = SchedulerLimits(max_batch_rows=4, max_new_tokens=16, join_rows=1, max_join_padding=2)
     s, _, _ = make(limits)
     reqs = [request("a", 1), request("a2", 1), request("b", 6), request("c", 6)]
@@ -414,7 +414,7 @@ def test_padding_counts_every_admitted_row() -> None:
     for r in reqs:
         s.submit(r)
     admitted = step_until_idle(s)
-    assert admitted == [4, 0, 1, 0, 0, 0, 0, 1, 0]  # "f" starts once b and c end at step 7
+    assert admitted == [4, 0, 0, 0, 0, 0, 0, 2, 0]  # "e", "f" start once b and c end at step 7
     assert all(r.outcome is Outcome.DONE for r in reqs)
 
 
