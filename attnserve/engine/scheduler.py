@@ -121,7 +121,7 @@ class SchedulerLimits:
     # Continuous batching: requests join the youngest running batch (cohort) if that pads
     # them by at most this many rows x columns; else they start a new cohort while there are
     # fewer than `max_cohorts`, else wait (module doc).
-    max_join_padding: int = 128
+    max_join_padding: int = 64
     max_cohorts: int = 1
 
     def __post_init__(self) -> None:

@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     # Requests join the running batch only if that pads them by at most `max_join_padding`
     # rows x columns (their rows x its age); else they start another batch ("cohort", stepped
     # beside it) while there are fewer than `max_cohorts`, else wait (engine/scheduler.py).
-    max_join_padding: int = Field(default=128, ge=0)
+    max_join_padding: int = Field(default=64, ge=0)
     max_cohorts: int = Field(default=1, ge=1)
 
     # Request limits.
