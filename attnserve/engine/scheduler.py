@@ -13,8 +13,8 @@ Each `step()` is schedule -> execute -> update:
 Joining has a price on this backend design: a backend's dense cache is as wide as its oldest
 row (left-padded), so a row that joins a batch `age` steps old reads `age` columns of padding at
 every step, and on a CPU a step costs in proportion to rows x columns. Always joining made a
-long-lived batch whose every row paid for its oldest one: at 8 clients it gave half the
-throughput of request-level batching (docs/BENCHMARKS.md). So a running batch takes new
+long-lived batch whose every row paid for its oldest one: 0.4x the throughput of
+request-level batching at 64 clients, 0.7x at 8 (docs/BENCHMARKS.md). So a running batch takes new
 requests only while it is young: while their rows x its age (steps since it started, the
 padding they get if its first rows still run) is at most `max_join_padding`. Then it is closed
 to joins, even after its first rows left, so batches turn over instead of living forever
