@@ -87,7 +87,7 @@ class Metrics:
         )
         self.batch_rows = Histogram(
             PREFIX + "batch_rows",
-            "Rows in the running batch at each decoding step",
+            "Rows decoding at each scheduler step (all running batches of the model)",
             ["model"],
             buckets=ROW_BUCKETS,
             registry=r,
