@@ -70,8 +70,9 @@ class RunningBatch(Generic[State]):
         """Add requests whose encoded rows are `state` (one row per search, same order)."""
         if not searches:
             return
-        self.entries.extend(searches)
+        # The state first: if the backend fails to concatenate, the batch is as it was.
         self.state = state if self.state is None else self.backend.concat([self.state, state])
+        self.entries.extend(searches)
 
     def step(self) -> list[Search]:
         """One decoding step for every row; returns the searches that finished in it."""

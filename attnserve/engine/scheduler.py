@@ -231,7 +231,7 @@ class Scheduler:
         self, searches: Sequence[Search], exc: Exception, events: StepEvents
     ) -> None:
         failed = [self.running[id(s)] for s in searches if id(s) in self.running]
-        log.exception("decoder step failed; failing %d requests", len(failed))
+        log.exception("a running batch failed; failing its %d requests", len(failed))
         for request in failed:
             self._end(request, Outcome.FAILED, events, error=exc)
 
@@ -251,8 +251,17 @@ class Scheduler:
         doomed = [r for r in self.running.values() if outcome(r)]
         if doomed:
             searches = [r.search for r in doomed if r.search is not None]
+            leaving = {id(s) for s in searches}
+            broken: list[RunningBatch[Any]] = []
             for cohort in self.cohorts:
-                cohort.remove(searches)
+                members = cohort.searches
+                try:
+                    cohort.remove(searches)  # may compact: a backend copy that can fail
+                except Exception as exc:
+                    staying = [s for s in members if id(s) not in leaving]
+                    self._fail_requests(staying, exc, events)
+                    broken.append(cohort)
+            self.cohorts = [c for c in self.cohorts if all(c is not b for b in broken)]
             for request in doomed:
                 self._end(request, outcome(request) or Outcome.CANCELLED, events)
 
@@ -299,11 +308,17 @@ class Scheduler:
             for request in admitted:
                 self._end(request, Outcome.FAILED, events, error=exc)
             return 0
+        try:
+            cohort.join(searches, state)  # a backend concatenation (copy) that can fail
+        except Exception as exc:
+            log.exception("joining %d requests to a running batch failed", len(admitted))
+            for request in admitted:
+                self._end(request, Outcome.FAILED, events, error=exc)
+            return 0
         for request, search in zip(admitted, searches, strict=True):
             request.search = search
             request.admitted = now
             self.running[id(search)] = request
-        cohort.join(searches, state)
         if not any(c is cohort for c in self.cohorts):
             self.cohorts.append(cohort)
         return len(admitted)

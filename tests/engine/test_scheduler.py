@@ -445,3 +445,45 @@ def test_failed_compaction_fails_the_cohort_and_nothing_is_left_running() -> Non
     s.submit(after)
     run_until_idle(s)
     assert after.outcome is Outcome.DONE
+
+
+class FailingConcat(TableBackend):
+    """concat() (requests joining a running batch) raises while `broken`."""
+
+    broken = True
+
+    def concat(self, states):
+        if self.broken:
+            raise RuntimeError("no memory for the joined cache")
+        return super().concat(states)
+
+
+def test_failed_join_fails_the_joiners_alone() -> None:
+    backend = FailingConcat(by_source, V)
+    s = Scheduler(backend, SchedulerLimits(max_new_tokens=16), Clock())
+    long = request("long", 5)
+    s.submit(long)
+    s.step()
+    late = request("late", 2)
+    s.submit(late)  # joins the running batch (1 row x 1 step of padding): concat fails
+    events = s.step()
+    assert [r.id for r in events.ended] == ["late"] and late.outcome is Outcome.FAILED
+    run_until_idle(s)
+    assert long.outcome is Outcome.DONE and long.hypotheses[0].tokens == (A,) * 5
+    assert s.running == {} and s.cohorts == []
+
+
+def test_failed_compaction_on_cancel_fails_its_cohort_and_nothing_hangs() -> None:
+    backend = FailingSelect(by_source, V)
+    s = Scheduler(backend, SchedulerLimits(max_new_tokens=16), Clock())
+    gone, other = request("gone", 6), request("other", 6)
+    s.submit(gone)
+    s.submit(other)
+    s.step()
+    s.cancel("gone")  # its row is half the batch: compaction, whose select raises
+    events = s.step()
+    assert {r.id: r.outcome for r in events.ended} == {
+        "gone": Outcome.CANCELLED,
+        "other": Outcome.FAILED,
+    }
+    assert s.running == {} and s.cohorts == [] and not s.has_work
