@@ -232,6 +232,10 @@ class Trainer:
                 "model": self.model.state_dict(),
                 "model_config": self.model_config.to_dict(),
                 "dev": scores,
+                # Where the weights are from (packaging reads these, not the latest checkpoint's).
+                "step": self.state.step,
+                "seconds": self.state.seconds,
+                "history": list(self.state.history),
             },
             self.run_dir / "best.pt",
         )
@@ -354,7 +358,9 @@ def export_model_dir(run_dir: str | Path, out_dir: str | Path, which: str = "bes
     ckpt = torch.load(run / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
     model = EncoderDecoder(ModelConfig.from_dict(saved["model_config"]))
     model.load_state_dict(saved["model"])
-    state = ckpt["state"]
+    # The step, time and dev history of the weights written: best.pt records its own (older
+    # best.pt files do not: then the latest checkpoint's, which may be later than the weights).
+    state = saved if "step" in saved else ckpt["state"]
     metadata = {
         "train_config": ckpt["train_config"],
         "steps": state["step"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -148,6 +149,11 @@ def test_dev_bleu_best_weights_and_export(tiny_data: tuple[Path, Path], tmp_path
     assert [h["step"] for h in state.history] == [2, 4]
     assert {"bleu_ende", "bleu_deen"} <= set(state.history[0])
     model_dir = export_model_dir(run, tmp_path / "model")
+    # The metadata describes the weights written (best.pt's step), not the latest checkpoint.
+    best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
+    meta = json.loads((model_dir / "metadata.json").read_text())
+    assert meta["steps"] == best["step"] and meta["dev"] == best["dev"]
+    assert meta["dev_history"][-1]["step"] == best["step"]
     model, tokenizer = load_model_dir(model_dir)
     translator = Translator(TorchBackend(model), tokenizer)
     out = translator.translate(
