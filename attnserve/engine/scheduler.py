@@ -143,7 +143,7 @@ class Scheduler:
         self.backend = backend
         self.limits = limits or SchedulerLimits()
         self.clock = clock
-        self.cohorts: list[RunningBatch[Any]] = []  # oldest first, none empty after a step
+        self.cohorts: list[RunningBatch[Any]] = []  # oldest first; each holds rows
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[int, Request] = {}  # id(search) -> request
         self._cancelled: set[str] = set()
@@ -200,17 +200,7 @@ class Scheduler:
         events.admitted = self._admit(events, started)
         if self.running:
             events.batch_rows = self.num_rows
-            finished = []
-            broken: list[RunningBatch[Any]] = []
-            for cohort in self.cohorts:
-                members = cohort.searches
-                try:
-                    finished += cohort.step()
-                except Exception as exc:  # the runtime failed: fail this cohort, keep serving
-                    # All its requests of before the step: one that finished in it is lost too.
-                    self._fail_requests(members, exc, events)
-                    broken.append(cohort)
-            self.cohorts = [c for c in self.cohorts if all(c is not b for b in broken)]
+            finished = self._each_cohort(RunningBatch.step, events)
             now = self.clock()
             for search in finished:
                 ended = self.running.get(id(search))
@@ -223,17 +213,36 @@ class Scheduler:
                     self._end(ended, Outcome.DONE, events, hypotheses=search.hypotheses())
             for running in self.running.values():
                 self._report_tokens(running, events, now)
-        self.cohorts = [c for c in self.cohorts if len(c)]
         events.step_seconds = self.clock() - started
         return events
 
-    def _fail_requests(
-        self, searches: Sequence[Search], exc: Exception, events: StepEvents
-    ) -> None:
-        failed = [self.running[id(s)] for s in searches if id(s) in self.running]
-        log.exception("a running batch failed; failing its %d requests", len(failed))
-        for request in failed:
-            self._end(request, Outcome.FAILED, events, error=exc)
+    def _each_cohort(
+        self,
+        action: Callable[[RunningBatch[Any]], list[Search] | None],
+        events: StepEvents,
+        spared: frozenset[int] = frozenset(),
+    ) -> list[Search]:
+        """`action` on every cohort (its results joined); then only the cohorts with rows stay.
+        When the backend fails inside it (a step, or a copy that compacts or joins rows), the
+        cohort's requests of before, finished ones included and `spared` ids excepted, fail and
+        the cohort is dropped: no request is left running with no batch to finish it."""
+        results: list[Search] = []
+        kept: list[RunningBatch[Any]] = []
+        for cohort in self.cohorts:
+            members = cohort.searches
+            try:
+                results += action(cohort) or []
+            except Exception as exc:  # the runtime failed: fail this cohort, keep serving
+                failed = [self.running[id(s)] for s in members if id(s) in self.running]
+                failed = [r for r in failed if id(r.search) not in spared]
+                log.exception("a running batch failed; failing its %d requests", len(failed))
+                for request in failed:
+                    self._end(request, Outcome.FAILED, events, error=exc)
+                continue
+            if len(cohort):
+                kept.append(cohort)
+        self.cohorts = kept
+        return results
 
     def _expire_and_cancel(self, events: StepEvents, now: float) -> None:
         cancelled, self._cancelled = self._cancelled, set()
@@ -251,17 +260,8 @@ class Scheduler:
         doomed = [r for r in self.running.values() if outcome(r)]
         if doomed:
             searches = [r.search for r in doomed if r.search is not None]
-            leaving = {id(s) for s in searches}
-            broken: list[RunningBatch[Any]] = []
-            for cohort in self.cohorts:
-                members = cohort.searches
-                try:
-                    cohort.remove(searches)  # may compact: a backend copy that can fail
-                except Exception as exc:
-                    staying = [s for s in members if id(s) not in leaving]
-                    self._fail_requests(staying, exc, events)
-                    broken.append(cohort)
-            self.cohorts = [c for c in self.cohorts if all(c is not b for b in broken)]
+            leaving = frozenset(id(s) for s in searches)
+            self._each_cohort(lambda c: c.remove(searches), events, spared=leaving)
             for request in doomed:
                 self._end(request, outcome(request) or Outcome.CANCELLED, events)
 
@@ -319,7 +319,7 @@ class Scheduler:
             request.search = search
             request.admitted = now
             self.running[id(search)] = request
-        if not any(c is cohort for c in self.cohorts):
+        if cohort not in self.cohorts:
             self.cohorts.append(cohort)
         return len(admitted)
 
@@ -329,7 +329,6 @@ class Scheduler:
         else nowhere (None: they wait). All of them or none: letting the FIFO prefix that fits
         join instead kept batches alive longer and measured slower (0.71x of offline at
         saturation against 0.85x)."""
-        self.cohorts = [c for c in self.cohorts if len(c)]
         young = min(self.cohorts, key=lambda c: c.steps, default=None)
         rows = sum(self.waiting[i].rows for i in range(n))
         if young is not None and rows * young.steps <= self.limits.max_join_padding:

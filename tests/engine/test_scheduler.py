@@ -418,19 +418,30 @@ def test_padding_counts_every_admitted_row() -> None:
     assert all(r.outcome is Outcome.DONE for r in reqs)
 
 
-class FailingSelect(TableBackend):
-    """select() (compaction after rows finished) raises while `broken`."""
+class Failing(TableBackend):
+    """A backend whose `method` (select: compaction; concat: a join) raises while `broken`."""
 
     broken = True
 
+    def __init__(self, method: str) -> None:
+        super().__init__(by_source, V)
+        self.method = method
+
     def select(self, state: list, rows):
-        if self.broken:
-            raise RuntimeError("no memory for the compacted cache")
+        self._maybe_fail("select")
         return super().select(state, rows)
+
+    def concat(self, states):
+        self._maybe_fail("concat")
+        return super().concat(states)
+
+    def _maybe_fail(self, method: str) -> None:
+        if self.broken and method == self.method:
+            raise RuntimeError(f"no memory for the cache ({method})")
 
 
 def test_failed_compaction_fails_the_cohort_and_nothing_is_left_running() -> None:
-    backend = FailingSelect(by_source, V)
+    backend = Failing("select")
     s = Scheduler(backend, SchedulerLimits(max_new_tokens=16), Clock())
     short, long = request("short", 1), request("long", 6)
     s.submit(short)
@@ -447,19 +458,8 @@ def test_failed_compaction_fails_the_cohort_and_nothing_is_left_running() -> Non
     assert after.outcome is Outcome.DONE
 
 
-class FailingConcat(TableBackend):
-    """concat() (requests joining a running batch) raises while `broken`."""
-
-    broken = True
-
-    def concat(self, states):
-        if self.broken:
-            raise RuntimeError("no memory for the joined cache")
-        return super().concat(states)
-
-
 def test_failed_join_fails_the_joiners_alone() -> None:
-    backend = FailingConcat(by_source, V)
+    backend = Failing("concat")
     s = Scheduler(backend, SchedulerLimits(max_new_tokens=16), Clock())
     long = request("long", 5)
     s.submit(long)
@@ -474,7 +474,7 @@ def test_failed_join_fails_the_joiners_alone() -> None:
 
 
 def test_failed_compaction_on_cancel_fails_its_cohort_and_nothing_hangs() -> None:
-    backend = FailingSelect(by_source, V)
+    backend = Failing("select")
     s = Scheduler(backend, SchedulerLimits(max_new_tokens=16), Clock())
     gone, other = request("gone", 6), request("other", 6)
     s.submit(gone)
