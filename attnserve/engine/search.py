@@ -43,6 +43,26 @@ def top_indices(values: FloatArray, n: int) -> IntArray:
     return np.argsort(-values, kind="stable")[:n]
 
 
+def stay_in_place(parents: IntArray) -> IntArray:
+    """An order of the kept beams in which as many as possible sit in their parent's row.
+
+    Beam i of `parents` (rank order) continues row parents[i]. The rows of the running batch
+    hold the beams' caches, and a backend copies the rows whose parent differs (beam
+    reordering), so putting a child of row j back in row j spares that copy. Position j takes
+    the best-ranked unplaced beam whose parent is j; the other beams fill the positions left, in
+    rank order. Returns `order`: position j holds beam order[j].
+    """
+    n = parents.shape[0]
+    order = np.full(n, -1, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
+    for beam, parent in enumerate(parents.tolist()):
+        if parent < n and order[parent] < 0:
+            order[parent] = beam
+            placed[beam] = True
+    order[order < 0] = np.flatnonzero(~placed)
+    return order
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """A finished output: generated tokens (without EOS) and its scores."""
@@ -144,6 +164,8 @@ class BeamSearch(Search):
     Each step takes the 2k best continuations of all beams; those among the top k that end
     (EOS, or the length limit) become hypotheses scored log_prob / length ** length_penalty, and
     the k best that do not end keep running. The first step runs one row (all beams are equal).
+    Running beams are kept in the rows of their parents where they can (`stay_in_place`), not
+    in score order, so that the backend moves few cache rows.
     """
 
     def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
@@ -175,6 +197,7 @@ class BeamSearch(Search):
         keep = np.flatnonzero(~ends)[:k]
         if at_limit or keep.size == 0:
             return self._finish()
+        keep = keep[stay_in_place(parents[keep])]
         self.sequences = [
             self.sequences[p] + [int(t)] for p, t in zip(parents[keep], tokens[keep], strict=True)
         ]
@@ -200,7 +223,8 @@ class BeamSearch(Search):
             best_length = opts.max_new_tokens
         else:
             best_length = self.steps
-        best_possible = normalized(float(self.scores[0]), best_length, opts.length_penalty)
+        best = float(self.scores.max())  # the best running beam (rows are not in score order)
+        best_possible = normalized(best, best_length, opts.length_penalty)
         return best_possible > self.finished[-1].score
 
     def hypotheses(self) -> list[Hypothesis]:

@@ -15,6 +15,7 @@ from attnserve.engine.search import (
     GreedySearch,
     SamplingSearch,
     make_search,
+    stay_in_place,
     top_indices,
 )
 from attnserve.engine.translator import decode_batch
@@ -239,3 +240,48 @@ def test_top_indices_equals_a_stable_full_sort(kind: str) -> None:
         for n in (1, 8, 20):
             expected = np.argsort(-x, kind="stable")[:n]
             np.testing.assert_array_equal(top_indices(x, n), expected)
+
+
+@pytest.mark.parametrize(
+    ("parents", "order"),
+    [
+        ([0, 0, 1, 2], [0, 2, 3, 1]),  # the second child of row 0 takes the row left free
+        ([3, 3, 3, 3], [1, 2, 3, 0]),
+        ([1, 0, 3, 2], [1, 0, 3, 2]),  # every beam back in its parent's row: nothing moves
+        ([0, 0, 0, 0], [0, 1, 2, 3]),
+        ([5, 0], [1, 0]),  # a parent beyond the kept rows (fewer beams than before)
+    ],
+)
+def test_stay_in_place_examples(parents: list[int], order: list[int]) -> None:
+    np.testing.assert_array_equal(stay_in_place(np.array(parents)), order)
+
+
+def test_stay_in_place_keeps_one_child_of_every_parent_and_ranks_the_rest() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        parents = rng.integers(0, n + 2, n)
+        order = stay_in_place(parents)
+        assert sorted(order.tolist()) == list(range(n))  # a permutation of the beams
+        placed = parents[order] == np.arange(n)
+        assert placed.sum() == len({int(p) for p in parents if p < n})
+        # The beam in row p is p's best-ranked child; the others keep their rank order.
+        for row in np.flatnonzero(placed):
+            assert order[row] == np.flatnonzero(parents == row)[0]
+        rest = order[~placed]
+        assert rest.tolist() == sorted(rest.tolist())
+
+
+def test_beams_that_continue_their_own_row_do_not_move() -> None:
+    """Each beam's best continuation outranks the others: no row changes place, although the
+    beams' scores are no longer in row order (the backend then copies no cache row)."""
+    spec = ModelSpec(vocab_size=8, pad_id=1, eos_id=0, start_id=1, max_positions=64)
+    search = BeamSearch(DecodingOptions(beam_size=3, max_new_tokens=10), spec)
+    first = np.full((1, 8), -20.0, dtype=np.float32)
+    first[0, [2, 3, 4]] = [-0.1, -1.0, -2.0]
+    np.testing.assert_array_equal(search.step(first), [0, 0, 0])
+    second = np.full((3, 8), -20.0, dtype=np.float32)
+    second[0, 5], second[1, 6], second[2, 7] = -3.0, -0.1, -0.2  # row 0 falls to last place
+    np.testing.assert_array_equal(search.step(second), [0, 1, 2])
+    assert search.sequences == [[2, 5], [3, 6], [4, 7]]
+    np.testing.assert_allclose(search.scores, [-3.1, -1.1, -2.2], rtol=1e-6)
