@@ -9,6 +9,7 @@ other requests, so one batch can mix greedy, sampling and beam requests.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,7 @@ def top_indices(values: FloatArray, n: int) -> IntArray:
     return np.argsort(-values, kind="stable")[:n]
 
 
-def stay_in_place(parents: IntArray) -> IntArray:
+def stay_in_place(parents: Sequence[int]) -> list[int]:
     """An order of the kept beams in which as many as possible sit in their parent's row.
 
     Beam i of `parents` (rank order) continues row parents[i]. The rows of the running batch
@@ -52,15 +53,15 @@ def stay_in_place(parents: IntArray) -> IntArray:
     the best-ranked unplaced beam whose parent is j; the other beams fill the positions left, in
     rank order. Returns `order`: position j holds beam order[j].
     """
-    n = parents.shape[0]
-    order = np.full(n, -1, dtype=np.int64)
-    placed = np.zeros(n, dtype=bool)
-    for beam, parent in enumerate(parents.tolist()):
+    n = len(parents)
+    order = [-1] * n
+    placed = [False] * n
+    for beam, parent in enumerate(parents):
         if parent < n and order[parent] < 0:
             order[parent] = beam
             placed[beam] = True
-    order[order < 0] = np.flatnonzero(~placed)
-    return order
+    rest = iter([beam for beam in range(n) if not placed[beam]])
+    return [beam if beam >= 0 else next(rest) for beam in order]
 
 
 @dataclass(frozen=True)
@@ -177,37 +178,41 @@ class BeamSearch(Search):
         self.improvable = True
 
     def step(self, log_probs: FloatArray) -> IntArray:
-        opts, k, vocab = self.options, self.k, log_probs.shape[1]
+        opts, k, vocab, eos = self.options, self.k, log_probs.shape[1], self.spec.eos_id
         processed = self.process(log_probs, self.sequences)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
         top = top_indices(candidates, 2 * k)  # the 2k best continuations, best first
-        parents, tokens = np.divmod(top, vocab)
-        scores = candidates[top]
+        # A handful of candidates: plain Python from here on (numpy calls cost more).
+        scores = candidates[top].tolist()
+        parents, tokens = [], []
+        for index in top.tolist():
+            parent, token = divmod(index, vocab)
+            parents.append(parent)
+            tokens.append(token)
         self.steps += 1
         at_limit = self.steps >= opts.max_new_tokens
-        ends = (tokens == self.spec.eos_id) | at_limit
+        ends = [at_limit or token == eos for token in tokens]
 
         if self.improvable and not (opts.early_stopping is True and len(self.finished) >= k):
-            for rank in np.flatnonzero(ends[:k]):
-                eos = bool(tokens[rank] == self.spec.eos_id)
-                seq = self.sequences[parents[rank]] + ([] if eos else [int(tokens[rank])])
-                score = normalized(float(scores[rank]), self.steps, opts.length_penalty)
-                self._add(Hypothesis(tuple(seq), score, float(scores[rank]), eos))
+            for rank in range(min(k, len(tokens))):
+                if ends[rank]:
+                    ended = tokens[rank] == eos
+                    seq = self.sequences[parents[rank]] + ([] if ended else [tokens[rank]])
+                    score = normalized(scores[rank], self.steps, opts.length_penalty)
+                    self._add(Hypothesis(tuple(seq), score, scores[rank], ended))
 
-        keep = np.flatnonzero(~ends)[:k]
-        if at_limit or keep.size == 0:
+        keep = [rank for rank in range(len(tokens)) if not ends[rank]][:k]
+        if at_limit or not keep:
             return self._finish()
-        keep = keep[stay_in_place(parents[keep])]
-        self.sequences = [
-            self.sequences[p] + [int(t)] for p, t in zip(parents[keep], tokens[keep], strict=True)
-        ]
-        self.scores = scores[keep].astype(np.float32)
-        self.last_tokens = tokens[keep].astype(np.int64)
-        self.num_rows = int(keep.size)
+        keep = [keep[j] for j in stay_in_place([parents[rank] for rank in keep])]
+        self.sequences = [self.sequences[parents[r]] + [tokens[r]] for r in keep]
+        self.scores = np.array([scores[r] for r in keep], dtype=np.float32)
+        self.last_tokens = np.array([tokens[r] for r in keep], dtype=np.int64)
+        self.num_rows = len(keep)
         self.improvable = self._can_improve()
         if not self.improvable or (opts.early_stopping is True and len(self.finished) >= k):
             return self._finish()
-        return parents[keep].astype(np.int64)
+        return np.array([parents[r] for r in keep], dtype=np.int64)
 
     def _add(self, hyp: Hypothesis) -> None:
         self.finished.append(hyp)
