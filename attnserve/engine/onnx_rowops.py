@@ -172,10 +172,19 @@ class HostRowOps:
         """In place: row i of every tensor becomes row rows[i] (first `length` columns), for
         the rows where they differ. Only for tensors no other state reads."""
         changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
-        if changed.size:
-            source = rows[changed]
+        if not changed.size:
+            return list(tensors)
+        source = rows[changed]
+        # A row copied from a row that is itself overwritten needs the old contents: those go
+        # through numpy's gather (a temporary copy), before anything is written. The others
+        # (most, once beams stay in their parents' rows) are copied directly, row by row.
+        aliased = np.isin(source, changed)
+        if aliased.any():
             for t in tensors:
-                t[changed, :, :length] = t[source, :, :length]  # the right side is a copy
+                t[changed[aliased], :, :length] = t[source[aliased], :, :length]
+        for row, parent in zip(changed[~aliased].tolist(), source[~aliased].tolist(), strict=True):
+            for t in tensors:
+                t[row, :, :length] = t[parent, :, :length]
         return list(tensors)
 
     def take_rows(self, tensors: Sequence[Tensor], rows: IntArray) -> list[Tensor]:

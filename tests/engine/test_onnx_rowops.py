@@ -108,3 +108,20 @@ def test_reorder_in_place_rewrites_only_moved_rows() -> None:
     assert out is t
     np.testing.assert_array_equal(t[:, :, :2], before[[0, 0, 3, 2], :, :2])
     np.testing.assert_array_equal(t[:, :, 2:], before[:, :, 2:])  # columns past `length` stay
+
+
+def test_reorder_in_place_equals_a_gather_for_chains_and_cycles() -> None:
+    """Rows copied from rows that are themselves overwritten (chains 3 <- 2 <- 1, swaps,
+    cycles) read the old contents; every mapping gives what a gather gives."""
+    rng = np.random.default_rng(0)
+    ops = HostRowOps()
+    cases = [[1, 2, 3, 0], [0, 0, 1, 2], [1, 0, 2, 2], [2, 2, 2, 2], [3, 2, 1, 0]]
+    cases += [rng.integers(0, 8, 8).tolist() for _ in range(50)]
+    for rows in cases:
+        n = len(rows)
+        tensors = [rng.standard_normal((n, 2, 5, 3)).astype(np.float32) for _ in range(2)]
+        before = [t.copy() for t in tensors]
+        ops.reorder(tensors, np.array(rows), length=4)
+        for t, b in zip(tensors, before, strict=True):
+            np.testing.assert_array_equal(t[:, :, :4], b[rows, :, :4])
+            np.testing.assert_array_equal(t[:, :, 4:], b[:, :, 4:])
