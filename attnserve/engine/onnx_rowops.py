@@ -82,8 +82,9 @@ class BufferPool:
     one column wider, a batch a few rows smaller). A buffer is free when the pool holds its only
     reference (CPython reference counts; a view keeps its buffer alive). Buffers are allocated
     with room to spare, so rows that join a running batch go into the rows after a view
-    (`extend`) instead of a copy of the whole batch. Free buffers that fit no more are dropped
-    when a new one is made, so the pool holds at most one spare generation of the cache.
+    (`extend`) instead of a copy of the whole batch. A request takes the smallest free buffer
+    that holds it. When a new buffer is made, the smallest free ones are dropped until the free
+    buffers hold no more than the buffers in use: about one spare generation of the cache.
     """
 
     # References to a free buffer while `_free` counts them: the list's and getrefcount's.
@@ -107,24 +108,42 @@ class BufferPool:
     def _free(self, i: int) -> bool:
         return sys.getrefcount(self._buffers[i]) <= self.FREE
 
-    def _fits(self, i: int, need: int, dtype: np.dtype[Any]) -> bool:
-        size = self._buffers[i].size
-        return self._buffers[i].dtype == dtype and need <= size <= 3 * need + 1024
-
     def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An array of this shape and dtype, with finite but arbitrary contents."""
         need = int(np.prod(shape))
+        best = -1
         for i in range(len(self._buffers)):  # no loop variable: it would hold a reference
-            if self._fits(i, need, dtype) and self._free(i):
-                self._claimed[i] = need
-                return self._buffers[i][:need].reshape(shape)
-        kept = [i for i in range(len(self._buffers)) if not self._free(i)]
-        self._buffers = [self._buffers[i] for i in kept]
-        self._claimed = [self._claimed[i] for i in kept]
+            size = self._buffers[i].size
+            if (
+                self._buffers[i].dtype == dtype
+                and need <= size
+                and (best < 0 or size < self._buffers[best].size)
+                and self._free(i)
+            ):
+                best = i
+        if best >= 0:
+            self._claimed[best] = need
+            return self._buffers[best][:need].reshape(shape)
         row = int(np.prod(shape[1:]))
         self._buffers.append(np.zeros(self.capacity(shape[0]) * row * self.ROOM, dtype=dtype))
         self._claimed.append(need)
-        return self._buffers[-1][:need].reshape(shape)
+        view = self._buffers[-1][:need].reshape(shape)
+        self._trim()
+        return view
+
+    def _trim(self) -> None:
+        """Drop the smallest free buffers while the free ones outweigh those in use."""
+        free = [i for i in range(len(self._buffers)) if self._free(i)]
+        free_bytes = sum(self._buffers[i].nbytes for i in free)
+        busy_bytes = sum(b.nbytes for b in self._buffers) - free_bytes
+        dropped = set()
+        for i in sorted(free, key=lambda i: self._buffers[i].nbytes):
+            if free_bytes <= busy_bytes:
+                break
+            dropped.add(i)
+            free_bytes -= self._buffers[i].nbytes
+        self._buffers = [b for i, b in enumerate(self._buffers) if i not in dropped]
+        self._claimed = [c for i, c in enumerate(self._claimed) if i not in dropped]
 
     def _index(self, view: np.ndarray) -> int | None:
         """The buffer whose first elements `view` is, if any."""

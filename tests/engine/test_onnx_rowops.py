@@ -40,10 +40,37 @@ def test_buffer_pool_reuses_only_what_nobody_holds() -> None:
     bases["d"] = id(d.base)
     assert d.shape == (5, 4)
     del a, c, d
-    e = pool.get((4000, 3), f32)  # larger than any buffer: the free buffers are dropped
+    e = pool.get((4000, 3), f32)  # larger than any buffer: a new one; the small free ones stay
     sizes = [x.size for x in pool._buffers]
     assert len({bases["a"], bases["b"], bases["c"]}) == 3 and bases["d"] == bases["b"]
-    assert e.shape == (4000, 3) and sizes == [BufferPool.capacity(4000) * 3 * BufferPool.ROOM]
+    assert e.shape == (4000, 3) and sizes[-1] == BufferPool.capacity(4000) * 3 * BufferPool.ROOM
+    assert len(sizes) == 4
+
+
+def test_buffer_pool_takes_the_smallest_free_buffer_and_trims_the_free_ones() -> None:
+    f32 = np.dtype(np.float32)
+    pool = BufferPool()
+    big, small = pool.get((100, 8), f32), pool.get((10, 8), f32)
+    big_base, small_base = id(big.base), id(small.base)
+    del big, small
+    x = pool.get((5, 8), f32)  # both fit: the smaller is taken
+    assert id(x.base) == small_base
+    y = pool.get((50, 8), f32)  # only the big one fits
+    assert id(y.base) == big_base
+    del x, y
+    # A larger request: a new buffer. The free ones weigh less than the buffers in use: kept.
+    z = pool.get((300, 8), f32)
+    assert len(pool._buffers) == 3
+    del z
+    # Once the free buffers outweigh the ones in use, the smallest are dropped when a buffer is
+    # made, until they no longer do.
+    pool = BufferPool()
+    held = [pool.get((10, 8), f32) for _ in range(6)]  # 2 KB each
+    del held
+    w = pool.get((70, 8), f32)  # fits none of them: a 7 KB buffer; 12 KB free before
+    assert w.base.nbytes == BufferPool.capacity(70) * 8 * BufferPool.ROOM * 4
+    sizes = [b.nbytes for b in pool._buffers]
+    assert len(sizes) == 4 and sum(sizes) - w.base.nbytes <= w.base.nbytes
 
 
 def test_rows_join_in_place_once_per_array() -> None:
