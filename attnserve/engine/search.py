@@ -23,8 +23,10 @@ EMPTY = np.zeros(0, dtype=np.int64)
 CHUNK = 512
 
 
-def top_indices(values: FloatArray, n: int) -> IntArray:
-    """Indices of the n largest of a flat (N,) array, best first; ties go to the lower index.
+def top_indices(values: FloatArray, n: int, rank: IntArray | None = None) -> IntArray:
+    """Indices of the n largest of a flat (N,) array, best first. Ties go to the lower index,
+    or, with `rank` (R,) for values that are R rows of N / R, to the lower (rank[row], column):
+    the order the rows would have if they were sorted by rank.
 
     A full sort or argpartition of beam search's R*V candidates costs ~1.5 ns a value; instead,
     the n-th largest of the chunk maxima is a threshold that at least n values reach (each
@@ -39,9 +41,20 @@ def top_indices(values: FloatArray, n: int) -> IntArray:
         threshold = np.partition(maxima, chunks - n)[chunks - n]
         survivors = np.flatnonzero(values >= threshold)
         if survivors.size >= n:
-            order = np.lexsort((survivors, -values[survivors]))  # value desc, then index asc
+            ties = survivors if rank is None else _ranked(survivors, rank, size)
+            order = np.lexsort((ties, -values[survivors]))  # value desc, then tie order
             return survivors[order[:n]]
-    return np.argsort(-values, kind="stable")[:n]
+    if rank is None:
+        return np.argsort(-values, kind="stable")[:n]
+    everything = np.arange(size)
+    return np.lexsort((_ranked(everything, rank, size), -values))[:n]
+
+
+def _ranked(indices: IntArray, rank: IntArray, size: int) -> IntArray:
+    """Flat indices of R rows renumbered as if the rows were in rank order."""
+    width = size // rank.shape[0]
+    rows, columns = np.divmod(indices, width)
+    return rank[rows] * width + columns
 
 
 def stay_in_place(parents: Sequence[int]) -> list[int]:
@@ -166,7 +179,8 @@ class BeamSearch(Search):
     (EOS, or the length limit) become hypotheses scored log_prob / length ** length_penalty, and
     the k best that do not end keep running. The first step runs one row (all beams are equal).
     Running beams are kept in the rows of their parents where they can (`stay_in_place`), not
-    in score order, so that the backend moves few cache rows.
+    in score order, so that the backend moves few cache rows; `rank` remembers the score order,
+    and candidate ties are broken in it, so every choice is the one beams in score order give.
     """
 
     def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
@@ -174,6 +188,7 @@ class BeamSearch(Search):
         self.k = options.beam_size
         self.sequences: list[list[int]] = [[]]
         self.scores = np.zeros(1, dtype=np.float32)  # running sums of log-probs (R,)
+        self.rank = np.zeros(1, dtype=np.int64)  # (R,) each row's place in score order
         self.finished: list[Hypothesis] = []  # best first, at most k
         self.improvable = True
 
@@ -181,7 +196,7 @@ class BeamSearch(Search):
         opts, k, vocab, eos = self.options, self.k, log_probs.shape[1], self.spec.eos_id
         processed = self.process(log_probs, self.sequences)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
-        top = top_indices(candidates, 2 * k)  # the 2k best continuations, best first
+        top = top_indices(candidates, 2 * k, self.rank)  # the 2k best continuations, best first
         # A handful of candidates: plain Python from here on (numpy calls cost more).
         scores = candidates[top].tolist()
         parents, tokens = [], []
@@ -204,7 +219,9 @@ class BeamSearch(Search):
         keep = [rank for rank in range(len(tokens)) if not ends[rank]][:k]
         if at_limit or not keep:
             return self._finish()
-        keep = [keep[j] for j in stay_in_place([parents[rank] for rank in keep])]
+        order = stay_in_place([parents[rank] for rank in keep])  # row j <- keep[order[j]]
+        self.rank = np.array(order, dtype=np.int64)
+        keep = [keep[j] for j in order]
         self.sequences = [self.sequences[parents[r]] + [tokens[r]] for r in keep]
         self.scores = np.array([scores[r] for r in keep], dtype=np.float32)
         self.last_tokens = np.array([tokens[r] for r in keep], dtype=np.int64)
@@ -228,7 +245,7 @@ class BeamSearch(Search):
             best_length = opts.max_new_tokens
         else:
             best_length = self.steps
-        best = float(self.scores.max())  # the best running beam (rows are not in score order)
+        best = float(self.scores[int(np.argmin(self.rank))])  # the best running beam
         best_possible = normalized(best, best_length, opts.length_penalty)
         return best_possible > self.finished[-1].score
 

@@ -285,3 +285,42 @@ def test_beams_that_continue_their_own_row_do_not_move() -> None:
     np.testing.assert_array_equal(search.step(second), [0, 1, 2])
     assert search.sequences == [[2, 5], [3, 6], [4, 7]]
     np.testing.assert_allclose(search.scores, [-3.1, -1.1, -2.2], rtol=1e-6)
+
+
+def test_top_indices_with_rank_breaks_ties_in_rank_order() -> None:
+    """With `rank`, the result is what a stable sort of the rows put in rank order gives,
+    mapped back to the rows' own places (fast path and the full-sort fallback)."""
+    rng = np.random.default_rng(7)
+    for rows, vocab in ((1, 600), (4, 600), (5, 3), (8, 2000)):
+        for kind in ("ties", "nan"):
+            values = np.round(rng.standard_normal((rows, vocab)), 1).astype(np.float32)
+            if kind == "nan":
+                values[0, 0] = np.nan
+            rank = rng.permutation(rows)
+            in_rank_order = values[np.argsort(rank)].ravel()
+            for n in (1, 8, 20):
+                expected = np.argsort(-in_rank_order, kind="stable")[:n]
+                ranked_rows, columns = np.divmod(expected, vocab)
+                physical = np.argsort(rank)[ranked_rows] * vocab + columns
+                got = top_indices(values.ravel(), n, rank)
+                np.testing.assert_array_equal(got, physical)
+
+
+def test_exact_ties_go_to_the_better_ranked_beam_wherever_its_row_is() -> None:
+    """Beams out of score order in their rows (row 0 holds the worse beam) and an exact
+    three-way tie for two places: the better-ranked beam's candidates win, as they would with
+    the beams in score order (Hugging Face's order)."""
+    spec = ModelSpec(vocab_size=10, pad_id=1, eos_id=0, start_id=1, max_positions=64)
+    search = BeamSearch(DecodingOptions(beam_size=2, max_new_tokens=10), spec)
+    first = np.full((1, 10), -20.0, dtype=np.float32)
+    first[0, [2, 3]] = [-0.5, -1.0]
+    search.step(first)
+    second = np.full((2, 10), -20.0, dtype=np.float32)
+    second[0, 4], second[1, 5] = -4.0, -0.25  # row 0: -4.5 (second best), row 1: -1.25 (best)
+    np.testing.assert_array_equal(search.step(second), [0, 1])  # both stay in their rows
+    assert search.sequences == [[2, 4], [3, 5]]
+    third = np.full((2, 10), -20.0, dtype=np.float32)
+    third[0, 6] = -0.5  # -5.0 from the worse beam, in row 0
+    third[1, 7] = third[1, 8] = -3.75  # -5.0 twice from the better beam, in row 1
+    search.step(third)
+    assert sorted(search.sequences) == [[3, 5, 7], [3, 5, 8]]
