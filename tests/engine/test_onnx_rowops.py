@@ -47,30 +47,49 @@ def test_buffer_pool_reuses_only_what_nobody_holds() -> None:
     assert len(sizes) == 4
 
 
-def test_buffer_pool_takes_the_smallest_free_buffer_and_trims_the_free_ones() -> None:
+def test_buffer_pool_takes_the_smallest_free_buffer_that_fits() -> None:
     f32 = np.dtype(np.float32)
     pool = BufferPool()
     big, small = pool.get((100, 8), f32), pool.get((10, 8), f32)
     big_base, small_base = id(big.base), id(small.base)
     del big, small
-    x = pool.get((5, 8), f32)  # both fit: the smaller is taken
+    x = pool.get((5, 8), f32)  # both hold it: the smaller is taken
     assert id(x.base) == small_base
-    y = pool.get((50, 8), f32)  # only the big one fits
+    y = pool.get((50, 8), f32)  # only the big one holds it
     assert id(y.base) == big_base
-    del x, y
-    # A larger request: a new buffer. The free ones weigh less than the buffers in use: kept.
-    z = pool.get((300, 8), f32)
-    assert len(pool._buffers) == 3
-    del z
-    # Once the free buffers outweigh the ones in use, the smallest are dropped when a buffer is
-    # made, until they no longer do.
+    del y
+    z = pool.get((2, 8), f32)  # the big one is more than REUSE times too big: a new buffer
+    assert id(z.base) != big_base
+
+
+def test_buffer_pool_keeps_the_last_generation_of_a_growing_cache() -> None:
+    """A cache grows a few columns at a time: the buffers it left are free and big enough
+    for the growth after next, so no new memory is touched."""
+    f32 = np.dtype(np.float32)
     pool = BufferPool()
-    held = [pool.get((10, 8), f32) for _ in range(6)]  # 2 KB each
-    del held
-    w = pool.get((70, 8), f32)  # fits none of them: a 7 KB buffer; 12 KB free before
-    assert w.base.nbytes == BufferPool.capacity(70) * 8 * BufferPool.ROOM * 4
-    sizes = [b.nbytes for b in pool._buffers]
-    assert len(sizes) == 4 and sum(sizes) - w.base.nbytes <= w.base.nbytes
+    first = [pool.get((16, 8, 9, 4), f32) for _ in range(6)]
+    second = [pool.get((16, 8, 18, 4), f32) for _ in range(6)]
+    first_bases = {id(t.base) for t in first}
+    del first
+    third = [pool.get((16, 8, 27, 4), f32) for _ in range(6)]
+    assert {id(t.base) for t in third} == first_bases
+    assert len(pool._buffers) == 12 and second
+
+
+def test_buffer_pool_gives_memory_back_after_a_peak() -> None:
+    """After a peak the free buffers stay while the batch may grow back; under a lighter load
+    the high-water mark decays and the largest free buffers are dropped."""
+    f32 = np.dtype(np.float32)
+    pool = BufferPool()
+    peak = [pool.get((128, 8, 40, 64), f32) for _ in range(6)]
+    peak_bytes = sum(t.base.nbytes for t in peak)
+    del peak
+    small = pool.get((4, 8, 9, 64), f32)
+    assert sum(b.nbytes for b in pool._buffers) >= 0.8 * peak_bytes  # just after it: most kept
+    for _ in range(2000):  # a light load: small requests come and go
+        del small
+        small = pool.get((4, 8, 9, 64), f32)
+    assert sum(b.nbytes for b in pool._buffers) <= 2 * small.base.nbytes
 
 
 def test_rows_join_in_place_once_per_array() -> None:
