@@ -13,6 +13,7 @@ from pathlib import Path
 from attnserve.cli_model import add_commands as add_model_commands
 from attnserve.cli_model import load_translator
 from attnserve.engine.options import DecodingOptions, InvalidOption
+from attnserve.engine.translator import MAX_BATCH_ROWS
 from attnserve.loadtest.bench_cli import add_bench_command
 from attnserve.loadtest.bench_http import add_bench_http_command
 from attnserve.loadtest.runner import add_loadtest_command
@@ -80,7 +81,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
     lines = [line.rstrip("\n") for line in sys.stdin]
     start = time.perf_counter()
     results = translator.translate(
-        lines, options, target_lang=args.target_lang, max_batch_size=args.max_batch_size
+        lines,
+        options,
+        target_lang=args.target_lang,
+        max_batch_size=args.max_batch_size,
+        max_batch_rows=args.max_batch_rows,
     )
     seconds = time.perf_counter() - start
     out = sys.stdout
@@ -103,6 +108,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         "variant": args.variant if args.backend == "onnx" else None,
         "beam_size": options.beam_size,
         "max_batch_size": args.max_batch_size,
+        "max_batch_rows": args.max_batch_rows,
     }
     sys.stderr.write(json.dumps(summary) + "\n")
     return 0
@@ -155,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory")
     _add_runtime_flags(p)
     p.add_argument("--max-batch-size", type=int, default=32, help="sentences per batch")
+    p.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=MAX_BATCH_ROWS,
+        help="decoder rows (sentences x beam size) per batch; the smaller limit wins",
+    )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads")
     p.add_argument("--source-lang", default=None, help="source language (informational)")
     p.add_argument("--target-lang", default=None, help="target language tag, e.g. de")

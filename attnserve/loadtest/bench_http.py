@@ -229,7 +229,11 @@ def offline_run(
 ) -> Run:
     started = time.perf_counter()
     done = translator.translate(
-        work.texts, options, target_lang=target_lang, max_batch_size=args.batch_size
+        work.texts,
+        options,
+        target_lang=target_lang,
+        max_batch_size=args.batch_size,
+        max_batch_rows=args.batch_size * args.beam_size,
     )
     seconds = time.perf_counter() - started
     run = Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {})

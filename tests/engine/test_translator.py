@@ -42,6 +42,36 @@ def test_outputs_keep_input_order_across_length_sorted_batches(translator: Trans
     assert list(length_sorted_batches([1, 5, 3, 9], 3)) == [[3, 1, 2], [0]]
 
 
+def test_batches_hold_at_most_max_batch_rows_decoder_rows(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holds at most max_batch_size sentences and max_batch_rows rows (sentences x beam
+    size), and the outputs do not depend on the batching."""
+    import attnserve.engine.translator as module
+
+    sizes: list[int] = []
+    real = module.decode_batch
+
+    def spy(backend, sources, options):  # type: ignore[no-untyped-def]
+        sizes.append(len(sources))
+        return real(backend, sources, options)
+
+    monkeypatch.setattr(module, "decode_batch", spy)
+    texts = ["Ka.", "Ka ro zo re ta mi.", "Zo.", "Ka ro zo re ta mi ka ro zo re.", "Re ta."]
+    beam = DecodingOptions(beam_size=4, max_new_tokens=6)
+    one_batch = [r.text for r in translator.translate(texts, beam, max_batch_rows=20)]
+    assert sizes == [5]
+    sizes.clear()
+    rows_bound = [r.text for r in translator.translate(texts, beam, max_batch_rows=8)]
+    assert sizes == [2, 2, 1] and rows_bound == one_batch  # 8 rows: 2 beam-4 sentences
+    sizes.clear()
+    translator.translate(texts, beam, max_batch_size=1, max_batch_rows=64)
+    assert sizes == [1] * 5  # the sentence limit is the smaller one here
+    sizes.clear()
+    translator.translate(texts, DecodingOptions(beam_size=8, max_new_tokens=2), max_batch_rows=4)
+    assert sizes == [1] * 5  # a beam wider than the budget still decodes, one at a time
+
+
 def test_lines_longer_than_max_positions_are_truncated(translator: Translator) -> None:
     limit = translator.backend.spec.max_positions
     long_text = " ".join(["kamo"] * (limit * 2))
