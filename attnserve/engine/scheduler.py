@@ -295,7 +295,7 @@ class Scheduler:
         n = self._fitting()
         if not self._should_admit(n):
             return 0
-        cohort, n = self._cohort_to_join(n)
+        cohort = self._cohort_to_join(n)
         if cohort is None:
             return 0
         self._since_admit = 0
@@ -323,7 +323,7 @@ class Scheduler:
             self.cohorts.append(cohort)
         return len(admitted)
 
-    def _cohort_to_join(self, n: int) -> tuple[RunningBatch[Any] | None, int]:
+    def _cohort_to_join(self, n: int) -> RunningBatch[Any] | None:
         """Where the first `n` waiting requests go: the youngest cohort if their rows x its age
         (steps) is within `max_join_padding`; else a new cohort while there is room for one;
         else nowhere (None: they wait). All of them or none: letting the FIFO prefix that fits
@@ -332,10 +332,10 @@ class Scheduler:
         young = min(self.cohorts, key=lambda c: c.steps, default=None)
         rows = sum(self.waiting[i].rows for i in range(n))
         if young is not None and rows * young.steps <= self.limits.max_join_padding:
-            return young, n
+            return young
         if len(self.cohorts) < self.limits.max_cohorts:
-            return RunningBatch(self.backend), n
-        return None, 0
+            return RunningBatch(self.backend)
+        return None
 
     def _report_tokens(self, request: Request, events: StepEvents, now: float) -> None:
         """New tokens since the last report (greedy and sampling searches only)."""

@@ -186,14 +186,15 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     }
     if args.in_process:
         sources = [translator.encode(t, target_lang) for t in work.texts]
+        limits = {mode: engine_limits(args.model, serve_args[mode], max_new) for mode in modes}
         for repeat in range(args.repeats):
             runs.append(offline_run(translator, work, options, target_lang, args, repeat))
             for mode in modes:
-                limits = engine_limits(args.model, serve_args[mode], max_new)
-                scheduler = Scheduler(translator.backend, limits)
-                runs.append(drive_engine(scheduler, sources, work.kinds, options, args.concurrency))
-                runs[-1].system, runs[-1].repeat = f"engine-{mode}", repeat
-                log.info("engine %s: %.0f tokens/s", mode, runs[-1].tokens_per_second)
+                scheduler = Scheduler(translator.backend, limits[mode])
+                run = drive_engine(scheduler, sources, work.kinds, options, args.concurrency)
+                run.system, run.repeat = f"engine-{mode}", repeat
+                runs.append(run)
+                log.info("engine %s: %.0f tokens/s", mode, run.tokens_per_second)
         return report(runs, args)
     with ExitStack() as stack:
         urls = {}
