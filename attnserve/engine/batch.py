@@ -12,6 +12,7 @@ each time a request ends.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ class RunningBatch(Generic[State]):
 
     # Dead rows are dropped (one copy of the cache) once they are this fraction of the batch.
     DEAD_FRACTION = 0.25
+    # What one more encoder call costs, in padded source tokens: ORT int8 `small` on one thread
+    # takes ~0.35 ms a call plus ~23 us a token (1 x 16 tokens 0.73 ms, 32 x 48 39 ms).
+    ENCODE_CALL_TOKENS = 16
 
     def __init__(self, backend: Backend[State]) -> None:
         self.backend = backend
@@ -62,9 +66,28 @@ class RunningBatch(Generic[State]):
         return len(self.searches)
 
     def encode(self, sources: Sequence[Sequence[int]]) -> State:
-        """Encoder pass for new requests (one row each)."""
-        ids, lengths = pad_batch(sources, self.backend.spec.pad_id)
-        return self.backend.encode(ids, lengths)
+        """Encoder pass for new requests (one row each, in the order given).
+
+        Sources of mixed lengths are encoded in length buckets (`encoder_chunks`), one encoder
+        call each, so that a short source is not padded to the longest one of its group; the
+        states are then concatenated. Callers that pass sources sorted by length (the
+        scheduler, the offline translator; ascending or descending) skip the reordering copy."""
+        lengths = [len(s) for s in sources]
+        order = list(range(len(sources)))
+        pairs = list(itertools.pairwise(lengths))
+        if not (all(a <= b for a, b in pairs) or all(a >= b for a, b in pairs)):
+            order.sort(key=lambda i: lengths[i])
+        chunks = encoder_chunks([lengths[i] for i in order], self.ENCODE_CALL_TOKENS)
+        pad = self.backend.spec.pad_id
+        states = []
+        for start, end in chunks:
+            ids, lens = pad_batch([sources[i] for i in order[start:end]], pad)
+            states.append(self.backend.encode(ids, lens))
+        state = states[0] if len(states) == 1 else self.backend.concat(states)
+        if any(i != k for k, i in enumerate(order)):
+            inverse = np.argsort(np.asarray(order, dtype=np.int64))
+            state = self.backend.select(state, inverse)
+        return state
 
     def join(self, searches: Sequence[Search], state: State) -> None:
         """Add requests whose encoded rows are `state` (one row per search, same order)."""
@@ -165,3 +188,28 @@ class RunningBatch(Generic[State]):
         if owned and reorder is not None:
             return reorder(state, index)
         return self.backend.select(state, index)
+
+
+def encoder_chunks(lengths: Sequence[int], call_tokens: int) -> list[tuple[int, int]]:
+    """Split sources sorted by length (ascending or descending) into [start, end) runs, one
+    encoder call each, that minimize the padded tokens encoded plus `call_tokens` per call (a
+    run is padded to its longest source, at one of its ends). Exact, by dynamic programming
+    over the split points."""
+    n = len(lengths)
+    if n <= 1:
+        return [(0, n)] if n else []
+    longest = np.asarray(lengths, dtype=np.float64)
+    best = np.zeros(n + 1)  # best[j]: cost of the first j sources
+    split = np.zeros(n + 1, dtype=np.int64)
+    starts = np.arange(n, dtype=np.float64)
+    for j in range(1, n + 1):
+        padded_to = np.maximum(longest[:j], longest[j - 1])
+        costs = best[:j] + call_tokens + (j - starts[:j]) * padded_to
+        i = int(np.argmin(costs))
+        best[j], split[j] = costs[i], i
+    runs = []
+    end = n
+    while end > 0:
+        runs.append((int(split[end]), end))
+        end = int(split[end])
+    return runs[::-1]

@@ -300,6 +300,7 @@ class Scheduler:
             return 0
         self._since_admit = 0
         admitted = [self.waiting.popleft() for _ in range(n)]
+        admitted.sort(key=lambda r: len(r.source))  # encoded in length buckets, no reordering
         try:
             searches = [make_search(r.options, self.backend.spec) for r in admitted]
             state = cohort.encode([r.source for r in admitted])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import random
 from typing import Any
 
-from attnserve.engine.batch import RunningBatch
+from attnserve.engine.batch import RunningBatch, encoder_chunks
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.search import make_search
 from attnserve.engine.translator import decode_batch
@@ -116,3 +118,52 @@ def test_a_failed_search_counts_the_step_its_rows_ran() -> None:
     # reached position 12 after step 12 and left before step 13.
     assert isinstance(early.error, RuntimeError) and early.error.__traceback__ is None
     assert backend.step_rows == [1, 1] + [8] * 10 + [7, 7]
+
+
+def _brute_force_chunks(lengths: list[int], call_tokens: int) -> float:
+    """The least cost over every split of `lengths` into runs (2^(n-1) of them)."""
+    n = len(lengths)
+    best = float("inf")
+    for mask in range(1 << (n - 1)):
+        cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        cost = sum(call_tokens + (b - a) * max(lengths[a:b]) for a, b in itertools.pairwise(cuts))
+        best = min(best, cost)
+    return best
+
+
+def test_encoder_chunks_are_the_cheapest_split() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = sorted(rng.randint(1, 80) for _ in range(rng.randint(1, 9)))
+        if rng.random() < 0.5:
+            lengths.reverse()
+        call = rng.choice([0, 4, 16, 64])
+        runs = encoder_chunks(lengths, call)
+        assert [a for a, _ in runs] == [0] + [b for _, b in runs[:-1]]  # contiguous
+        assert runs[-1][1] == len(lengths)
+        cost = sum(call + (b - a) * max(lengths[a:b]) for a, b in runs)
+        assert cost == _brute_force_chunks(lengths, call)
+    assert encoder_chunks([], 16) == []
+    assert encoder_chunks([10] * 20, 16) == [(0, 20)]  # equal lengths: one call
+    assert encoder_chunks([3, 4, 60, 61], 16) == [(0, 2), (2, 4)]
+
+
+def test_mixed_lengths_are_encoded_in_buckets_in_the_callers_order() -> None:
+    backend = CountingBackend()
+    calls: list[tuple[int, int]] = []
+    encode = backend.encode
+
+    def counting(ids: Any, lengths: Any) -> Any:
+        calls.append(ids.shape)
+        return encode(ids, lengths)
+
+    backend.encode = counting  # type: ignore[method-assign]
+    batch: RunningBatch[Any] = RunningBatch(backend)
+    sources = [[1] * 40, [2] * 3, [3] * 41, [4] * 2]  # neither ascending nor descending
+    state = batch.encode(sources)
+    assert sorted(calls) == [(2, 3), (2, 41)]  # two buckets instead of 4 x 41 positions
+    assert [src[0] for src, _ in state] == [1, 2, 3, 4]
+    assert backend.selects == [[2, 1, 3, 0]]  # back to the caller's order: one copy
+    backend.selects.clear()
+    batch.encode(sorted(sources, key=len))  # sorted by the caller: no reordering copy
+    assert backend.selects == []

@@ -129,6 +129,29 @@ def test_join_and_remove_mid_decode_equal_decoding_alone(
     assert tokens([s.hypotheses() for s in later]) == tokens(late_alone)
 
 
+@BINDING
+def test_length_buckets_decode_like_sources_alone(tiny_onnx_import: Path, io_binding: bool) -> None:
+    """Long and short sources, unsorted: encoded in two buckets, concatenated, put back in the
+    caller's order; every request decodes as it does alone."""
+    backend = onnx_backend(tiny_onnx_import, io_binding=io_binding)
+    sources = [[5 + i % 30 for i in range(n)] + [0] for n in (30, 2, 33, 1)]
+    calls: list[tuple[int, ...]] = []
+    encode = backend.encode
+
+    def counting(ids: Any, lengths: Any) -> OnnxState:
+        calls.append(tuple(ids.shape))
+        return encode(ids, lengths)
+
+    backend.encode = counting  # type: ignore[method-assign]
+    options = [BEAM4, GREEDY, GREEDY, BEAM4]
+    together = decode_batch(backend, sources, options)
+    assert sorted(calls) == [(2, 3), (2, 34)]
+    alone = [decode_batch(backend, [s], [o])[0] for s, o in zip(sources, options, strict=True)]
+    assert tokens(together) == tokens(alone)
+    for a, b in zip(together, alone, strict=True):
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-4)
+
+
 def _numpy(tensors: list[Any]) -> list[np.ndarray]:
     return [t if isinstance(t, np.ndarray) else t.numpy() for t in tensors]
 
