@@ -15,6 +15,10 @@ server would use, and a closed loop of `--concurrency` requests drives a `Schedu
 offline translator's backend directly (engine-<mode>), so the batching policy is measured apart
 from the HTTP stack; it also reports decoder steps and rows per step.
 
+`--concurrency` may be a ladder (`4,8,16,64`): every level runs its repeats (offline included,
+so each ratio is taken side by side) on the same servers, the table gets a `clients` column and,
+with `--output-dir`, NAME.png plots tokens/s and the p99 latency against clients.
+
 Target tokens are counted the same way on both sides (`output_tokens`, the server's `usage`).
 With `--mixed`, the sentences alternate between the shortest and the longest third of the
 test books, and latencies are reported per class (short / long).
@@ -59,6 +63,7 @@ class Run:
     output_tokens: int
     latency_ms: dict[str, dict[str, float]]  # kind -> p50/p99 (not offline)
     detail: dict[str, float] = field(default_factory=dict)  # in-process: steps, rows per step
+    clients: int = 0  # the --concurrency level it ran at (offline: the level it was paired with)
 
     @property
     def tokens_per_second(self) -> float:
@@ -80,7 +85,12 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument("--max-chars", type=int, default=0, help="skip longer sentences (0: none)")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32, help="offline sentences per batch")
-    p.add_argument("--concurrency", type=int, default=64, help="clients with a request out")
+    p.add_argument(
+        "--concurrency",
+        type=concurrency_levels,
+        default=[64],
+        help="clients with a request out; a ladder: 4,8,16,64 (each level runs every repeat)",
+    )
     p.add_argument(
         "--modes",
         default="continuous,request",
@@ -101,6 +111,17 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument("--name", default="http")
     p.set_defaults(func=cmd_bench_http)
     return p
+
+
+def concurrency_levels(text: str) -> list[int]:
+    """--concurrency: one client count or a comma-separated ladder of them."""
+    try:
+        levels = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of client counts: {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be >= 1: {text!r}")
+    return levels
 
 
 def choose_work(pool: LanguagePool, count: int, mixed: bool, seed: int) -> Work:
@@ -180,21 +201,21 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     rows = args.batch_size * args.beam_size
     runs: list[Run] = []
     serve_args = {
-        mode: f"{flags} --max-batch-rows {rows} --max-waiting {max(256, args.concurrency)} "
+        mode: f"{flags} --max-batch-rows {rows} --max-waiting {max(256, *args.concurrency)} "
         f"--log-level warning {args.serve_args}"
         for mode, flags in mode_args.items()
     }
     if args.in_process:
         sources = [translator.encode(t, target_lang) for t in work.texts]
         limits = {mode: engine_limits(args.model, serve_args[mode], max_new) for mode in modes}
-        for repeat in range(args.repeats):
-            runs.append(offline_run(translator, work, options, target_lang, args, repeat))
+        for clients, repeat in rounds(args):
+            runs.append(offline_run(translator, work, options, target_lang, args, repeat, clients))
             for mode in modes:
                 scheduler = Scheduler(translator.backend, limits[mode])
-                run = drive_engine(scheduler, sources, work.kinds, options, args.concurrency)
-                run.system, run.repeat = f"engine-{mode}", repeat
+                run = drive_engine(scheduler, sources, work.kinds, options, clients)
+                run.system, run.repeat, run.clients = f"engine-{mode}", repeat, clients
                 runs.append(run)
-                log.info("engine %s: %.0f tokens/s", mode, run.tokens_per_second)
+                log.info("engine %s, %d clients: %.0f tok/s", mode, clients, run.tokens_per_second)
         return report(runs, args)
     with ExitStack() as stack:
         urls = {}
@@ -209,15 +230,19 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
             )
             out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnserve-")))
             urls[mode] = stack.enter_context(served(server, out))[0]
-        for repeat in range(args.repeats):
-            runs.append(offline_run(translator, work, options, target_lang, args, repeat))
+        for clients, repeat in rounds(args):
+            runs.append(offline_run(translator, work, options, target_lang, args, repeat, clients))
             for mode in modes:
-                seconds, tokens, latency = asyncio.run(
-                    drive(urls[mode], work, body, args.concurrency)
-                )
-                runs.append(Run(f"http-{mode}", repeat, seconds, tokens, latency))
-                log.info("http %s: %.0f tokens/s", mode, runs[-1].tokens_per_second)
+                seconds, tokens, latency = asyncio.run(drive(urls[mode], work, body, clients))
+                run = Run(f"http-{mode}", repeat, seconds, tokens, latency, clients=clients)
+                runs.append(run)
+                log.info("http %s, %d clients: %.0f tok/s", mode, clients, run.tokens_per_second)
     return report(runs, args)
+
+
+def rounds(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(clients, repeat) in the order they run: every repeat of one level, then the next."""
+    return [(clients, r) for clients in args.concurrency for r in range(args.repeats)]
 
 
 def offline_run(
@@ -227,6 +252,7 @@ def offline_run(
     target_lang: str | None,
     args: argparse.Namespace,
     repeat: int,
+    clients: int,
 ) -> Run:
     started = time.perf_counter()
     done = translator.translate(
@@ -237,7 +263,7 @@ def offline_run(
         max_batch_rows=args.batch_size * args.beam_size,
     )
     seconds = time.perf_counter() - started
-    run = Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {})
+    run = Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {}, clients=clients)
     log.info("offline: %.0f tokens/s", run.tokens_per_second)
     return run
 
@@ -305,6 +331,15 @@ def report(runs: Sequence[Run], args: argparse.Namespace) -> int:
         lines = [json.dumps({**asdict(r), **info}) for r in runs]
         (args.output_dir / f"{args.name}.jsonl").write_text("\n".join(lines) + "\n")
         (args.output_dir / f"{args.name}.md").write_text(table + "\n")
+        if len(args.concurrency) > 1:
+            from attnserve.loadtest.plots import plot_bench_ladder
+
+            title = (
+                f"{args.model.name} {args.variant}, beam {args.beam_size}, "
+                f"{'mixed short/long' if args.mixed else 'random'} sentences, "
+                f"{'in process' if args.in_process else 'HTTP'}"
+            )
+            plot_bench_ladder(ladder_series(runs), args.output_dir / f"{args.name}.png", title)
     return 0
 
 
@@ -319,24 +354,50 @@ def mode_serve_args(mode: str) -> tuple[str, str]:
 
 
 def summary(runs: Sequence[Run]) -> str:
-    """A markdown table: median tokens/s per system, its ratio to offline, latencies."""
-    systems = list(dict.fromkeys(r.system for r in runs))
-    median = {
-        s: statistics.median(r.tokens_per_second for r in runs if r.system == s) for s in systems
-    }
-    lines = [
-        "| system | tokens/s (median) | vs offline | runs | latency p50 / p99 ms (last run) |",
-        "|---|---|---|---|---|",
-    ]
-    for s in systems:
-        mine = [r for r in runs if r.system == s]
-        latency = "; ".join(
-            f"{kind} {p['p50']:.0f} / {p['p99']:.0f}" for kind, p in mine[-1].latency_ms.items()
-        )
-        if mine[-1].detail:
-            detail = mine[-1].detail
-            latency += f"; {detail['steps']:.0f} steps of {detail['rows_per_step']:.0f} rows"
-        each = ", ".join(f"{r.tokens_per_second:.0f}" for r in mine)
-        ratio = median[s] / median["offline"] if "offline" in median else float("nan")
-        lines.append(f"| {s} | {median[s]:.0f} | {ratio:.2f}x | {each} | {latency or '-'} |")
+    """A markdown table: median tokens/s per system, its ratio to offline (of the same client
+    level), latencies; a `clients` column first when the runs are a ladder of levels."""
+    levels = list(dict.fromkeys(r.clients for r in runs))
+    ladder = len(levels) > 1
+    head = "| system | tokens/s (median) | vs offline | runs | latency p50 / p99 ms (last run) |"
+    lines = ["| clients " + head if ladder else head, "|---" * (6 if ladder else 5) + "|"]
+    for level in levels:
+        at = [r for r in runs if r.clients == level]
+        systems = list(dict.fromkeys(r.system for r in at))
+        median = {s: median_tokens_per_second(at, s) for s in systems}
+        for s in systems:
+            mine = [r for r in at if r.system == s]
+            latency = "; ".join(
+                f"{kind} {p['p50']:.0f} / {p['p99']:.0f}" for kind, p in mine[-1].latency_ms.items()
+            )
+            if mine[-1].detail:
+                detail = mine[-1].detail
+                latency += f"; {detail['steps']:.0f} steps of {detail['rows_per_step']:.0f} rows"
+            each = ", ".join(f"{r.tokens_per_second:.0f}" for r in mine)
+            ratio = median[s] / median["offline"] if "offline" in median else float("nan")
+            row = f"| {s} | {median[s]:.0f} | {ratio:.2f}x | {each} | {latency or '-'} |"
+            lines.append(f"| {level} {row}" if ladder else row)
     return "\n".join(lines)
+
+
+def median_tokens_per_second(runs: Sequence[Run], system: str) -> float:
+    return statistics.median(r.tokens_per_second for r in runs if r.system == system)
+
+
+def ladder_series(runs: Sequence[Run]) -> dict[str, dict[str, list[float]]]:
+    """Per system, over the client levels (ascending): median tokens/s and median p99 latency
+    (of the short requests on a mixed load, else of all), for the ladder plot."""
+    levels = sorted({r.clients for r in runs})
+    series: dict[str, dict[str, list[float]]] = {}
+    for system in dict.fromkeys(r.system for r in runs):
+        tokens, p99 = [], []
+        for level in levels:
+            mine = [r for r in runs if r.system == system and r.clients == level]
+            tokens.append(median_tokens_per_second(mine, system) if mine else float("nan"))
+            tails = [
+                (r.latency_ms.get("short") or r.latency_ms.get("all") or {}).get("p99")
+                for r in mine
+            ]
+            known = [float(t) for t in tails if t is not None]
+            p99.append(statistics.median(known) if known else float("nan"))
+        series[system] = {"clients": [float(v) for v in levels], "tokens": tokens, "p99": p99}
+    return series

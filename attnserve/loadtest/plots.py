@@ -141,6 +141,35 @@ def plot_distribution(stages: Sequence[dict[str, Any]], path: Path, title: str) 
     return _save(plt, fig, path, "Latency distribution per stage\n" + title)
 
 
+def plot_bench_ladder(
+    series: dict[str, dict[str, list[float]]], path: Path, title: str
+) -> Path | None:
+    """`attnserve bench-http` over a ladder of client counts: tokens/s of every system (offline
+    dashed, it does not depend on clients) and the p99 latency of the served ones."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    clients: list[float] = []
+    for system, values in series.items():
+        clients = values["clients"]
+        style = {"linestyle": "--", "color": "gray"} if system == "offline" else {"marker": "o"}
+        left.plot(values["clients"], values["tokens"], label=system, **style)
+        if system != "offline":
+            right.plot(values["clients"], values["p99"], marker="o", label=system)
+    users = [int(c) for c in clients]
+    for ax in (left, right):
+        _users_axis(ax, users)
+        ax.set_xlabel("concurrent clients (closed loop)")
+    left.set_ylabel("target tokens/s (median of repeats)")
+    left.set_ylim(bottom=0)
+    left.legend(fontsize=7)
+    _log_y(right)
+    right.set_ylabel("p99 latency ms (short requests if mixed)")
+    right.legend(fontsize=7)
+    return _save(plt, fig, path, "bench-http: throughput and tail latency by load\n" + title)
+
+
 def _save(plt: Any, fig: Any, path: Path, title: str) -> Path:
     fig.suptitle("\n".join(textwrap.fill(line, 90) for line in title.split("\n")), fontsize=9)
     fig.tight_layout()

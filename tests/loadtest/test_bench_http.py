@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -9,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from attnserve.loadtest.bench_http import Run, choose_work, mode_serve_args, percentiles, summary
+from attnserve.loadtest.bench_http import (
+    Run,
+    choose_work,
+    concurrency_levels,
+    ladder_series,
+    mode_serve_args,
+    percentiles,
+    summary,
+)
 from attnserve.loadtest.sentences import LanguagePool
 
 
@@ -34,6 +43,33 @@ def test_percentiles_and_summary_table() -> None:
     table = summary(runs)
     assert "| offline | 450 | 1.00x | 500, 400 | - |" in table
     assert "| http-continuous | 400 | 0.89x | 400, 400 | short 12 / 40 |" in table
+
+
+def test_a_ladder_of_client_levels_gets_a_clients_column_and_ratios_per_level() -> None:
+    assert concurrency_levels("64") == [64]
+    assert concurrency_levels("4, 8,16") == [4, 8, 16]
+    for bad in ("", "0", "4,x", "-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            concurrency_levels(bad)
+    short = {"short": {"p50": 5.0, "p99": 9.0}, "all": {"p50": 6.0, "p99": 20.0}}
+    runs = [
+        Run("offline", 0, 1.0, 1000, {}, clients=4),
+        Run("http-request", 0, 2.0, 1000, short, clients=4),
+        Run("offline", 0, 1.0, 800, {}, clients=16),
+        Run("http-request", 0, 1.0, 600, {"all": {"p50": 7.0, "p99": 30.0}}, clients=16),
+    ]
+    table = summary(runs).splitlines()
+    assert table[0].startswith("| clients | system |")
+    # Each level's ratio is to the offline runs of its own level.
+    assert "| 4 | http-request | 500 | 0.50x | 500 | short 5 / 9; all 6 / 20 |" in table
+    assert "| 16 | http-request | 600 | 0.75x | 600 | all 7 / 30 |" in table
+    series = ladder_series(runs)
+    assert series["http-request"] == {
+        "clients": [4.0, 16.0],
+        "tokens": [500.0, 600.0],
+        "p99": [9.0, 30.0],  # the short requests' p99 where the load had them
+    }
+    assert series["offline"]["tokens"] == [1000.0, 800.0]
 
 
 def test_modes_name_serve_flags() -> None:
@@ -74,15 +110,19 @@ def test_bench_http_in_process_drives_the_scheduler(tiny_onnx_import: Path, tmp_
     """--in-process: each mode's serve flags become scheduler limits, no server is started."""
     command = [sys.executable, "-m", "attnserve.cli", "bench-http", "--model"]
     command += [str(tiny_onnx_import), "--variant", "fp32", "--sentences", "6", "--repeats", "1"]
-    command += ["--concurrency", "3", "--beam-size", "2", "--batch-size", "2", "--max-chars", "55"]
+    command += ["--concurrency", "1,3", "--beam-size", "2", "--batch-size", "2"]
     command += ["--modes", "continuous,wait=--max-join-padding 0,request", "--in-process"]
-    command += ["--output-dir", str(tmp_path)]
+    command += ["--max-chars", "55", "--output-dir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "starting" not in done.stderr  # no server process
     runs = [json.loads(line) for line in (tmp_path / "http.jsonl").read_text().splitlines()]
     systems = ["offline", "engine-continuous", "engine-wait", "engine-request"]
-    assert [r["system"] for r in runs] == systems
+    assert [r["system"] for r in runs] == systems * 2
+    assert [r["clients"] for r in runs] == [1] * 4 + [3] * 4
     assert len({r["output_tokens"] for r in runs}) == 1
-    assert all(r["detail"]["steps"] > 0 and r["latency_ms"]["all"]["n"] == 6 for r in runs[1:])
+    assert all(r["detail"]["steps"] > 0 and r["latency_ms"]["all"]["n"] == 6 for r in runs[1:4])
+    # One client: one request at a time, so a decoder step never holds more than its 2 rows.
+    assert all(r["detail"]["rows_per_step"] <= 2 for r in runs[1:4])
     assert "steps of" in (tmp_path / "http.md").read_text()
+    assert (tmp_path / "http.png").read_bytes().startswith(b"\x89PNG")
