@@ -40,11 +40,14 @@ class RunningBatch(Generic[State]):
     # Dead rows are dropped (one copy of the cache) once they are this fraction of the batch.
     DEAD_FRACTION = 0.25
     # What one more encoder call costs, in padded source tokens: ORT int8 `small` on one thread
-    # takes ~0.35 ms a call plus ~23 us a token (1 x 16 tokens 0.73 ms, 32 x 48 39 ms).
+    # takes ~0.35 ms a call plus ~23 us a token (1 x 16 tokens 0.73 ms, 32 x 48 39 ms). A
+    # backend may say otherwise with an `encode_call_tokens` attribute (ORT on CUDA does).
     ENCODE_CALL_TOKENS = 16
 
-    def __init__(self, backend: Backend[State]) -> None:
+    def __init__(self, backend: Backend[State], dead_fraction: float | None = None) -> None:
         self.backend = backend
+        # 1.0: dead rows stay until every row is dead (static batching, engine/scheduler.py).
+        self.dead_fraction = self.DEAD_FRACTION if dead_fraction is None else dead_fraction
         self.entries: list[Search | _Dead] = []  # in the state's row order
         self.state: State | None = None
         self.steps = 0  # decoding steps run since the batch started
@@ -72,12 +75,15 @@ class RunningBatch(Generic[State]):
         call each, so that a short source is not padded to the longest one of its group; the
         states are then concatenated. Callers that pass sources sorted by length (the
         scheduler, the offline translator; ascending or descending) skip the reordering copy."""
+        if not sources:
+            raise ValueError("encode needs at least one source")
         lengths = [len(s) for s in sources]
         order = list(range(len(sources)))
         pairs = list(itertools.pairwise(lengths))
         if not (all(a <= b for a, b in pairs) or all(a >= b for a, b in pairs)):
             order.sort(key=lambda i: lengths[i])
-        chunks = encoder_chunks([lengths[i] for i in order], self.ENCODE_CALL_TOKENS)
+        call_tokens = getattr(self.backend, "encode_call_tokens", self.ENCODE_CALL_TOKENS)
+        chunks = encoder_chunks([lengths[i] for i in order], call_tokens)
         pad = self.backend.spec.pad_id
         states = []
         for start, end in chunks:
@@ -159,7 +165,7 @@ class RunningBatch(Generic[State]):
 
     def _drop_dead_if_many(self) -> None:
         dead = self.dead_rows
-        if dead and (not self.searches or dead >= self.DEAD_FRACTION * (dead + self.num_rows)):
+        if dead and (not self.searches or dead >= self.dead_fraction * (dead + self.num_rows)):
             self._compact()
 
     def _compact(self) -> None:

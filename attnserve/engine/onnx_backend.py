@@ -219,6 +219,10 @@ class OnnxBackend:
             if self.io_binding
             else HostRowOps()
         )
+        # RunningBatch.encode: what one more encoder call costs in padded source tokens. On
+        # CUDA a call's launch overhead dwarfs a token's cost (and each count of buckets would
+        # build a concat session): encode a group in one call there.
+        self.encode_call_tokens = 1024 if on_cuda else 16
         log.info(
             "onnx %s on %s (io binding %s, threads %s)",
             self.variant,

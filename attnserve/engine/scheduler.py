@@ -6,7 +6,8 @@ Each `step()` is schedule -> execute -> update:
 
 - schedule: expire deadlines, apply cancellations, admit waiting requests in FIFO order while
   the batch stays within `max_batch_rows` rows and `max_batch_tokens` tokens (no request skips
-  the head of the queue, so none starves), and run one encoder pass for all admitted requests;
+  the head of the queue, so none starves), and encode all admitted requests together (in length
+  buckets, RunningBatch.encode);
 - execute: one decoder step for every running row (RunningBatch.step of every cohort);
 - update: report new tokens (for streaming) and finished, failed or expired requests.
 
@@ -22,6 +23,12 @@ to joins, even after its first rows left, so batches turn over instead of living
 slower: 0.70x of offline against 0.85x). Requests that may not join start a new running batch
 ("cohort", stepped beside the others with a decoder call of its own) while there are fewer than
 `max_cohorts`, or wait for one to finish. Requests still leave at every step.
+
+Two baselines for comparison (`batching`, docs/BENCHMARKS.md): "request" starts a batch only when
+the last one has finished, but still answers a request, and drops its rows, when it ends;
+"static" is request-level batching as a server around a `generate()` call does it: the rows of
+finished requests go on being decoded (as padding) and every request of the batch is answered
+when its last one ends.
 """
 
 from __future__ import annotations
@@ -101,7 +108,7 @@ class StepEvents:
     admitted: int = 0
 
 
-BATCHING = ("continuous", "request")
+BATCHING = ("continuous", "request", "static")
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,8 @@ class SchedulerLimits:
     join_rows: int = 16
     max_join_steps: int = 16
     # "continuous": requests join the running batch at every step; "request": request-level
-    # batching, a new batch starts only when the running one has finished (for comparison).
+    # batching, a new batch starts only when the running one has finished; "static": the same,
+    # and a batch answers all its requests when it ends (both for comparison, module doc).
     batching: str = "continuous"
     # Continuous batching: requests join the youngest running batch (cohort) if that pads
     # them by at most this many rows x columns; else they start a new cohort while there are
@@ -148,6 +156,7 @@ class Scheduler:
         self.running: dict[int, Request] = {}  # id(search) -> request
         self._cancelled: set[str] = set()
         self._since_admit = 0  # steps since requests last joined
+        self._held: list[tuple[Request, list[Hypothesis]]] = []  # static: done, answered later
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -209,12 +218,24 @@ class Scheduler:
                 self._report_tokens(ended, events, now)
                 if search.error is not None:
                     self._end(ended, Outcome.FAILED, events, error=search.error)
+                elif self.limits.batching == "static":
+                    self._held.append((ended, search.hypotheses()))  # still in `running`
                 else:
                     self._end(ended, Outcome.DONE, events, hypotheses=search.hypotheses())
             for running in self.running.values():
                 self._report_tokens(running, events, now)
+        self._release_held(events)
         events.step_seconds = self.clock() - started
         return events
+
+    def _release_held(self, events: StepEvents) -> None:
+        """Static batching: answer the finished requests once no row of theirs decodes."""
+        if not self._held or any(len(c) for c in self.cohorts):
+            return
+        held, self._held = self._held, []
+        for request, hypotheses in held:
+            if request.outcome is None:  # not cancelled or expired while it waited
+                self._end(request, Outcome.DONE, events, hypotheses=hypotheses)
 
     def _each_cohort(
         self,
@@ -282,7 +303,7 @@ class Scheduler:
             return False
         if not self.running:
             return True
-        if self.limits.batching == "request":
+        if self.limits.batching != "continuous":
             return False
         if n == len(self.waiting):  # everything waiting fits: no reason to make anyone wait
             return True
@@ -290,7 +311,7 @@ class Scheduler:
         return rows >= self.limits.join_rows or self._since_admit >= self.limits.max_join_steps
 
     def _admit(self, events: StepEvents, now: float) -> int:
-        """Move waiting requests (FIFO) into the batch while they fit; one encoder pass."""
+        """Move waiting requests (FIFO) into the batch while they fit; one `encode` for all."""
         self._since_admit += 1
         n = self._fitting()
         if not self._should_admit(n):
@@ -335,6 +356,8 @@ class Scheduler:
         if young is not None and rows * young.steps <= self.limits.max_join_padding:
             return young
         if len(self.cohorts) < self.limits.max_cohorts:
+            if self.limits.batching == "static":  # finished rows decode on, as padding
+                return RunningBatch(self.backend, dead_fraction=1.0)
             return RunningBatch(self.backend)
         return None
 

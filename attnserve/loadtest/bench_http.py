@@ -5,10 +5,10 @@ Each repeat runs, one after the other (round-robin, so a change of machine load 
 
 - offline: the `Translator` of `attnserve translate` (length-sorted batches of `--batch-size`
   sentences) on all sentences;
-- one server per mode (`--modes`: `continuous`, `request` or LABEL=SERVE FLAGS; started once,
-  `--max-batch-rows` = batch size x beam so a batch holds as many sentences as offline), driven
-  by `--concurrency` asyncio clients that each send one request at a time until every sentence
-  was sent: a closed loop that keeps the server saturated.
+- one server per mode (`--modes`: `continuous`, `request`, `static` or LABEL=SERVE FLAGS;
+  started once, `--max-batch-rows` = batch size x beam so a batch holds as many sentences as
+  offline), driven by `--concurrency` asyncio clients that each send one request at a time until
+  every sentence was sent: a closed loop (it saturates the server once there are enough clients).
 
 With `--in-process` the modes run without HTTP: each mode's flags make the scheduler limits the
 server would use, and a closed loop of `--concurrency` requests drives a `Scheduler` on the
@@ -44,7 +44,7 @@ from attnserve.loadtest.sentences import LanguagePool
 
 log = logging.getLogger(__name__)
 
-MODES = ("continuous", "request")
+MODES = ("continuous", "request", "static")
 
 
 @dataclass
@@ -94,7 +94,7 @@ def add_bench_http_command(sub: Any, default_model: Path) -> argparse.ArgumentPa
     p.add_argument(
         "--modes",
         default="continuous,request",
-        help="servers to compare: continuous, request, or LABEL=SERVE FLAGS (e.g. "
+        help="servers to compare: continuous, request, static, or LABEL=SERVE FLAGS (e.g. "
         "'always=--max-join-padding 100000')",
     )
     p.add_argument("--repeats", type=int, default=3)
@@ -121,7 +121,7 @@ def concurrency_levels(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a list of client counts: {text!r}") from None
     if not levels or min(levels) < 1:
         raise argparse.ArgumentTypeError(f"client counts must be >= 1: {text!r}")
-    return levels
+    return list(dict.fromkeys(levels))  # each level once, in the order given
 
 
 def choose_work(pool: LanguagePool, count: int, mixed: bool, seed: int) -> Work:
@@ -264,7 +264,7 @@ def offline_run(
     )
     seconds = time.perf_counter() - started
     run = Run("offline", repeat, seconds, sum(t.output_tokens for t in done), {}, clients=clients)
-    log.info("offline: %.0f tokens/s", run.tokens_per_second)
+    log.info("offline (%d clients' round): %.0f tok/s", clients, run.tokens_per_second)
     return run
 
 
@@ -349,7 +349,9 @@ def mode_serve_args(mode: str) -> tuple[str, str]:
         return mode, f"--batching {mode}"
     label, eq, flags = mode.partition("=")
     if not eq or not label.strip() or not flags.strip():
-        raise ValueError(f"--modes: {mode!r}; give continuous, request or LABEL=SERVE FLAGS")
+        raise ValueError(
+            f"--modes: {mode!r}; give continuous, request, static or LABEL=SERVE FLAGS"
+        )
     return label.strip(), flags.strip()
 
 

@@ -43,8 +43,9 @@ class Settings(BaseSettings):
     # While more requests wait than fit, they join the running batch in groups of at least
     # `join_rows` rows (or after `max_join_steps` steps): fewer encoder passes and cache copies
     # at saturation. "request" batching starts a new batch only when the last one has finished
-    # (no joining; kept to compare, docs/BENCHMARKS.md).
-    batching: Literal["continuous", "request"] = "continuous"
+    # (no joining); "static" also answers a batch's requests only when all of them are done
+    # (a server around `generate()`). Both are kept to compare (docs/BENCHMARKS.md).
+    batching: Literal["continuous", "request", "static"] = "continuous"
     join_rows: int = Field(default=8, ge=0)
     max_join_steps: int = Field(default=16, ge=1)
     # Requests join the running batch only if that pads them by at most `max_join_padding`

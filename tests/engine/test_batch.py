@@ -7,6 +7,8 @@ import itertools
 import random
 from typing import Any
 
+import pytest
+
 from attnserve.engine.batch import RunningBatch, encoder_chunks
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.search import make_search
@@ -167,3 +169,10 @@ def test_mixed_lengths_are_encoded_in_buckets_in_the_callers_order() -> None:
     backend.selects.clear()
     batch.encode(sorted(sources, key=len))  # sorted by the caller: no reordering copy
     assert backend.selects == []
+    # A backend whose calls cost more than these sources' padding encodes them in one call.
+    backend.encode_call_tokens = 1024  # type: ignore[attr-defined]
+    calls.clear()
+    assert [src[0] for src, _ in batch.encode(sources)] == [1, 2, 3, 4]
+    assert calls == [(4, 41)]
+    with pytest.raises(ValueError, match="at least one source"):
+        batch.encode([])

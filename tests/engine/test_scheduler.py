@@ -292,7 +292,42 @@ def test_request_level_batching_waits_for_the_whole_batch() -> None:
     assert ended[5] == ["long"] and ended[-1] == ["next"]
     assert backend.step_rows == [2, 2, 1, 1, 1, 1, 1, 1]
     with pytest.raises(ValueError, match="batching"):
-        SchedulerLimits(batching="static")
+        SchedulerLimits(batching="iteration")
+
+
+def test_static_batching_answers_a_batch_when_it_ends_and_decodes_finished_rows_on() -> None:
+    """A server around generate(): "short" is done at step 2 but answered with "long" at step
+    6, its row decoded as padding until then; the outputs are those of request-level batching."""
+    ended, rows, outputs = {}, {}, {}
+    for batching in ("static", "request"):
+        limits = SchedulerLimits(max_batch_rows=2, max_new_tokens=16, batching=batching)
+        s, backend, _ = make(limits)
+        reqs = [request("short", 1), request("long", 5), request("next", 1)]
+        for r in reqs:
+            s.submit(r)
+        ended[batching] = run_until_idle(s)
+        assert all(r.outcome is Outcome.DONE for r in reqs)
+        rows[batching], outputs[batching] = backend.step_rows, [r.hypotheses for r in reqs]
+    assert ended["request"] == [[], ["short"], [], [], [], ["long"], [], ["next"]]
+    assert ended["static"] == [[], [], [], [], [], ["short", "long"], [], ["next"]]
+    assert rows["request"] == [2, 2, 1, 1, 1, 1, 1, 1]
+    assert rows["static"] == [2, 2, 2, 2, 2, 2, 1, 1]
+    assert outputs["static"] == outputs["request"]
+
+
+def test_static_batching_a_finished_request_cancelled_before_its_batch_ends() -> None:
+    s, _, _ = make(SchedulerLimits(max_batch_rows=2, max_new_tokens=16, batching="static"))
+    short, long = request("short", 1), request("long", 4)
+    s.submit(short)
+    s.submit(long)
+    s.step()
+    s.step()  # "short" is done, held for the batch
+    assert short.outcome is None
+    s.cancel("short")  # its client went away meanwhile
+    assert [r.id for r in s.step().ended] == ["short"] and short.outcome is Outcome.CANCELLED
+    ended = run_until_idle(s)
+    assert ended[-1] == ["long"] and long.outcome is Outcome.DONE
+    assert not s.running and not s.cohorts
 
 
 def cohort_scenario(padding: int) -> tuple[list[int], list[int], list[Request]]:

@@ -48,6 +48,7 @@ def test_percentiles_and_summary_table() -> None:
 def test_a_ladder_of_client_levels_gets_a_clients_column_and_ratios_per_level() -> None:
     assert concurrency_levels("64") == [64]
     assert concurrency_levels("4, 8,16") == [4, 8, 16]
+    assert concurrency_levels("8,4,8") == [8, 4]  # each level once
     for bad in ("", "0", "4,x", "-2"):
         with pytest.raises(argparse.ArgumentTypeError):
             concurrency_levels(bad)
@@ -75,7 +76,8 @@ def test_a_ladder_of_client_levels_gets_a_clients_column_and_ratios_per_level() 
 def test_modes_name_serve_flags() -> None:
     assert mode_serve_args("request") == ("request", "--batching request")
     assert mode_serve_args("two=--max-cohorts 2") == ("two", "--max-cohorts 2")
-    for bad in ("static", "=--max-cohorts 2", "x="):
+    assert mode_serve_args("static") == ("static", "--batching static")
+    for bad in ("iteration", "=--max-cohorts 2", "x="):
         with pytest.raises(ValueError, match="--modes"):
             mode_serve_args(bad)
 
@@ -111,18 +113,19 @@ def test_bench_http_in_process_drives_the_scheduler(tiny_onnx_import: Path, tmp_
     command = [sys.executable, "-m", "attnserve.cli", "bench-http", "--model"]
     command += [str(tiny_onnx_import), "--variant", "fp32", "--sentences", "6", "--repeats", "1"]
     command += ["--concurrency", "1,3", "--beam-size", "2", "--batch-size", "2"]
-    command += ["--modes", "continuous,wait=--max-join-padding 0,request", "--in-process"]
+    command += ["--modes", "continuous,wait=--max-join-padding 0,request,static", "--in-process"]
     command += ["--max-chars", "55", "--output-dir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "starting" not in done.stderr  # no server process
     runs = [json.loads(line) for line in (tmp_path / "http.jsonl").read_text().splitlines()]
-    systems = ["offline", "engine-continuous", "engine-wait", "engine-request"]
+    systems = ["offline", "engine-continuous", "engine-wait", "engine-request", "engine-static"]
     assert [r["system"] for r in runs] == systems * 2
-    assert [r["clients"] for r in runs] == [1] * 4 + [3] * 4
+    assert [r["clients"] for r in runs] == [1] * 5 + [3] * 5
+    # The same outputs whatever the batching (static: finished rows decoded on as padding).
     assert len({r["output_tokens"] for r in runs}) == 1
-    assert all(r["detail"]["steps"] > 0 and r["latency_ms"]["all"]["n"] == 6 for r in runs[1:4])
+    assert all(r["detail"]["steps"] > 0 and r["latency_ms"]["all"]["n"] == 6 for r in runs[1:5])
     # One client: one request at a time, so a decoder step never holds more than its 2 rows.
-    assert all(r["detail"]["rows_per_step"] <= 2 for r in runs[1:4])
+    assert all(r["detail"]["rows_per_step"] <= 2 for r in runs[1:5])
     assert "steps of" in (tmp_path / "http.md").read_text()
     assert (tmp_path / "http.png").read_bytes().startswith(b"\x89PNG")
