@@ -17,11 +17,13 @@ appends it). T may be 0.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from attnserve.model.checkpoint import ModelFileInvalidError, ModelFileMissingError
+from attnserve.model.checkpoint import (
+    ModelFileMissingError,
+    read_json_object,
+)
 
 ONNX_DIR = "onnx"
 ENCODER_NAME = "encoder.onnx"
@@ -68,13 +70,4 @@ def require_graph(directory: Path, name: str) -> Path:
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     """manifest.json of an exported variant directory ({} when it is missing)."""
-    path = directory / MANIFEST_NAME
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileInvalidError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelFileInvalidError(f"{path} must hold a JSON object")
-    return data
+    return read_json_object(directory, MANIFEST_NAME, required=False)

@@ -67,20 +67,26 @@ def _require(directory: Path, name: str) -> Path:
     return path
 
 
-def _read_json(directory: Path, name: str) -> Any:
+def read_json_object(directory: Path, name: str, *, required: bool = True) -> dict[str, Any]:
+    """The JSON object in file `name` of `directory` ({} when optional and absent); a clear
+    ModelFileMissingError / ModelFileInvalidError otherwise. Imports no torch: the engine, the
+    exporter and the Marian importer all read their JSON files through it."""
+    if not required and not (directory / name).is_file():
+        return {}
     path = _require(directory, name)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFileInvalidError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelFileInvalidError(f"{path} must hold a JSON object")
+    return data
 
 
 def read_model_config(directory: str | Path) -> ModelConfig:
     """The ModelConfig of a model directory (imports neither torch nor the model)."""
     directory = Path(directory)
-    data = _read_json(directory, CONFIG_NAME)
-    if not isinstance(data, dict):
-        raise ModelFileInvalidError(f"{directory / CONFIG_NAME} must hold a JSON object")
+    data = read_json_object(directory, CONFIG_NAME)
     try:
         return ModelConfig.from_dict(data)
     except (TypeError, ValueError) as exc:
@@ -91,13 +97,7 @@ def read_model_config(directory: str | Path) -> ModelConfig:
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:
     """metadata.json of a model directory ({} when there is none)."""
-    directory = Path(directory)
-    if not (directory / METADATA_NAME).is_file():
-        return {}
-    data = _read_json(directory, METADATA_NAME)
-    if not isinstance(data, dict):
-        raise ModelFileInvalidError(f"{directory / METADATA_NAME} must hold a JSON object")
-    return data
+    return read_json_object(Path(directory), METADATA_NAME, required=False)
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:

@@ -10,7 +10,6 @@ Weights are converted to float32.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -25,6 +24,7 @@ from attnserve.model.checkpoint import (
     ModelFileMissingError,
     alias_names,
     check_tokenizer,
+    read_json_object,
     save_model_dir,
 )
 from attnserve.model.config import ModelConfig
@@ -114,18 +114,7 @@ class MarianImportError(ModelDirError, ValueError):
 
 def read_hf_json(hf_dir: Path, name: str, *, required: bool = True) -> dict[str, Any]:
     """A JSON object file of the HF directory ({} when optional and absent)."""
-    path = hf_dir / name
-    if not path.is_file():
-        if required:
-            raise ModelFileMissingError(name, hf_dir)
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileInvalidError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelFileInvalidError(f"{path} must hold a JSON object")
-    return data
+    return read_json_object(hf_dir, name, required=required)
 
 
 def marian_model_config(hf: dict[str, Any], tokenizer: Tokenizer) -> ModelConfig:

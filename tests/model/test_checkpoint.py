@@ -17,6 +17,7 @@ from attnserve.model.checkpoint import (
     ModelFileInvalidError,
     ModelFileMissingError,
     load_model_dir,
+    read_json_object,
     read_metadata,
     read_model_config,
     save_model_dir,
@@ -132,6 +133,23 @@ def test_corrupt_config_is_clear(saved_dir: Path, content: str, match: str) -> N
         load_model_dir(saved_dir)
     assert CONFIG_NAME in str(info.value)
     assert isinstance(info.value, ValueError) and isinstance(info.value, ModelDirError)
+
+
+def test_read_json_object_names_the_file_and_the_problem(tmp_path: Path) -> None:
+    """The one JSON reader behind config.json, metadata.json, manifest.json and HF files."""
+    assert read_json_object(tmp_path, "extra.json", required=False) == {}
+    with pytest.raises(ModelFileMissingError, match=r"extra\.json"):
+        read_json_object(tmp_path, "extra.json")
+    for content, match in [("{not json", "not valid JSON"), ('"text"', "JSON object")]:
+        (tmp_path / "extra.json").write_text(content)
+        for required in (True, False):
+            with pytest.raises(ModelFileInvalidError, match=match):
+                read_json_object(tmp_path, "extra.json", required=required)
+    (tmp_path / "extra.json").write_bytes(b'{"a": "\xff"}')  # not UTF-8
+    with pytest.raises(ModelFileInvalidError, match=r"extra\.json is not valid JSON"):
+        read_json_object(tmp_path, "extra.json")
+    (tmp_path / "extra.json").write_text('{"a": [1]}')
+    assert read_json_object(tmp_path, "extra.json") == {"a": [1]}
 
 
 def test_corrupt_weights_are_clear(saved_dir: Path) -> None:
