@@ -75,6 +75,8 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop, loop.create_future(), asyncio.Queue() if request.stream else None)
         with self._lock:
+            if request.id in self._waiters:  # its waiter and cancellations would be another's
+                raise ValueError(f"request id {request.id!r} is already in flight")
             if len(self._intake) + len(self.scheduler.waiting) >= self.scheduler.limits.max_waiting:
                 raise QueueFull("waiting queue is full")
             self._intake.append(request)
@@ -120,9 +122,11 @@ class EngineLoop:
                     self.scheduler.cancel(request_id)
             try:
                 events = self.scheduler.step()
-            except Exception:  # the scheduler guards model errors; this is a bug: keep serving
-                log.exception("scheduler step failed")
-                continue
+            except Exception as exc:  # the scheduler guards model errors; this is a bug
+                # Retrying would spin on the same failure with every request hanging until its
+                # deadline: fail what the scheduler holds instead, and serve the next requests.
+                log.exception("scheduler step failed; failing its %d requests", self.running)
+                events = self.scheduler.fail_all(exc)
             self.waiting = len(self.scheduler.waiting)
             self.running = len(self.scheduler.running)
             self._deliver(events)

@@ -228,6 +228,22 @@ class Scheduler:
         events.step_seconds = self.clock() - started
         return events
 
+    def fail_all(self, error: Exception) -> StepEvents:
+        """End every waiting and running request as failed and drop the running batches: the
+        engine loop's way out when `step` itself raised (a bug), so that no request hangs on a
+        scheduler that fails at every step and the next requests start from a clean state."""
+        events = StepEvents()
+        requests = [*self.waiting, *self.running.values()]
+        self.waiting.clear()
+        self.running.clear()
+        self.cohorts = []
+        self._held = []
+        self._cancelled = set()
+        for request in requests:
+            if request.outcome is None:
+                self._end(request, Outcome.FAILED, events, error=error)
+        return events
+
     def _release_held(self, events: StepEvents) -> None:
         """Static batching: answer the finished requests once no row of theirs decodes."""
         if not self._held or any(len(c) for c in self.cohorts):

@@ -7,6 +7,7 @@ Every check that can fail because of what the client sent raises ApiError (a 4xx
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -24,6 +25,7 @@ from attnserve.service.schemas import GenerateRequest, Hypothesis, TranslateRequ
 from attnserve.service.state import ServiceState
 
 log = logging.getLogger(__name__)
+_SERIALS = itertools.count()  # engine request ids (new_requests)
 
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "max_new_tokens", "length_penalty")
 GENERATE_OPTIONS = (
@@ -251,9 +253,12 @@ def new_requests(
     stream: bool = False,
 ) -> list[Request]:
     deadline = time.monotonic() + timeout
+    # The engine keys waiters and cancellations by id, so ids must be unique among requests in
+    # flight: the client's X-Request-ID (kept for the logs) need not be, so a serial follows it.
+    serial = next(_SERIALS)
     return [
         Request(
-            id=f"{request_id}/{i}",
+            id=f"{request_id}#{serial}/{i}",
             source=list(src),
             options=options,
             deadline=deadline,

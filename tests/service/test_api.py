@@ -104,6 +104,25 @@ def test_saturated_batches_give_the_offline_outputs(
     assert got == [e.text for e in expected]
 
 
+def test_requests_that_share_an_x_request_id_get_their_own_answers(
+    live: LiveServer, translator: Translator
+) -> None:
+    """A client's X-Request-ID names its request in the logs; two in flight may share one (a
+    gateway's retries), and each must still get its own translation."""
+    expected = [translator.translate([t], target_lang="de")[0].text for t in TEXTS[:8]]
+
+    def send(text: str) -> httpx.Response:
+        body = {"text": text, "target_lang": "de"}
+        headers = {"X-Request-ID": "shared-id"}
+        return httpx.post(live.url + "/v1/translate", json=body, headers=headers, timeout=60.0)
+
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(send, TEXTS[:8]))
+    assert [r.status_code for r in responses] == [200] * 8
+    assert [r.json()["translations"][0]["text"] for r in responses] == expected
+    assert {r.headers["x-request-id"] for r in responses} == {"shared-id"}
+
+
 def test_usage_and_response_shape(live: LiveServer, translator: Translator) -> None:
     response = post(live, "/v1/translate", {"text": TEXTS[:2], "target_lang": "de"})
     body = response.json()
