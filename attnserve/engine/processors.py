@@ -68,24 +68,27 @@ def banned_ngram_tokens(history: Sequence[int], n: int) -> list[int]:
 
 
 def top_k_mask(logits: FloatArray, k: int) -> FloatArray:
-    """Keep the k highest logits of a (V,) row, -inf elsewhere (ties with the k-th kept)."""
+    """Keep the k highest logits of a (V,) row, -inf elsewhere (ties with the k-th kept).
+    The result has the dtype of `logits` (sampling works in float64)."""
     if k <= 0 or k >= logits.shape[-1]:
         return logits
     kth = np.partition(logits, -k)[-k]
-    return np.where(logits < kth, NEG_INF, logits).astype(np.float32)
+    return np.where(logits < kth, NEG_INF, logits).astype(logits.dtype)
 
 
 def top_p_mask(logits: FloatArray, p: float) -> FloatArray:
-    """Nucleus: keep the smallest set of highest-probability tokens whose mass reaches p."""
+    """Nucleus: keep the smallest set of highest-probability tokens whose mass reaches p (the
+    most probable token always, however small p is). The dtype of `logits` is kept."""
     if p >= 1.0:
         return logits
     order = np.argsort(-logits, kind="stable")
-    probs = softmax(logits[order])
-    # Keep a token if the mass before it is still below p (the first token is always kept).
+    probs = softmax(logits[order]).astype(np.float64)
+    # Keep a token if the mass before it is still below p.
     before = np.cumsum(probs) - probs
     keep = np.zeros(logits.shape[-1], dtype=bool)
     keep[order[before < p]] = True
-    return np.where(keep, logits, NEG_INF).astype(np.float32)
+    keep[order[0]] = True  # a p below float precision still keeps the top token
+    return np.where(keep, logits, NEG_INF).astype(logits.dtype)
 
 
 def logsumexp(x: FloatArray) -> FloatArray:
@@ -97,5 +100,6 @@ def logsumexp(x: FloatArray) -> FloatArray:
 
 
 def softmax(x: FloatArray) -> FloatArray:
+    """Softmax of a (V,) row, in the dtype of `x`."""
     z = np.exp(x - np.max(x))
-    return (z / z.sum()).astype(np.float32)
+    return (z / z.sum()).astype(x.dtype)

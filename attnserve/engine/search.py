@@ -165,9 +165,14 @@ class SamplingSearch(GreedySearch):
 
     def choose(self, log_probs: FloatArray) -> int:
         opts = self.options
-        logits = (log_probs / opts.temperature).astype(np.float32)
+        # In float64: log-probs over a tiny temperature overflow float32 (1e-40 made every
+        # probability NaN and sampled the last token id). Below float64's range too: greedy.
+        with np.errstate(over="ignore"):
+            logits = log_probs.astype(np.float64) / opts.temperature
+        if not np.isfinite(logits.max()):
+            return int(np.argmax(log_probs))
         logits = top_p_mask(top_k_mask(logits, opts.top_k), opts.top_p)
-        cdf = np.cumsum(softmax(logits), dtype=np.float64)
+        cdf = np.cumsum(softmax(logits))
         token = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return min(token, logits.shape[0] - 1)
 

@@ -168,7 +168,22 @@ def test_top_p_masks_as_specified() -> None:
     assert np.isfinite(top_p_mask(logits, 0.81)).tolist() == [True, True, True, False]
     assert np.isfinite(top_p_mask(logits, 0.1)).tolist() == [True, False, False, False]
     assert np.isfinite(top_p_mask(logits, 1.0)).all()
+    assert np.isfinite(top_p_mask(logits, 1e-46)).tolist() == [True, False, False, False]
+    assert top_p_mask(logits.astype(np.float64), 0.8).dtype == np.float64
     assert np.isfinite(top_k_mask(logits, 2)).tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    "extreme",
+    [{"top_p": 1e-46}, {"temperature": 1e-40}, {"temperature": 1e-320}, {"temperature": 1e-6}],
+)
+def test_extreme_top_p_and_temperature_sample_the_greedy_tokens(extreme: dict) -> None:
+    """A p or temperature below float32's range once made every probability NaN, and the
+    last token id was sampled every time; they mean "the most likely token"."""
+    [[greedy]], _ = run(DecodingOptions())
+    for seed in range(5):
+        [[hyp]], _ = run(DecodingOptions(sampling=True, seed=seed, **extreme))
+        assert hyp.tokens == greedy.tokens
 
 
 def test_top_p_never_samples_outside_the_nucleus() -> None:
