@@ -116,8 +116,16 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
             f"model {model.name} translates from {source!r}, not {body.source_lang!r}",
             param="source_lang",
         )
+    tags = tokenizer.target_languages
     target = body.target_lang
     if target is None:
+        if tags:  # an untagged source has no direction: the output would be arbitrary
+            raise ApiError(
+                422,
+                f"model {model.name} translates into several languages: give target_lang "
+                f"(one of {', '.join(tags)})",
+                param="target_lang",
+            )
         return None
     if not tokenizer.language_tags:  # single-target model: only its own language is fine
         if tokenizer.target_lang and target.lower() == tokenizer.target_lang.lower():

@@ -28,7 +28,7 @@ class TranslateRequest(BaseModel):
         **_REQUEST_CONFIG,
         json_schema_extra={
             "examples": [
-                {"text": "How are you?"},
+                {"text": "How are you?", "target_lang": "de"},
                 {
                     "text": ["Good morning.", "Where is the station?"],
                     "target_lang": "de",
@@ -45,12 +45,15 @@ class TranslateRequest(BaseModel):
         default=None, description="Model name (GET /v1/models); default: the first."
     )
     source_lang: str | None = Field(
-        default=None, max_length=32, description="Checked against the model's source language."
+        default=None,
+        max_length=32,
+        description="Checked against the model's source language, where it declares one.",
     )
     target_lang: str | None = Field(
         default=None,
         max_length=32,
-        description="Target language of a multi-target model (adds its >>xx<< tag).",
+        description="Target language (adds its >>xx<< tag); required by a multi-target model "
+        "such as ende-small (GET /v1/models: target_languages).",
     )
     beam_size: int | None = Field(default=None, ge=1, description="Default: the model's.")
     num_hypotheses: int | None = Field(
@@ -73,9 +76,10 @@ class GenerateRequest(TranslateRequest):
         **_REQUEST_CONFIG,
         json_schema_extra={
             "examples": [
-                {"text": "How are you?", "stream": True},
+                {"text": "How are you?", "target_lang": "de", "stream": True},
                 {
                     "text": "How are you?",
+                    "target_lang": "de",
                     "sampling": True,
                     "temperature": 0.8,
                     "top_p": 0.9,

@@ -118,9 +118,10 @@ def _wait_ready(server: RuntimeServer, timeout: float = 90.0) -> None:
 def _send_traffic(url: str) -> None:
     """Requests that give every metric family samples (time per token needs 2+ tokens)."""
     with httpx.Client(base_url=url, timeout=30) as client:
-        translate = client.post("/v1/translate", json={"text": "kamaru tesino", "beam_size": 1})
+        body = {"text": "kamaru tesino", "target_lang": "de", "beam_size": 1}
+        translate = client.post("/v1/translate", json=body)
         assert translate.status_code == 200, translate.text
-        body = {"text": "kamaru", "min_new_tokens": 3, "max_new_tokens": 4}
+        body = {"text": "kamaru", "target_lang": "de", "min_new_tokens": 3, "max_new_tokens": 4}
         generate = client.post("/v1/generate", json=body)
         assert generate.status_code == 200, generate.text
 

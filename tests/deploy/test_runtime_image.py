@@ -50,9 +50,8 @@ def test_the_image_command_serves_the_staged_model(runtime_server: RuntimeServer
     assert [(m["name"], m["variant"], m["provider"]) for m in models] == [
         (runtime_server.model_dir.name, "int8", "CPUExecutionProvider")
     ]
-    answer = httpx.post(
-        runtime_server.url + "/v1/translate", json={"text": "kamaru tesino"}, timeout=30
-    )
+    body = {"text": "kamaru tesino", "target_lang": "de"}
+    answer = httpx.post(runtime_server.url + "/v1/translate", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
 
 

@@ -30,6 +30,7 @@ from tests.service.helpers import (
     wait_for_metric,
 )
 
+KA = {"text": "ka", "target_lang": "de"}  # a short request the tiny model serves
 STEP_DELAY = 0.05  # seconds per decoder step
 LONG = 60  # tokens: a 3 s request (the model's limit is 64)
 ROWS, WAITING = 4, 4
@@ -37,7 +38,8 @@ ROWS, WAITING = 4, 4
 
 def long_request(tokens: int, **extra: Any) -> dict[str, Any]:
     """A greedy request that decodes exactly `tokens` steps (tokens * STEP_DELAY seconds)."""
-    return {"text": "kamaru tesino", "min_new_tokens": tokens, "max_new_tokens": tokens, **extra}
+    body = {"text": "kamaru tesino", "target_lang": "de", "min_new_tokens": tokens}
+    return {**body, "max_new_tokens": tokens, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -186,12 +188,12 @@ def test_readiness_while_loading(model_dir: Path) -> None:
         assert httpx.get(server.url + "/healthz").status_code == 200
         ready = httpx.get(server.url + "/readyz")
         assert ready.status_code == 503 and ready.json()["status"] == "loading"
-        early = httpx.post(server.url + "/v1/translate", json={"text": "ka"})
+        early = httpx.post(server.url + "/v1/translate", json=KA)
         assert early.status_code == 503 and early.json()["error"]["type"] == "unavailable"
         release.set()
         server.wait_ready()
         assert httpx.get(server.url + "/readyz").status_code == 200
-        assert httpx.post(server.url + "/v1/translate", json={"text": "ka"}).status_code == 200
+        assert httpx.post(server.url + "/v1/translate", json=KA).status_code == 200
 
 
 def test_api_key(model_dir: Path) -> None:
@@ -202,14 +204,10 @@ def test_api_key(model_dir: Path) -> None:
         assert missing.headers["www-authenticate"] == "Bearer"
         assert missing.json()["error"]["type"] == "unauthorized"
         wrong = {"Authorization": "Bearer s3cret-not"}
-        assert (
-            httpx.post(url + "/v1/translate", json={"text": "ka"}, headers=wrong).status_code == 401
-        )
+        assert httpx.post(url + "/v1/translate", json=KA, headers=wrong).status_code == 401
         right = {"Authorization": "Bearer s3cret"}
         assert httpx.get(url + "/v1/models", headers=right).status_code == 200
-        assert (
-            httpx.post(url + "/v1/translate", json={"text": "ka"}, headers=right).status_code == 200
-        )
+        assert httpx.post(url + "/v1/translate", json=KA, headers=right).status_code == 200
         for open_path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
             assert httpx.get(url + open_path).status_code == 200, open_path
         assert (

@@ -154,13 +154,15 @@ def test_streaming_yields_the_tokens_of_non_streaming_greedy(live: LiveServer) -
 
 
 def test_sampling_with_a_seed_is_reproducible(live: LiveServer) -> None:
-    body = {"text": TEXTS[0], "sampling": True, "temperature": 1.5, "top_k": 20, "seed": 3}
+    body = {"text": TEXTS[0], "target_lang": "de", "sampling": True, "temperature": 1.5}
+    body |= {"top_k": 20, "seed": 3}
     first, second = (post(live, "/v1/generate", body).json() for _ in range(2))
     assert first["translations"][0]["token_ids"] == second["translations"][0]["token_ids"]
 
 
 def test_n_best_list(live: LiveServer) -> None:
-    body = {"text": TEXTS[1], "beam_size": 4, "num_hypotheses": 3, "return_scores": True}
+    body = {"text": TEXTS[1], "target_lang": "nl", "beam_size": 4, "num_hypotheses": 3}
+    body["return_scores"] = True
     translation = post(live, "/v1/translate", body).json()["translations"][0]
     scores = [h["score"] for h in translation["hypotheses"]]
     assert len(scores) == 3 and scores == sorted(scores, reverse=True)
@@ -190,7 +192,7 @@ def test_request_ids(live: LiveServer) -> None:
 
 
 def test_metrics_names_and_counts(live: LiveServer, model_dir: Path) -> None:
-    post(live, "/v1/translate", {"text": TEXTS[0]})
+    post(live, "/v1/translate", {"text": TEXTS[0], "target_lang": "de"})
     text = live.metrics()
     for name in DESIGN_METRICS:
         assert f"# TYPE attnserve_{name} " in text, name

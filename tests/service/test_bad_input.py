@@ -14,6 +14,8 @@ import pytest
 from tests.service.conftest import MAX_BEAM, MAX_BODY, MAX_TEXTS, MAX_TIMEOUT_MS
 from tests.service.helpers import LiveServer
 
+KA = {"text": "ka", "target_lang": "de"}  # a short request the tiny model serves
+
 LONG = " ".join(["kamaru tesino"] * 60)  # well over the model's 64 positions
 
 # (name, path, JSON body, status, param)
@@ -23,11 +25,18 @@ JSON_CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("empty list", "/v1/translate", {"text": []}, 422, "text"),
     ("empty item", "/v1/translate", {"text": ["ka", ""]}, 422, "text"),
     ("too many texts", "/v1/translate", {"text": ["ka"] * (MAX_TEXTS + 1)}, 422, "text"),
-    ("too long", "/v1/translate", {"text": LONG}, 422, "text"),
-    ("too long in a list", "/v1/translate", {"text": ["ka", LONG]}, 422, "text"),
+    ("too long", "/v1/translate", {"text": LONG, "target_lang": "de"}, 422, "text"),
+    (
+        "too long in a list",
+        "/v1/translate",
+        {"text": ["ka", LONG], "target_lang": "de"},
+        422,
+        "text",
+    ),
     ("text is a number", "/v1/translate", {"text": 5}, 422, "text"),
     ("text list of numbers", "/v1/translate", {"text": [1, 2]}, 422, "text"),
     ("no text", "/v1/translate", {"beam_size": 2}, 422, "text"),
+    ("no target_lang, multi-target model", "/v1/translate", {"text": "ka"}, 422, "target_lang"),
     ("beam_size a string", "/v1/translate", {"text": "ka", "beam_size": "4"}, 422, "beam_size"),
     ("beam_size a float", "/v1/translate", {"text": "ka", "beam_size": 2.5}, 422, "beam_size"),
     ("beam_size 0", "/v1/translate", {"text": "ka", "beam_size": 0}, 422, "beam_size"),
@@ -241,7 +250,7 @@ def test_unknown_path_and_method(live: LiveServer) -> None:
 
 
 def test_the_server_still_serves_after_the_matrix(live: LiveServer) -> None:
-    response = httpx.post(live.url + "/v1/translate", json={"text": "ka"}, timeout=30)
+    response = httpx.post(live.url + "/v1/translate", json=KA, timeout=30)
     assert response.status_code == 200
     assert "attnserve_requests_total" in live.metrics()
     assert 'status="500"' not in live.metrics()

@@ -17,6 +17,8 @@ import pytest
 
 from tests.service.helpers import free_port, metric_value
 
+KA = {"text": "ka", "target_lang": "de"}  # a short request the tiny model serves
+
 REPO = Path(__file__).resolve().parents[2]
 DELAY = 0.05  # seconds per decoder step
 TOKENS = 30  # a 1.5 s request
@@ -67,7 +69,8 @@ def test_sigterm_drains_in_flight_requests_then_exits(model_dir: Path, tmp_path:
         )
     try:
         wait_ready(url, process, log_path)
-        body = {"text": "kamaru tesino", "min_new_tokens": TOKENS, "max_new_tokens": TOKENS}
+        body = {"text": "kamaru tesino", "target_lang": "de", "max_new_tokens": TOKENS}
+        body["min_new_tokens"] = TOKENS
         with ThreadPoolExecutor(3) as pool:
             in_flight = [
                 pool.submit(httpx.post, url + "/v1/generate", json=body, timeout=30)
@@ -78,7 +81,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(model_dir: Path, tmp_path:
             time.sleep(0.2)
             ready = httpx.get(url + "/readyz", timeout=5)
             assert ready.status_code == 503 and ready.json()["status"] == "draining"
-            refused = httpx.post(url + "/v1/translate", json={"text": "ka"}, timeout=5)
+            refused = httpx.post(url + "/v1/translate", json=KA, timeout=5)
             assert refused.status_code == 503
             assert refused.json()["error"]["type"] == "unavailable"
             assert httpx.get(url + "/healthz", timeout=5).status_code == 200

@@ -72,7 +72,7 @@ def test_prometheus_counts_the_requests_sent(model_dir: Path, tmp_path: Path) ->
         try:
             assert wait_for_value(prometheus_url, 'up{job="attnserve"}', 1.0) == 1.0
             for i in range(REQUESTS):
-                body = {"text": f"kamaru tesino {i}", "beam_size": 1}
+                body = {"text": f"kamaru tesino {i}", "target_lang": "de", "beam_size": 1}
                 response = httpx.post(server.url + "/v1/translate", json=body, timeout=30)
                 assert response.status_code == 200
             promql = 'sum(attnserve_requests_total{route="/v1/translate",status="200"})'

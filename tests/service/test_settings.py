@@ -116,7 +116,8 @@ with TestClient(create_app(settings)) as client:
     while (ready := client.get("/readyz")).json()["status"] == "loading":
         time.sleep(0.01)
     assert ready.status_code == 200, ready.text
-    assert client.post("/v1/translate", json={{"text": "ka"}}).status_code == 200
+    body = {{"text": "ka", "target_lang": "de"}}
+    assert client.post("/v1/translate", json=body).status_code == 200
 sys.exit("torch" in sys.modules)
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
