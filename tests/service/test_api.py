@@ -8,6 +8,7 @@ one scale for the whole batch, so an int8 output can depend on which requests sh
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,33 @@ def test_openapi_has_examples(live: LiveServer) -> None:
     translate = schema["components"]["schemas"]["TranslateRequest"]
     assert translate["examples"] and translate["additionalProperties"] is False
     assert httpx.get(live.url + "/docs").status_code == 200
+
+
+def test_two_models_are_served_and_chosen_by_name(model_dir: Path, tmp_path: Path) -> None:
+    """The first model is the default; `model` picks another; a server-wide default timeout
+    applies when a request gives none."""
+    second = tmp_path / "second-model"
+    shutil.copytree(model_dir, second)
+    settings = make_settings(model_dir, variant="fp32", default_timeout_ms=60_000)
+    settings = settings.model_copy(update={"models": [str(model_dir), str(second)]})
+    body = {"text": TEXTS[0], "target_lang": "de", "beam_size": 1}
+    with LiveServer(settings) as server:
+        models = httpx.get(server.url + "/v1/models").json()["models"]
+        assert [(m["name"], m["default"]) for m in models] == [
+            (model_dir.name, True),
+            ("second-model", False),
+        ]
+        default = post(server, "/v1/translate", body).json()
+        chosen = post(server, "/v1/translate", {**body, "model": "second-model"}).json()
+    assert default["model"] == model_dir.name and chosen["model"] == "second-model"
+    assert chosen["translations"] == default["translations"]  # the same weights
+
+
+def test_the_default_timeout_applies_when_a_request_gives_none(model_dir: Path) -> None:
+    settings = make_settings(model_dir, variant="fp32", default_timeout_ms=1)
+    body = {"text": TEXTS[0], "target_lang": "de", "min_new_tokens": 40, "max_new_tokens": 40}
+    with LiveServer(settings) as server:
+        late = post(server, "/v1/generate", body)
+        assert late.status_code == 504, late.text
+        assert late.json()["error"]["type"] == "deadline_exceeded"
+        assert post(server, "/v1/generate", {**body, "timeout_ms": 60_000}).status_code == 200
