@@ -7,11 +7,16 @@ tokens so far. Order and formulas follow Hugging Face's processors, so outputs m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from attnserve.engine.backend import FloatArray, ModelSpec
 from attnserve.engine.options import DecodingOptions
+
+# The sampling masks keep their input's precision (sampling works in float64).
+Floats = TypeVar("Floats", npt.NDArray[np.float32], npt.NDArray[np.float64])
 
 NEG_INF = np.float32(-np.inf)
 
@@ -67,7 +72,7 @@ def banned_ngram_tokens(history: Sequence[int], n: int) -> list[int]:
     ]
 
 
-def top_k_mask(logits: FloatArray, k: int) -> FloatArray:
+def top_k_mask(logits: Floats, k: int) -> Floats:
     """Keep the k highest logits of a (V,) row, -inf elsewhere (ties with the k-th kept).
     The result has the dtype of `logits` (sampling works in float64)."""
     if k <= 0 or k >= logits.shape[-1]:
@@ -76,7 +81,7 @@ def top_k_mask(logits: FloatArray, k: int) -> FloatArray:
     return np.where(logits < kth, NEG_INF, logits).astype(logits.dtype)
 
 
-def top_p_mask(logits: FloatArray, p: float) -> FloatArray:
+def top_p_mask(logits: Floats, p: float) -> Floats:
     """Nucleus: keep the smallest set of highest-probability tokens whose mass reaches p (the
     most probable token always, however small p is). The dtype of `logits` is kept."""
     if p >= 1.0:
@@ -99,7 +104,7 @@ def logsumexp(x: FloatArray) -> FloatArray:
         return (np.log(np.exp(x - safe).sum(axis=-1, keepdims=True)) + safe).astype(np.float32)
 
 
-def softmax(x: FloatArray) -> FloatArray:
+def softmax(x: Floats) -> Floats:
     """Softmax of a (V,) row, in the dtype of `x`."""
     z = np.exp(x - np.max(x))
     return (z / z.sum()).astype(x.dtype)

@@ -124,7 +124,9 @@ class ServiceMiddleware:
         if self._key is not None:
             scheme, _, supplied = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(
-                supplied.strip().encode(), self._key
+                # the header's own bytes (read as latin-1): a UTF-8 key compares byte for byte
+                supplied.strip().encode("latin-1"),
+                self._key,
             ):
                 return _Reply(
                     401,

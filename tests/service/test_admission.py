@@ -197,7 +197,7 @@ def test_readiness_while_loading(model_dir: Path) -> None:
 
 
 def test_api_key(model_dir: Path) -> None:
-    with LiveServer(make_settings(model_dir, api_key="s3cret")) as server:
+    with LiveServer(make_settings(model_dir, api_key="s3cret-ü")) as server:
         url = server.url
         missing = httpx.get(url + "/v1/models")
         assert missing.status_code == 401
@@ -205,7 +205,7 @@ def test_api_key(model_dir: Path) -> None:
         assert missing.json()["error"]["type"] == "unauthorized"
         wrong = {"Authorization": "Bearer s3cret-not"}
         assert httpx.post(url + "/v1/translate", json=KA, headers=wrong).status_code == 401
-        right = {"Authorization": "Bearer s3cret"}
+        right = {"Authorization": "Bearer s3cret-ü".encode()}  # a UTF-8 key, sent as bytes
         assert httpx.get(url + "/v1/models", headers=right).status_code == 200
         assert httpx.post(url + "/v1/translate", json=KA, headers=right).status_code == 200
         for open_path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
