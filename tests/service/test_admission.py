@@ -242,3 +242,18 @@ def test_rows_are_never_left_behind(slow: LiveServer) -> None:
     assert np.isfinite(
         metric_value(slow.metrics(), "attnserve_decode_step_seconds_sum", model=model.name)
     )
+
+
+def test_a_request_that_could_never_fit_the_batch_gets_422(model_dir: Path) -> None:
+    """Rows x (source + max_new_tokens) over max_batch_tokens: refused before queueing, with
+    the parameter to lower, and counted."""
+    with LiveServer(make_settings(model_dir, max_batch_tokens=200)) as server:
+        body = {**KA, "beam_size": 4, "max_new_tokens": 60}  # 4 x (3 + 60) > 200
+        refused = httpx.post(server.url + "/v1/translate", json=body, timeout=30)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["param"] == "max_new_tokens"
+        assert "too large" in refused.json()["error"]["message"]
+        fits = {**body, "max_new_tokens": 20}  # 4 x (3 + 20) <= 200
+        assert httpx.post(server.url + "/v1/translate", json=fits, timeout=30).status_code == 200
+        metrics = server.metrics()
+        assert metric_value(metrics, "attnserve_rejected_total", reason="request_too_large") == 1
