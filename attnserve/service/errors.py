@@ -112,7 +112,9 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         # FastAPI's only 400: a body it could not decode (e.g. not UTF-8). That is a client's
         # invalid request like any other: 422, as for malformed JSON.
         status, param = 422, "body"
-        message = "request body could not be parsed: send UTF-8 JSON"
+        # It carries no cause: a body that is not UTF-8, or a number Python will not read
+        # (over 4300 digits), both land here.
+        message = "request body could not be read as JSON (not UTF-8, or a number too long)"
     headers = dict(exc.headers or {})
     return error_response(ApiError(status, message, param=param, headers=headers))
 

@@ -173,6 +173,7 @@ RAW_CASES: list[tuple[str, bytes, str | None, int, str | None]] = [
     ),
     ("malformed JSON", b'{"text": "ka",', "application/json", 422, "body"),
     ("not UTF-8", b'{"text": "\xff\xfe\xfa"}', "application/json", 422, "body"),
+    ("a 5000-digit number", b'{"text": "ka", "beam_size": %s}' % (b"9" * 5000), None, 422, "body"),
     ("NaN", b'{"text": "ka", "length_penalty": NaN}', "application/json", 422, "length_penalty"),
     ("Infinity", b'{"text": "ka", "top_p": Infinity}', "application/json", 422, "top_p"),
     ("empty body", b"", "application/json", 422, "body"),
