@@ -125,8 +125,12 @@ class EngineLoop:
             except Exception as exc:  # the scheduler guards model errors; this is a bug
                 # Retrying would spin on the same failure with every request hanging until its
                 # deadline: fail what the scheduler holds instead, and serve the next requests.
-                log.exception("scheduler step failed; failing its %d requests", self.running)
-                events = self.scheduler.fail_all(exc)
+                log.exception("scheduler step failed; failing the requests it holds")
+                try:
+                    events = self.scheduler.fail_all(exc)
+                except Exception:
+                    log.exception("failing the scheduler's requests failed too")
+                    continue
             self.waiting = len(self.scheduler.waiting)
             self.running = len(self.scheduler.running)
             self._deliver(events)

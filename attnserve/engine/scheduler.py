@@ -157,6 +157,10 @@ class Scheduler:
         self._cancelled: set[str] = set()
         self._since_admit = 0  # steps since requests last joined
         self._held: list[tuple[Request, list[Hypothesis]]] = []  # static: done, answered later
+        # Every request queued and not ended yet (in arrival order), and the events of the step
+        # in progress: what `fail_all` must answer if a step raises halfway.
+        self._live: dict[int, Request] = {}
+        self._stepping: StepEvents | None = None
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -183,6 +187,7 @@ class Scheduler:
         """Append a checked request to the waiting queue (limits enforced by the caller)."""
         request.arrived = self.clock()
         self.waiting.append(request)
+        self._live[id(request)] = request
 
     def cancel(self, request_id: str) -> None:
         """Drop a request at the next step (client disconnected)."""
@@ -204,6 +209,7 @@ class Scheduler:
     def step(self) -> StepEvents:
         """schedule -> execute -> update; returns what happened."""
         events = StepEvents()
+        self._stepping = events
         started = self.clock()
         self._expire_and_cancel(events, started)
         events.admitted = self._admit(events, started)
@@ -226,6 +232,7 @@ class Scheduler:
                 self._report_tokens(running, events, now)
         self._release_held(events)
         events.step_seconds = self.clock() - started
+        self._stepping = None
         return events
 
     def fail_all(self, error: Exception) -> StepEvents:
@@ -233,7 +240,10 @@ class Scheduler:
         engine loop's way out when `step` itself raised (a bug), so that no request hangs on a
         scheduler that fails at every step and the next requests start from a clean state."""
         events = StepEvents()
-        requests = [*self.waiting, *self.running.values()]
+        if self._stepping is not None:  # requests the failed step ended are answered as such
+            events.ended.extend(self._stepping.ended)
+            self._stepping = None
+        requests = list(self._live.values())  # waiting, admitted halfway, running or held
         self.waiting.clear()
         self.running.clear()
         self.cohorts = []
@@ -242,6 +252,7 @@ class Scheduler:
         for request in requests:
             if request.outcome is None:
                 self._end(request, Outcome.FAILED, events, error=error)
+        self._live.clear()
         return events
 
     def _release_held(self, events: StepEvents) -> None:
@@ -401,6 +412,7 @@ class Scheduler:
     ) -> None:
         if request.search is not None:
             self.running.pop(id(request.search), None)
+        self._live.pop(id(request), None)
         request.outcome = outcome
         request.hypotheses = list(hypotheses)
         request.error = error

@@ -52,6 +52,18 @@ class ServiceMiddleware:
         self.known_paths = known_paths
         key = service.settings.api_key
         self._key = key.get_secret_value().encode() if key is not None else None
+        # The bytes a client may send the key as: UTF-8 (curl, httpx bytes), or latin-1 where
+        # it fits (Python's http.client, urllib and requests encode header strings so).
+        self._key_forms: tuple[bytes, ...] = ()
+        if key is not None:
+            forms = [key.get_secret_value().encode()]
+            try:
+                latin1 = key.get_secret_value().encode("latin-1")
+            except UnicodeEncodeError:  # not latin-1: only UTF-8 can carry it
+                latin1 = forms[0]
+            if latin1 != forms[0]:
+                forms.append(latin1)
+            self._key_forms = tuple(forms)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,11 +135,11 @@ class ServiceMiddleware:
         """401 without a valid API key; 503 while loading, draining or failed."""
         if self._key is not None:
             scheme, _, supplied = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                # the header's own bytes (read as latin-1): a UTF-8 key compares byte for byte
-                supplied.strip().encode("latin-1"),
-                self._key,
-            ):
+            # The header's own bytes (it was read as latin-1), less HTTP whitespace only:
+            # str.strip() would also eat \x85 and \xa0, the last byte of UTF-8 "Å" and "à".
+            raw = supplied.encode("latin-1").strip(b" \t")
+            matches = [hmac.compare_digest(raw, form) for form in self._key_forms]  # no early exit
+            if scheme.lower() != "bearer" or not any(matches):
                 return _Reply(
                     401,
                     "missing or invalid API key (Authorization: Bearer <key>)",

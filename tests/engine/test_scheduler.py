@@ -522,3 +522,30 @@ def test_failed_compaction_on_cancel_fails_its_cohort_and_nothing_hangs() -> Non
         "other": Outcome.FAILED,
     }
     assert s.running == {} and s.cohorts == [] and not s.has_work
+
+
+def test_fail_all_answers_every_request_a_failed_step_held_or_had_ended() -> None:
+    """A step that raises halfway (a bug) may already have ended requests (here a cancelled
+    one) and taken others off the queue: `fail_all` answers all of them, once."""
+    s, _, _ = make(SchedulerLimits(max_batch_rows=1, max_new_tokens=16))
+    reqs = [request("r1", 5), request("r2", 5), request("r3", 5)]
+    for r in reqs:
+        s.submit(r)
+    s.step()  # r1 runs; r2 and r3 wait
+    s.cancel("r2")
+
+    def broken_admission(events: object, now: float) -> int:
+        s.waiting.popleft()  # r3 taken off the queue, never admitted
+        raise RuntimeError("admission bug")
+
+    s._admit = broken_admission  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="admission bug"):
+        s.step()
+    events = s.fail_all(RuntimeError("admission bug"))
+    assert [(r.id, r.outcome) for r in events.ended] == [
+        ("r2", Outcome.CANCELLED),  # ended by the failed step itself
+        ("r1", Outcome.FAILED),
+        ("r3", Outcome.FAILED),
+    ]
+    assert not s.has_work and not s.cohorts
+    assert s.fail_all(RuntimeError("again")).ended == []  # nothing is answered twice
