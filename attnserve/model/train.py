@@ -34,6 +34,7 @@ from attnserve.model.batching import (
     collate,
     load_train_examples,
     make_batches,
+    read_lines,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.data import Manifest
@@ -73,6 +74,10 @@ class TrainConfig:
     threads: int = 0  # 0: torch's default
     seed: int = 1
     resume: bool = False
+    # Warm start: a model directory (config.json + model.safetensors) whose weights replace the
+    # initialisation; the optimizer and schedule start fresh. Its config must match this run's.
+    init_from: str = ""
+    compile: bool = False  # torch.compile the training forward pass
 
 
 # A step longer than this means the process was stopped (SIGSTOP, a suspended machine).
@@ -117,18 +122,54 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
 
 
 def loss_sum(
-    model: EncoderDecoder, batch: Batch, label_smoothing: float, bf16: bool
+    model: Any, batch: Batch, label_smoothing: float, bf16: bool, pad_id: int
 ) -> torch.Tensor:
-    """Summed label-smoothed cross-entropy over the batch's target tokens."""
+    """Summed label-smoothed cross-entropy over the batch's target tokens.
+
+    `model` is an EncoderDecoder or its torch.compile wrapper.
+    """
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         logits = model(batch.src_ids, batch.src_mask, batch.tgt_in, batch.tgt_mask)
     return F.cross_entropy(
         logits.float().flatten(0, 1),
         batch.labels.flatten(),
-        ignore_index=model.config.pad_id,
+        ignore_index=pad_id,
         label_smoothing=label_smoothing,
         reduction="sum",
     )
+
+
+def dev_loss(model: EncoderDecoder, examples: Examples, max_tokens: int, bf16: bool) -> float:
+    """Teacher-forced cross-entropy (nats per target token, no smoothing) of `examples`."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for indices in make_batches(examples, max_tokens, seed=0, epoch=0):
+                m = model.config
+                batch = collate(examples, indices, m.pad_id, m.start_id)
+                total += float(loss_sum(model, batch, 0.0, bf16, m.pad_id))
+                count += batch.num_target_tokens
+    finally:
+        model.train(was_training)
+    return total / max(count, 1)
+
+
+def dev_examples(data_dir: Path, tokenizer: Tokenizer, max_len: int) -> dict[str, Examples]:
+    """The dev split as examples, one set per direction (`ende`, `deen`)."""
+    examples: dict[str, Examples] = {}
+    for src, tgt in (("en", "de"), ("de", "en")):
+        ex = Examples()
+        ex.add(
+            tokenizer,
+            read_lines(data_dir / f"dev.{src}"),
+            read_lines(data_dir / f"dev.{tgt}"),
+            tgt,
+            max_len,
+        )
+        examples[src + tgt] = ex
+    return examples
 
 
 def _rng_state() -> dict[str, Any]:
@@ -164,6 +205,9 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.model = EncoderDecoder(self.model_config)
+        if cfg.init_from:
+            self._init_from(Path(cfg.init_from))
+        self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
         self.optimizer = torch.optim.AdamW(
@@ -180,6 +224,7 @@ class Trainer:
             self.optimizer, inverse_sqrt(cfg.warmup_steps)
         )
         self.state = TrainState()
+        self.dev_examples: dict[str, Examples] | None = None
         manifest = Manifest.load(Path(cfg.data_dir) / "manifest.json")
         self.examples: Examples = load_train_examples(
             Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len
@@ -189,6 +234,16 @@ class Trainer:
             len(self.examples), self.examples.skipped_too_long, cfg.preset,
             self.model.num_parameters() / 1e6,
         )  # fmt: skip
+
+    def _init_from(self, directory: Path) -> None:
+        """Copy the weights of a model directory into the fresh model (same architecture)."""
+        from attnserve.model.checkpoint import load_model_dir
+
+        source, _ = load_model_dir(directory)
+        if source.config.to_dict() != self.model_config.to_dict():
+            raise ValueError(f"{directory}: config.json differs from this run's model config")
+        self.model.load_state_dict(source.state_dict())
+        log.info("weights initialised from %s", directory)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -254,9 +309,11 @@ class Trainer:
     def train_step(self, batches: list[Batch]) -> float:
         """One optimizer step over `accum_steps` micro-batches; returns loss per target token."""
         n_target = sum(b.num_target_tokens for b in batches)
+        pad = self.model_config.pad_id
         total = 0.0
         for batch in batches:
-            loss = loss_sum(self.model, batch, self.cfg.label_smoothing, self.bf16) / n_target
+            loss = loss_sum(self.forward, batch, self.cfg.label_smoothing, self.bf16, pad)
+            loss = loss / n_target
             loss.backward()
             total += float(loss.detach())
         if self.cfg.clip_norm > 0:
@@ -270,6 +327,13 @@ class Trainer:
         scores = dev_bleu(
             self.model, self.tokenizer, Path(self.cfg.data_dir), self.cfg.dev_sentences
         )
+        if self.dev_examples is None:
+            self.dev_examples = dev_examples(
+                Path(self.cfg.data_dir), self.tokenizer, self.cfg.max_len
+            )
+        for direction, examples in self.dev_examples.items():
+            loss = dev_loss(self.model, examples, self.cfg.max_tokens, self.bf16)
+            scores[f"loss_{direction}"] = round(loss, 4)
         record = {"step": self.state.step, "hours": round(self.state.seconds / 3600, 3), **scores}
         self.state.history.append(record)
         mean = (scores["bleu_ende"] + scores["bleu_deen"]) / 2
