@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test serve lint typecheck unit venv clean prometheus loadtest
+.PHONY: test quick serve lint typecheck unit venv clean prometheus loadtest
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check attnserve tests
-	$(VENV)/bin/ruff format --check attnserve tests
+	$(VENV)/bin/ruff check attnserve tests loadtest
+	$(VENV)/bin/ruff format --check attnserve tests loadtest
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy attnserve
@@ -37,6 +37,11 @@ prometheus:
 	  else echo "prometheus not installed (needs root to apt-get it): its tests will skip"; fi; }
 
 test: lint typecheck unit
+
+# The fast loop while developing: lint, types and the tests not marked slow, without the
+# deployment files' tests (tests/deploy); `make test` runs everything.
+quick: lint typecheck
+	$(PY) -m pytest -q -m "not slow" --ignore=tests/deploy
 
 # Serves checkpoints/ende-small on 127.0.0.1:8000; `attnserve serve` exports its ONNX graphs
 # first when MODEL/onnx/<variant> is missing.

@@ -192,7 +192,7 @@ def hf_marian_separate_dir(
 @pytest.fixture(scope="session")
 def tiny_marian_import(tmp_path_factory: pytest.TempPathFactory, hf_marian_dir: Path) -> Path:
     """`hf_marian_dir` imported into our model directory format."""
-    from attnserve.model.marian import import_marian
+    from attnserve.convert.marian import import_marian
 
     return import_marian(hf_marian_dir, tmp_path_factory.mktemp("imported") / "opus-mt-tiny")
 

@@ -31,7 +31,7 @@ def load_backend(
 
         return TorchBackend.from_dir(model_dir, threads=threads)
     if kind == "onnx":
-        from attnserve.engine.onnx_backend import OnnxBackend
+        from attnserve.engine.onnx.backend import OnnxBackend
 
         options = {k: v for k, v in kwargs.items() if k in ("provider", "io_binding", "spinning")}
         chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT

@@ -8,7 +8,7 @@ checked by `verify`. The TorchScript exporter (dynamo=False) was not needed. The
 position is computed as ``sum([past_mask, 1]) - 1`` so no reduction runs over an empty axis.
 Attention gets a custom translation (`attention`) that ORT fuses better than torchlib's.
 
-Graph layout and names: `attnserve.engine.onnx_layout`. Variants (`attnserve.export.variants`):
+Graph layout and names: `attnserve.engine.onnx.layout`. Variants (`attnserve.export.variants`):
 ``fp32`` as exported; ``int8`` dynamic quantization after ORT's basic graph optimizations;
 ``fp16`` for the CUDA provider.
 """
@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnserve.engine.onnx_layout import (
+from attnserve.defaults import OPSET
+from attnserve.engine.onnx.layout import (
     DECODER_INPUTS,
     DECODER_NAME,
     ENCODER_INPUTS,
@@ -48,7 +49,7 @@ from attnserve.model.transformer import EncoderDecoder
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OPSET = 18
+
 EXPORTER = "torch.onnx.export(dynamo=True)"
 
 
@@ -127,7 +128,7 @@ def _example_inputs(
 
 
 def export_fp32(
-    model: EncoderDecoder, out_dir: str | Path, *, opset: int = DEFAULT_OPSET
+    model: EncoderDecoder, out_dir: str | Path, *, opset: int = OPSET
 ) -> dict[str, Path]:
     """Write encoder.onnx and decoder.onnx (fp32, self-contained) into `out_dir`."""
     out = Path(out_dir)
@@ -223,7 +224,7 @@ def export_variants(
     onnx_root: str | Path,
     variants: Sequence[str] = ("fp32", "int8"),
     *,
-    opset: int = DEFAULT_OPSET,
+    opset: int = OPSET,
     verify: bool = True,
     int8_float_output: bool | None = None,
 ) -> dict[str, Path]:
@@ -281,7 +282,7 @@ def export_model(
     model_dir: str | Path,
     variants: Sequence[str] = ("fp32", "int8"),
     *,
-    opset: int = DEFAULT_OPSET,
+    opset: int = OPSET,
     verify: bool = True,
     int8_float_output: bool | None = None,
 ) -> dict[str, Path]:

@@ -32,7 +32,7 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
-from attnserve.engine.onnx_layout import DECODER_NAME, ENCODER_NAME, LOG_PROBS
+from attnserve.engine.onnx.layout import DECODER_NAME, ENCODER_NAME, LOG_PROBS
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnserve.engine.backend import Backend, FloatArray, IntArray, pad_batch
-from attnserve.engine.onnx_backend import OnnxBackend
+from attnserve.engine.onnx.backend import OnnxBackend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_backend import TorchBackend
 from attnserve.engine.translator import decode_batch

@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import platform
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -26,6 +28,20 @@ AGGREGATED = "Aggregated"
 PERCENTILES = (50, 66, 75, 80, 90, 95, 98, 99, 99.9, 100)
 OVERLOADED = "HTTP 429"  # the only failure allowed, and only above saturation
 _CATCH = re.compile(r"^CatchResponseError\((['\"])(.*)\1\)$")
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, logical CPUs and 1-minute load average at the time of the run (Linux)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "load_average_1m": load}
 
 
 def _number(text: str) -> float | None:

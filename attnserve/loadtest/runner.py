@@ -33,7 +33,6 @@ from typing import Any
 from attnserve.loadtest.traffic import (
     DEFAULT_BEAMS,
     DEFAULT_WEIGHTS,
-    MIXES,
     TrafficConfig,
     parse_mapping,
 )
@@ -42,47 +41,6 @@ log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 STOP_GRACE_SECONDS = 5.0
-
-
-def add_loadtest_command(sub: Any, default_model: Path) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "loadtest", help="HTTP load test with locust: a ladder of user counts, report and plots"
-    )
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--model", type=Path, default=default_model, help="model to serve")
-    target.add_argument("--host", default=None, help="a running server, e.g. http://host:8000")
-    p.add_argument("--users", default="1,2,4,8,16,32", help="the ladder of concurrent users")
-    p.add_argument("--stage-seconds", type=float, default=30.0, help="locust run time per stage")
-    p.add_argument("--out", type=Path, default=Path("loadtest/results"), help="results root")
-    p.add_argument("--variant", default="int8", help="served ONNX variant (without --host)")
-    p.add_argument("--threads", type=int, default=None, help="server intra-op threads")
-    p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
-    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")
-    defaults = TrafficConfig()
-    p.add_argument("--weights", default="", help=f"users per shape, default {DEFAULT_WEIGHTS}")
-    p.add_argument("--beams", default="", help=f"beam size per shape, default {DEFAULT_BEAMS}")
-    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help="texts per batch")
-    p.add_argument("--deadline-ms", type=int, default=defaults.deadline_ms, help="timeout_ms")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the server's")
-    p.add_argument("--sentences", type=Path, default=None, help="TSV with en/de columns")
-    p.add_argument("--max-chars", type=int, default=0, help="skip longer sentences (0: none)")
-    p.add_argument("--wait-seconds", type=float, default=0.0, help="think time 0..N per user")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--mix",
-        choices=MIXES,
-        default="requests",
-        help="requests: each request's shape drawn by the weights (every stage sends the same "
-        "mix); users: one shape per user, users split by weight",
-    )
-    p.add_argument(
-        "--allow-empty",
-        action="store_true",
-        help="accept empty translations (random test models may end at once)",
-    )
-    p.add_argument("--title", default=None, help="what was tested, for the plots")
-    p.set_defaults(func=cmd_loadtest)
-    return p
 
 
 def _traffic(args: argparse.Namespace) -> TrafficConfig:
@@ -205,7 +163,7 @@ def _write(path: Path, text: str) -> None:
 def _meta(args: argparse.Namespace, url: str, command: list[str] | None) -> dict[str, Any]:
     import importlib.metadata
 
-    from attnserve.loadtest.bench_report import machine
+    from attnserve.loadtest.report import machine
 
     models = json.loads(_get(url + "/v1/models")[1]).get("models", [])
     default = next((m for m in models if m.get("default")), models[0] if models else {})

@@ -58,7 +58,7 @@ def write_tsv(by_language: Mapping[str, Sequence[str]], path: Path) -> Path:
 
 def held_out_sentences(bible_db: Path | None = None) -> dict[str, list[str]]:
     """Both sides of the corpus builder's test split."""
-    from attnserve.model.data import held_out_verses
+    from attnserve.training.data import held_out_verses
 
     verses = held_out_verses("test", bible_db)
     return {"en": [v.en for v in verses], "de": [v.de for v in verses]}

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from attnserve.service.settings import DEFAULT_MODEL_DIR, Settings
+from attnserve.defaults import DEFAULT_MODEL_ENV, DEFAULT_MODEL_NAME, default_model_dir
+from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,12 @@ class ServeError(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `attnserve serve` (the command is registered in `attnserve.cli.serve`)."""
     p.add_argument(
         "--model",
         default=None,
         help=f"model directories, comma-separated; the first is the default "
-        f"(env ATTNSERVE_MODELS; default {DEFAULT_MODEL_DIR})",
+        f"(env ATTNSERVE_MODELS; default {default_model_dir()})",
     )
     for flag, (field, kind) in FLAGS.items():
         p.add_argument(
@@ -99,15 +101,15 @@ def check_models(settings: Settings) -> None:
     for directory in settings.model_dirs:
         if not directory.is_dir():
             hint = (
-                " The default model is not in this checkout yet (it is trained by "
-                "`attnserve train` and packaged with `attnserve package`)."
-                if directory.resolve() == DEFAULT_MODEL_DIR
+                f" The default model ships in the attnserve checkout (checkpoints/"
+                f"{DEFAULT_MODEL_NAME}); run from the checkout or set {DEFAULT_MODEL_ENV}."
+                if directory.name == DEFAULT_MODEL_NAME
                 else ""
             )
             raise ServeError(
                 f"model directory {directory} does not exist.{hint} Serve another model with "
                 "`attnserve serve --model DIR` (an attnserve model directory; convert a Hugging "
-                "Face Marian model with `attnserve import-marian HF_DIR DIR`)."
+                "Face model with `attnserve import HF_DIR DIR`)."
             )
         if not (directory / "config.json").is_file():
             raise ServeError(f"{directory} is not an attnserve model directory (no config.json)")
@@ -116,19 +118,12 @@ def check_models(settings: Settings) -> None:
 
 
 def _ensure_exported(directory: Path, settings: Settings) -> None:
-    from attnserve.engine.onnx_layout import DECODER_NAME, ENCODER_NAME, variant_dir
+    from attnserve.export.ensure import NotExportedError, ensure_exported
 
-    graphs = variant_dir(directory, settings.variant)
-    if all((graphs / name).is_file() for name in (ENCODER_NAME, DECODER_NAME)):
-        return
-    command = f"attnserve export {directory} --variants {settings.variant}"
-    if not settings.auto_export:
-        raise ServeError(f"{graphs} has no ONNX graphs: run `{command}` (or --auto-export)")
-    log.info("%s is missing: exporting the model to ONNX (`%s`)", graphs, command)
-    from attnserve.export.onnx_export import export_model
-
-    export_model(directory, [settings.variant])
-    log.info("exported %s", graphs)
+    try:
+        ensure_exported(directory, settings.variant, allow=settings.auto_export)
+    except NotExportedError as exc:
+        raise ServeError(str(exc)) from exc
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

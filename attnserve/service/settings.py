@@ -8,7 +8,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "ende-small"
+from attnserve.defaults import default_model_dir
+
+
+def _default_models() -> list[str]:
+    return [str(default_model_dir())]
 
 
 def _split_commas(value: Any) -> Any:
@@ -25,7 +29,7 @@ class Settings(BaseSettings):
 
     # Model directories, comma-separated in ATTNSERVE_MODELS. A model's name is its directory's
     # name; the first one is the default for requests that name none.
-    models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [str(DEFAULT_MODEL_DIR)])
+    models: Annotated[list[str], NoDecode] = Field(default_factory=_default_models)
     backend: Literal["onnx", "torch"] = "onnx"
     variant: Literal["fp32", "int8", "fp16"] = "int8"
     provider: Literal["auto", "cpu", "cuda"] = "auto"

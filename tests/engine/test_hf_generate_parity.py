@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from attnserve.convert.marian import import_marian
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_backend import TorchBackend
 from attnserve.engine.translator import decode_batch
 from attnserve.model.checkpoint import load_model_dir
-from attnserve.model.marian import import_marian
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")

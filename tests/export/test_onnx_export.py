@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attnserve.cli import main
-from attnserve.engine.onnx_backend import OnnxBackend
-from attnserve.engine.onnx_layout import DECODER_INPUTS, cross_names, new_names, past_names
+from attnserve.engine.onnx.backend import OnnxBackend
+from attnserve.engine.onnx.layout import DECODER_INPUTS, cross_names, new_names, past_names
 from attnserve.export.onnx_export import export_model, export_variants, sha256
 from attnserve.export.variants import output_projection_nodes
 from attnserve.export.verify import FP32_MAX_ABS_DIFF, ParityError
@@ -192,7 +192,8 @@ def test_cli_export_and_translate(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`attnserve export` then `translate --backend onnx --variant fp32` == `--backend torch`."""
+    """`translate` refuses a missing variant with --no-auto-export and exports it by default;
+    `attnserve export` then `translate --backend onnx --variant fp32` == `--backend torch`."""
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_marian_import, model_dir)
 
@@ -202,8 +203,12 @@ def test_cli_export_and_translate(
         out, err = capsys.readouterr()
         return code, out, err
 
-    code, _, err = run("translate", "--model", str(model_dir), "--variant", "fp32", stdin="a\n")
-    assert code == 2 and "encoder.onnx" in err and "attnserve export" in err
+    refuse = ("translate", "--model", str(model_dir), "--variant", "fp32", "--no-auto-export")
+    code, _, err = run(*refuse, stdin="a\n")
+    assert code == 2 and "has no ONNX graphs" in err and "attnserve export" in err
+    code, out, _ = run("translate", "--model", str(model_dir), "--variant", "int8", stdin="a\n")
+    assert code == 0 and len(out.splitlines()) == 1
+    assert (model_dir / "onnx" / "int8" / "manifest.json").is_file()
     code, out, _ = run("export", str(model_dir), "--variants", "fp32", "--no-verify")
     assert code == 0 and json.loads(out)["variant"] == "fp32"
     text = "Kaka ro.\nZo re ma ti.\n"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from attnserve.loadtest.sentences import LanguagePool, build_pools, held_out_sentences, read_tsv
-from attnserve.model.data import build_corpus
-from tests.model.tiny_corpus import write_synthetic_bible
+from attnserve.training.data import build_corpus
+from tests.training.tiny_corpus import write_synthetic_bible
 
 
 def test_held_out_sentences_are_the_test_split_build_corpus_writes(tmp_path: Path) -> None:

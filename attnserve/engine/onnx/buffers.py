@@ -1,0 +1,126 @@
+"""`BufferPool`: numpy buffers reused for the host cache tensors once no state holds them."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+
+class BufferPool:
+    """Hands out numpy arrays again once no state holds them, with rows to spare.
+
+    A fresh array of a few MB is mapped memory whose pages fault and are zeroed by the kernel on
+    first touch: on the benchmark machine that took 5x as long as the copy into it, every beam
+    step. So arrays are views of pooled flat buffers, reused for any shape that fits (a cache
+    one column wider, a batch a few rows smaller). A buffer is free when the pool holds its only
+    reference (CPython reference counts; a view keeps its buffer alive). Buffers are allocated
+    with room to spare, so rows that join a running batch go into the rows after a view
+    (`extend`) instead of a copy of the whole batch. A request takes the smallest free buffer
+    that holds it and is at most REUSE times its size. After every request the largest free
+    buffers are dropped until the free ones weigh no more than the recent high-water mark of
+    those in use: about one spare generation of the cache, given back after a peak.
+    """
+
+    # References to a free buffer while `_free` counts them: the list's and getrefcount's.
+    FREE = 2
+    ROWS = 16  # allocations round their rows up to a multiple of this
+    # Columns grow too (a cache gains one a step): buffers get twice the room the rows need, so
+    # that a cache outgrowing its buffer often finds the one before it free and big enough
+    # (pages never touched cost no memory). At 5/4 every growth faulted fresh pages in: beam 4 /
+    # batch 32 spent 2x as long in np.zeros and 1.3x as long resizing.
+    ROOM = 2
+    # A free buffer serves requests down to 1/REUSE of its size: a batch that lost rows keeps
+    # its buffers, but a small request does not pin a large buffer (memory after a peak).
+    REUSE = 16
+    # Free buffers are kept up to the recent high-water mark of the bytes in use, which decays
+    # by this factor a request (halved in ~140): a batch that ends and a next one that grows
+    # back reuse the same memory (trimming to the bytes in use at once faulted it in again:
+    # np.zeros 0.015 -> 0.235 s for 384 sentences; with this decay 0.039 s), and after a peak
+    # the memory is given back under a lighter load.
+    HIGH_DECAY = 0.995
+
+    def __init__(self) -> None:
+        self._buffers: list[np.ndarray] = []  # flat
+        self._claimed: list[int] = []  # elements of each buffer the last view handed out holds
+        self._high = 0.0  # decaying high-water mark of the bytes in use
+
+    @classmethod
+    def capacity(cls, rows: int) -> int:
+        """Rows allocated for a request of `rows`: a quarter and ROWS more, rounded up."""
+        return -(-(rows + rows // 4 + cls.ROWS) // cls.ROWS) * cls.ROWS
+
+    def _free(self, i: int) -> bool:
+        return sys.getrefcount(self._buffers[i]) <= self.FREE
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """An array of this shape and dtype, with finite but arbitrary contents."""
+        need = int(np.prod(shape))
+        best = -1
+        for i in range(len(self._buffers)):  # no loop variable: it would hold a reference
+            size = self._buffers[i].size
+            if (
+                self._buffers[i].dtype == dtype
+                and need <= size <= self.REUSE * need + 1024
+                and (best < 0 or size < self._buffers[best].size)
+                and self._free(i)
+            ):
+                best = i
+        if best >= 0:
+            self._claimed[best] = need
+            view = self._buffers[best][:need].reshape(shape)
+        else:
+            row = int(np.prod(shape[1:]))
+            size = self.capacity(shape[0]) * row * self.ROOM
+            self._buffers.append(np.zeros(size, dtype=dtype))
+            self._claimed.append(need)
+            view = self._buffers[-1][:need].reshape(shape)
+        self._trim()
+        return view
+
+    def _trim(self) -> None:
+        """Drop the largest free buffers while the free ones outweigh the recent high-water mark
+        of those in use (it decays by HIGH_DECAY a request)."""
+        free = [i for i in range(len(self._buffers)) if self._free(i)]
+        free_bytes = sum(self._buffers[i].nbytes for i in free)
+        busy_bytes = sum(b.nbytes for b in self._buffers) - free_bytes
+        self._high = max(float(busy_bytes), self._high * self.HIGH_DECAY)
+        dropped = set()
+        for i in sorted(free, key=lambda i: -self._buffers[i].nbytes):
+            if free_bytes <= self._high:
+                break
+            dropped.add(i)
+            free_bytes -= self._buffers[i].nbytes
+        if dropped:
+            self._buffers = [b for i, b in enumerate(self._buffers) if i not in dropped]
+            self._claimed = [c for i, c in enumerate(self._claimed) if i not in dropped]
+
+    def _index(self, view: np.ndarray) -> int | None:
+        """The buffer whose first elements `view` is, if any."""
+        for i, buffer in enumerate(self._buffers):
+            if view.base is buffer:
+                whole = view.ctypes.data == buffer.ctypes.data and view.flags.c_contiguous
+                return i if whole else None
+        return None
+
+    def room(self, view: np.ndarray, rows: int) -> bool:
+        """Whether `view` can grow by `rows` rows in place: its buffer has them, and no other
+        view grew into them (the last one handed out of this buffer was `view`)."""
+        i = self._index(view)
+        grown = (view.shape[0] + rows) * (view.size // max(view.shape[0], 1))
+        return (
+            i is not None
+            and view.shape[0] > 0
+            and self._claimed[i] == view.size
+            and self._buffers[i].size >= grown
+        )
+
+    def extend(self, view: np.ndarray, rows: int) -> np.ndarray:
+        """`view` and `rows` more rows after it in its buffer (check `room` first)."""
+        i = self._index(view)
+        assert i is not None
+        shape = (view.shape[0] + rows, *view.shape[1:])
+        need = int(np.prod(shape))
+        self._claimed[i] = need
+        return self._buffers[i][:need].reshape(shape)

@@ -1,0 +1,73 @@
+"""Where exported ONNX graphs live and what their inputs and outputs are called (no onnxruntime).
+
+``MODEL_DIR/onnx/<variant>/`` holds ``encoder.onnx``, ``decoder.onnx`` and ``manifest.json``.
+
+encoder.onnx: ``input_ids`` (B, S) int64, ``attention_mask`` (B, S) int64 -> ``cross.{i}.key``,
+``cross.{i}.value`` (B, H, S, D) for every decoder layer i.
+
+decoder.onnx, one step for B rows that decode N encoded sources (the beams of a request share
+their source): ``input_ids`` (B,) int64, ``encoder_attention_mask`` (N, S) int64,
+``past_mask`` (B, T) int64 (1 = a real past column; left padding and unused columns are 0),
+``row_slots`` (B,) and ``slot_rows`` (N * G,) int64 (which rows share a source: see
+``rowops.slot_index``), ``past.{i}.self.key`` / ``.value`` (B, H, T, D),
+``cross.{i}.key`` / ``.value`` (N, H, S, D) -> ``log_probs`` (B, V) float32 and
+``new.{i}.self.key`` / ``.value`` (B, H, 1, D), the step's column of the cache (the runtime
+appends it). T may be 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnserve.defaults import VARIANTS
+from attnserve.model.checkpoint import (
+    ModelFileMissingError,
+    read_json_object,
+)
+
+ONNX_DIR = "onnx"
+ENCODER_NAME = "encoder.onnx"
+DECODER_NAME = "decoder.onnx"
+MANIFEST_NAME = "manifest.json"
+
+ENCODER_INPUTS = ("input_ids", "attention_mask")
+DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
+LOG_PROBS = "log_probs"
+
+
+def cross_names(n_layers: int) -> list[str]:
+    """cross.{i}.key, cross.{i}.value for every layer, interleaved."""
+    return [f"cross.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def past_names(n_layers: int) -> list[str]:
+    """past.{i}.self.key, past.{i}.self.value for every layer, interleaved."""
+    return [f"past.{i}.self.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def new_names(n_layers: int) -> list[str]:
+    """new.{i}.self.key, new.{i}.self.value (the step's cache column) for every layer."""
+    return [f"new.{i}.self.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def variant_dir(model_dir: str | Path, variant: str) -> Path:
+    """MODEL_DIR/onnx/<variant>."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown ONNX variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    return Path(model_dir) / ONNX_DIR / variant
+
+
+def require_graph(directory: Path, name: str) -> Path:
+    """directory/name, or ModelFileMissingError telling how to create it."""
+    path = directory / name
+    if not path.is_file():
+        model_dir = directory.parent.parent
+        hint = f" (run `attnserve export {model_dir} --variants {directory.name}`)"
+        raise ModelFileMissingError(name, directory, hint)
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """manifest.json of an exported variant directory ({} when it is missing)."""
+    return read_json_object(directory, MANIFEST_NAME, required=False)

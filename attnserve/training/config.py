@@ -1,0 +1,60 @@
+"""`TrainConfig`: everything a training run depends on, and its command-line flags (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on (saved in its checkpoint)."""
+
+    data_dir: str = "data"
+    spm_model: str = "data/spm.model"
+    run_dir: str = "runs/ende-small"
+    preset: str = "small"
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int = 4096  # padded tokens per micro-batch: rows * max(source, target) length
+    accum_steps: int = 1
+    lr: float = 7e-4
+    warmup_steps: int = 2000
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_len: int = 160  # longer examples (in pieces) are skipped
+    max_steps: int = 0  # 0: no step limit
+    max_hours: float = 0.0  # 0: no time limit for this invocation
+    checkpoint_minutes: float = 10.0
+    eval_every: int = 1000  # steps between dev BLEU evaluations; 0: never
+    dev_sentences: int = 100  # per direction
+    log_every: int = 50
+    bf16: bool | None = None  # None: autocast to bf16 where the CPU computes bf16 natively
+    threads: int = 0  # 0: torch's default
+    seed: int = 1
+    resume: bool = False
+    # Warm start: a model directory (config.json + model.safetensors) whose weights replace the
+    # initialisation; the optimizer and schedule start fresh. Its config must match this run's.
+    init_from: str = ""
+    compile: bool = False  # torch.compile the training forward pass
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """One `--flag` per TrainConfig field (`--model-overrides` takes JSON)."""
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(TrainConfig(), f.name)
+        if isinstance(default, bool) or "bool" in str(f.type):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif isinstance(default, dict):
+            parser.add_argument(flag, type=json.loads, default=default, help="JSON object")
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig that `add_train_arguments` flags describe."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})

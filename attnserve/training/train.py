@@ -1,0 +1,405 @@
+"""Training one model for both directions: teacher forcing, label smoothing, AdamW + inverse-sqrt.
+
+A run directory holds `checkpoint.pt` (everything `resume` needs: model, optimizer, scheduler,
+step, data position, RNG states), `best.pt` (the weights with the best dev BLEU) and `train.log`.
+
+bf16 autocast (`bf16=None`: on where the CPU has AMX or AVX-512 bf16), measured for the `small`
+preset (vocab 8k, 4096-token batches) on 2 Xeon cores with AMX: 7.7k vs 6.2k source+target
+tokens/s with 2 threads (1.25x), 4.7k vs 3.4k with 1 thread (1.37x). The fused AdamW kernel adds
+about 10%; dropping the final logits bias (`model_overrides={"final_logits_bias": false}`) 9%.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.model.transformer import EncoderDecoder
+from attnserve.training.batching import (
+    Batch,
+    Examples,
+    collate,
+    load_train_examples,
+    make_batches,
+    read_lines,
+)
+from attnserve.training.config import TrainConfig
+from attnserve.training.data import Manifest
+from attnserve.training.evaluate import dev_bleu
+
+log = logging.getLogger("attnserve.training.train")  # also when run as __main__
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+# A step longer than this means the process was stopped (SIGSTOP, a suspended machine).
+MAX_STEP_SECONDS = 120.0
+
+
+@dataclass
+class TrainState:
+    """Progress that a checkpoint restores besides the tensors."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed
+    tokens: int = 0
+    seconds: float = 0.0
+    best_bleu: float = -1.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def inverse_sqrt(warmup_steps: int) -> Any:
+    """LR multiplier: linear warmup to 1 at `warmup_steps`, then sqrt(warmup / step)."""
+
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+    return factor
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AMX or AVX-512 bf16; Linux /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    """The preset with overrides, its vocabulary sized to the SentencePiece model."""
+    return ModelConfig.preset(cfg.preset, **{**cfg.model_overrides, "vocab_size": vocab_size})
+
+
+def loss_sum(
+    model: Any, batch: Batch, label_smoothing: float, bf16: bool, pad_id: int
+) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over the batch's target tokens.
+
+    `model` is an EncoderDecoder or its torch.compile wrapper.
+    """
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(batch.src_ids, batch.src_mask, batch.tgt_in, batch.tgt_mask)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1),
+        batch.labels.flatten(),
+        ignore_index=pad_id,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+
+
+def dev_loss(model: EncoderDecoder, examples: Examples, max_tokens: int, bf16: bool) -> float:
+    """Teacher-forced cross-entropy (nats per target token, no smoothing) of `examples`."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for indices in make_batches(examples, max_tokens, seed=0, epoch=0):
+                m = model.config
+                batch = collate(examples, indices, m.pad_id, m.start_id)
+                total += float(loss_sum(model, batch, 0.0, bf16, m.pad_id))
+                count += batch.num_target_tokens
+    finally:
+        model.train(was_training)
+    return total / max(count, 1)
+
+
+def dev_examples(data_dir: Path, tokenizer: Tokenizer, max_len: int) -> dict[str, Examples]:
+    """The dev split as examples, one set per direction (`ende`, `deen`)."""
+    examples: dict[str, Examples] = {}
+    for src, tgt in (("en", "de"), ("de", "en")):
+        ex = Examples()
+        ex.add(
+            tokenizer,
+            read_lines(data_dir / f"dev.{src}"),
+            read_lines(data_dir / f"dev.{tgt}"),
+            tgt,
+            max_len,
+        )
+        examples[src + tgt] = ex
+    return examples
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """Owns the model, optimizer, scheduler, data and progress of one run."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.bf16 = cpu_has_bf16() if cfg.bf16 is None else cfg.bf16
+        self.run_dir = Path(cfg.run_dir)
+        self.tokenizer = Tokenizer.from_spm(cfg.spm_model)
+        self.model_config = model_config(cfg, self.tokenizer.vocab_size)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.model = EncoderDecoder(self.model_config)
+        if cfg.init_from:
+            self._init_from(Path(cfg.init_from))
+        self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
+        decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            fused=True,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, inverse_sqrt(cfg.warmup_steps)
+        )
+        self.state = TrainState()
+        self.dev_examples: dict[str, Examples] | None = None
+        manifest = Manifest.load(Path(cfg.data_dir) / "manifest.json")
+        self.examples: Examples = load_train_examples(
+            Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len
+        )
+        log.info(
+            "%d training examples (%d too long skipped); model %s, %.1fM parameters",
+            len(self.examples), self.examples.skipped_too_long, cfg.preset,
+            self.model.num_parameters() / 1e6,
+        )  # fmt: skip
+
+    def _init_from(self, directory: Path) -> None:
+        """Copy the weights of a model directory into the fresh model (same architecture)."""
+        from attnserve.model.checkpoint import load_model_dir
+
+        source, _ = load_model_dir(directory)
+        if source.config.to_dict() != self.model_config.to_dict():
+            raise ValueError(f"{directory}: config.json differs from this run's model config")
+        self.model.load_state_dict(source.state_dict())
+        log.info("weights initialised from %s", directory)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT_NAME
+
+    def save_checkpoint(self) -> None:
+        """Everything needed to continue exactly where this run is now."""
+        _atomic_save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "state": dataclasses.asdict(self.state),
+                "rng": _rng_state(),
+                "train_config": dataclasses.asdict(self.cfg),
+                "model_config": self.model_config.to_dict(),
+            },
+            self.checkpoint_path,
+        )
+        log.info("checkpoint at step %d -> %s", self.state.step, self.checkpoint_path)
+
+    def load_checkpoint(self) -> None:
+        ckpt = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        if ckpt["model_config"] != self.model_config.to_dict():
+            raise ValueError("checkpoint model config differs from this run's")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.state = TrainState(**ckpt["state"])
+        _set_rng_state(ckpt["rng"])
+        log.info(
+            "resumed from step %d (epoch %d, batch %d)",
+            self.state.step,
+            self.state.epoch,
+            self.state.batch_in_epoch,
+        )
+
+    def save_best(self, scores: dict[str, float]) -> None:
+        _atomic_save(
+            {
+                "model": self.model.state_dict(),
+                "model_config": self.model_config.to_dict(),
+                "dev": scores,
+                # Where the weights are from (packaging reads these, not the latest checkpoint's).
+                "step": self.state.step,
+                "seconds": self.state.seconds,
+                "history": list(self.state.history),
+            },
+            self.run_dir / "best.pt",
+        )
+
+    def micro_batches(self) -> Any:
+        """Yield (epoch, batch index, batch) from the saved data position onwards, forever."""
+        cfg, st = self.cfg, self.state
+        epoch, first = st.epoch, st.batch_in_epoch
+        while True:
+            batches = make_batches(self.examples, cfg.max_tokens, cfg.seed, epoch)
+            for i in range(first, len(batches)):
+                m = self.model_config
+                yield epoch, i, collate(self.examples, batches[i], m.pad_id, m.start_id)
+            epoch, first = epoch + 1, 0
+
+    def train_step(self, batches: list[Batch]) -> float:
+        """One optimizer step over `accum_steps` micro-batches; returns loss per target token."""
+        n_target = sum(b.num_target_tokens for b in batches)
+        pad = self.model_config.pad_id
+        total = 0.0
+        for batch in batches:
+            loss = loss_sum(self.forward, batch, self.cfg.label_smoothing, self.bf16, pad)
+            loss = loss / n_target
+            loss.backward()
+            total += float(loss.detach())
+        if self.cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def evaluate(self) -> None:
+        scores = dev_bleu(
+            self.model, self.tokenizer, Path(self.cfg.data_dir), self.cfg.dev_sentences
+        )
+        if self.dev_examples is None:
+            self.dev_examples = dev_examples(
+                Path(self.cfg.data_dir), self.tokenizer, self.cfg.max_len
+            )
+        for direction, examples in self.dev_examples.items():
+            loss = dev_loss(self.model, examples, self.cfg.max_tokens, self.bf16)
+            scores[f"loss_{direction}"] = round(loss, 4)
+        record = {"step": self.state.step, "hours": round(self.state.seconds / 3600, 3), **scores}
+        self.state.history.append(record)
+        mean = (scores["bleu_ende"] + scores["bleu_deen"]) / 2
+        if mean > self.state.best_bleu:
+            self.state.best_bleu = mean
+            self.save_best(scores)
+        log.info("dev %s (best mean %.2f)", json.dumps(record), self.state.best_bleu)
+
+    def run(self) -> TrainState:
+        cfg, st = self.cfg, self.state
+        self.model.train()
+        stream = self.micro_batches()
+        started = last_ckpt = last_log = step_start = time.monotonic()
+        tokens_at_log, losses = st.tokens, []
+        while not cfg.max_steps or st.step < cfg.max_steps:
+            batches = []
+            for _ in range(cfg.accum_steps):
+                st.epoch, i, batch = next(stream)
+                st.batch_in_epoch = i + 1
+                batches.append(batch)
+            losses.append(self.train_step(batches))
+            st.step += 1
+            st.tokens += sum(b.num_tokens for b in batches)
+            now = time.monotonic()
+            # Training time: the steps alone (dev evaluations and checkpoints are not counted),
+            # and a step that took longer than MAX_STEP_SECONDS (the process was stopped) counts
+            # for that much only.
+            st.seconds += min(now - step_start, MAX_STEP_SECONDS)
+            if st.step % cfg.log_every == 0:
+                tok_s = (st.tokens - tokens_at_log) / max(now - last_log, 1e-9)
+                log.info(
+                    "step %d | epoch %d | loss %.3f | lr %.2e | %.0f tok/s | %.2f h",
+                    st.step, st.epoch, sum(losses) / len(losses), self.scheduler.get_last_lr()[0],
+                    tok_s, st.seconds / 3600,
+                )  # fmt: skip
+                last_log, tokens_at_log, losses = now, st.tokens, []
+            if cfg.eval_every and st.step % cfg.eval_every == 0:
+                self.evaluate()
+                last_log += time.monotonic() - now  # keep evaluation out of tokens/s
+            if now - last_ckpt >= cfg.checkpoint_minutes * 60:
+                self.save_checkpoint()
+                last_ckpt = time.monotonic()
+            if cfg.max_hours and now - started >= cfg.max_hours * 3600:
+                log.info("time limit of %.2f h reached", cfg.max_hours)
+                break
+            step_start = time.monotonic()
+        self.save_checkpoint()
+        return st
+
+
+def train(cfg: TrainConfig) -> TrainState:
+    """Train (or with `cfg.resume`, continue) the run in `cfg.run_dir`; returns its final state."""
+    run_dir = Path(cfg.run_dir)
+    if (run_dir / CHECKPOINT_NAME).exists() and not cfg.resume:
+        raise FileExistsError(
+            f"{run_dir / CHECKPOINT_NAME} exists; resume it or pick a new run_dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "train.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    package_log = logging.getLogger("attnserve")
+    old_level = package_log.level
+    if not package_log.isEnabledFor(logging.INFO):
+        package_log.setLevel(logging.INFO)
+    package_log.addHandler(handler)
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        trainer = Trainer(cfg)
+        if trainer.checkpoint_path.exists():
+            trainer.load_checkpoint()
+        log.info("config %s (bf16 autocast: %s)", json.dumps(dataclasses.asdict(cfg)), trainer.bf16)
+        return trainer.run()
+    finally:
+        package_log.removeHandler(handler)
+        package_log.setLevel(old_level)
+        handler.close()
+
+
+def export_model_dir(run_dir: str | Path, out_dir: str | Path, which: str = "best") -> Path:
+    """Write `best.pt` (or `which="checkpoint"`) of a run as a model directory."""
+    from attnserve.model.checkpoint import save_model_dir
+
+    run = Path(run_dir)
+    saved = torch.load(run / f"{which}.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(run / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    model = EncoderDecoder(ModelConfig.from_dict(saved["model_config"]))
+    model.load_state_dict(saved["model"])
+    # The step, time and dev history of the weights written: best.pt records its own (older
+    # best.pt files do not: then the latest checkpoint's, which may be later than the weights).
+    state = saved if "step" in saved else ckpt["state"]
+    metadata = {
+        "train_config": ckpt["train_config"],
+        "steps": state["step"],
+        "train_hours": round(state["seconds"] / 3600, 3),
+        "dev_history": state["history"],
+        "dev": saved.get("dev"),
+        # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
+        # scores are measured.
+        "generation": {"num_beams": 4},
+    }
+    tokenizer = Tokenizer.from_spm(ckpt["train_config"]["spm_model"])
+    return save_model_dir(model.eval(), tokenizer, out_dir, extra_metadata=metadata)

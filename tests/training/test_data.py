@@ -1,0 +1,180 @@
+"""Corpus builder on a tiny bible.db and Ding file: joins, split by book, cleaning, dedup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnserve.cli import main
+from attnserve.training.data import Manifest, build_corpus, clean_verse, ding_pair, normalize
+from tests.training.tiny_corpus import write_bible_db
+
+ROWS = [
+    # training book 1
+    ("k", 1, 1, 1, "In the beginning God created the heaven and the earth."),
+    ("4", 1, 1, 1, "In the beginning God created the heavens and the earth."),
+    ("e", 1, 1, 1, "Im  Anfang schuf Gott die Himmel und die Erde. "),
+    ("s", 1, 1, 1, "Im Anfang schuf Gott den Himmel und die Erde."),
+    ("k", 1, 1, 2, "And God said, Let there be light."),
+    ("4", 1, 1, 2, "God`s word: let there be light."),
+    ("e", 1, 1, 2, "Und Gott sprach: Es werde Licht! *"),
+    ("k", 1, 1, 3, "In the beginning God created the heaven and the earth."),  # duplicate
+    ("e", 1, 1, 3, "Im Anfang schuf Gott die Himmel und die Erde."),
+    ("k", 1, 1, 4, "Woe unto you, scribes and Pharisees, hypocrites!"),
+    ("e", 1, 1, 4, "(*)"),  # empty after cleaning
+    ("k", 1, 1, 5, "And the evening and the morning were the first day."),
+    ("e", 1, 1, 5, "Ja."),  # badly length-mismatched
+    ("k", 1, 1, 6, "Green is the grass."),
+    ("e", 1, 1, 6, "Gru\u0308n ist das Gras."),  # decomposed ü -> NFC
+    ("k", 19, 1, 1, "Blessed is the man!"),
+    ("e", 19, 1, 1, "(Ein Psalm Davids.) Glückselig der Mann!"),  # superscription
+    ("k", 19, 13, 1, "How long wilt thou forget me?"),
+    ("e", 19, 13, 1, "(Dem Vorsänger. Ein Psalm von David.)"),  # Hebrew numbering: shifted
+    ("k", 19, 13, 2, "How long shall I take counsel?"),
+    ("e", 19, 13, 2, "Bis wann, Jehova, willst du meiner vergessen?"),
+    # test book 8 (Ruth), dev book 31 (Obadiah)
+    ("k", 8, 1, 1, "Ruth spoke."),
+    ("e", 8, 1, 1, "Ruth sprach."),
+    ("k", 8, 1, 2, "Naomi [wept]."),
+    ("e", 8, 1, 2, "Noomi weinte [laut]."),
+    ("k", 31, 1, 1, "Obadiah saw."),
+    ("e", 31, 1, 1, "Obadja sah."),
+    ("k", 31, 1, 2, "The vision."),
+    ("e", 31, 1, 2, "   "),
+]
+
+DING = """\
+# Version :: devel test
+# License :: GPL Version 2 or later
+Haus {n} | Das Haus ist groß. :: house | The house is big.
+Sonnenbrand {m} [med.] | einen Sonnenbrand bekommen | Haben Sie etwas gegen Sonnenbrand? \
+:: sunburn | to get a sunburn; to get sunburnt | Have you anything for sunburn?
+abnehmen {vt} | er/sie nimmt ab :: to take off | he/she takes off
+jdm. etw. geben | jdm. helfen :: to give sb. sth. | to help sb.
+Da staunt der Laie [Sprw.]. :: The mind boggles.
+kaputte Zeile ohne Trenner
+a | b :: c
+Das Haus ist groß. :: The house is big.
+"""
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> tuple[Path, Manifest]:
+    db = write_bible_db(tmp_path / "bible.db", ROWS)
+    ding = tmp_path / "de-en"
+    ding.write_text(DING, encoding="utf-8")
+    out = tmp_path / "data"
+    return out, build_corpus(out, bible_db=db, ding_path=ding)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_training_pairs_are_joined_cleaned_and_deduplicated(corpus: tuple[Path, Manifest]) -> None:
+    out, _ = corpus
+    pairs = list(zip(lines(out / "train.en"), lines(out / "train.de"), strict=True))
+    assert pairs == [
+        ("In the beginning God created the heaven and the earth.",
+         "Im Anfang schuf Gott die Himmel und die Erde."),
+        ("And God said, Let there be light.", "Und Gott sprach: Es werde Licht!"),
+        ("Green is the grass.", "Grün ist das Gras."),
+        ("Blessed is the man!", "Glückselig der Mann!"),
+        ("The house is big.", "Das Haus ist groß."),
+        ("to get a sunburn", "einen Sonnenbrand bekommen"),
+        ("Have you anything for sunburn?", "Haben Sie etwas gegen Sonnenbrand?"),
+        ("The mind boggles.", "Da staunt der Laie."),
+    ]  # fmt: skip
+    assert "Grün" in lines(out / "train.de")[2] and len(lines(out / "train.de")[2]) == 18
+
+
+def test_extra_pairing_is_a_one_direction_training_set(corpus: tuple[Path, Manifest]) -> None:
+    out, manifest = corpus
+    assert lines(out / "train.en-de.en") == [
+        "In the beginning God created the heavens and the earth.",
+        "God's word: let there be light.",
+    ]
+    assert lines(out / "train.en-de.de")[1] == "Und Gott sprach: Es werde Licht!"
+    assert manifest.train_sets == [
+        {"name": "train", "directions": ["en-de", "de-en"], "pairs": 8},
+        {"name": "train.en-de", "directions": ["en-de"], "pairs": 2},
+    ]
+    assert "s" not in manifest.sources["versions"]  # Schlachter 1951 is not public domain
+
+
+def test_split_is_by_whole_book(corpus: tuple[Path, Manifest]) -> None:
+    out, manifest = corpus
+    assert lines(out / "test.en") == ["Ruth spoke.", "Naomi wept."]
+    assert lines(out / "test.de") == ["Ruth sprach.", "Noomi weinte laut."]
+    assert lines(out / "test.tsv") == [
+        "book\tchapter\tverse\ten\tde",
+        "8\t1\t1\tRuth spoke.\tRuth sprach.",
+        "8\t1\t2\tNaomi wept.\tNoomi weinte laut.",
+    ]
+    assert lines(out / "dev.en") == ["Obadiah saw."]
+    train_text = set(lines(out / "train.en")) | set(lines(out / "train.en-de.en"))
+    assert not train_text & (set(lines(out / "test.en")) | set(lines(out / "dev.en")))
+    assert manifest.splits == {"train": 8, "train.en-de": 2, "dev": 1, "test": 2}
+
+
+def test_manifest_counts_what_was_dropped(corpus: tuple[Path, Manifest]) -> None:
+    out, manifest = corpus
+    assert manifest.dropped == {
+        "bible_ke_duplicate": 1,
+        "bible_ke_empty": 1,
+        "bible_ke_length_ratio": 1,
+        "bible_ke_dev_dropped": 1,
+        "bible_ke_shifted_psalm": 2,
+        "ding_duplicate": 1,
+        "ding_malformed_lines": 2,
+        "ding_subentries_not_phrases": 6,
+    }
+    assert manifest.train_pairs_by_source == {"bible_ke": 4, "bible_4e": 2, "ding": 4}
+    assert manifest.sources["ding"]["version"] == "devel test"
+    assert Manifest.load(out / "manifest.json") == manifest
+    assert json.loads((out / "manifest.json").read_text())["rules"]["test_books"] == [8, 32, 41, 56]
+
+
+def test_normalize_and_version_markup() -> None:
+    assert normalize("  Gru\u0308n\u00a0 ist\tes’s ") == "Grün ist es's"
+    assert clean_verse("Ps (Dem Vorsänger.) Text", "e", 19, 1) == "Ps (Dem Vorsänger.) Text"
+    assert clean_verse("(Dem Vorsänger.) Text", "e", 19, 1) == "Text"
+    assert clean_verse("(32:1) Und Laban stand auf.", "s", 1, 31) == "Und Laban stand auf."
+    assert clean_verse("ein Opfer der first -[fruits]", "4", 3, 2) == "ein Opfer der first-fruits"
+    assert clean_verse("erstatten. -", "e", 2, 22) == "erstatten."
+
+
+@pytest.mark.parametrize(
+    ("de", "en", "expected"),
+    [
+        ("Das Haus ist groß.", "The house is big.", ("Das Haus ist groß.", "The house is big.")),
+        ("Haus {n}", "house", None),  # a headword, not a phrase
+        (
+            "in der Reihe bleiben [ugs.]",
+            "to keep in line",
+            ("in der Reihe bleiben", "to keep in line"),
+        ),
+        ("er/sie nimmt ab", "he/she takes off", None),  # conjugation row
+        ("jdm. helfen", "to help sb.", None),  # template
+        ("schnell laufen; rennen", "to run fast; to sprint", None),  # two words each
+    ],
+)
+def test_ding_phrase_rule(de: str, en: str, expected: tuple[str, str] | None) -> None:
+    assert ding_pair(de, en) == expected
+
+
+def test_main_builds_the_corpus(tmp_path: Path) -> None:
+    db = write_bible_db(tmp_path / "bible.db", ROWS)
+    out = tmp_path / "data"
+    argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
+    argv += ["--spm-vocab-size", "0"]
+    assert main(argv) == 0
+    assert Manifest.load(out / "manifest.json").splits == {
+        "train": 4,
+        "train.en-de": 2,
+        "dev": 1,
+        "test": 2,
+    }
+    assert "ding" not in Manifest.load(out / "manifest.json").sources

@@ -1,0 +1,198 @@
+"""Training on a tiny synthetic corpus: the loss falls, resume continues exactly, export loads."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.torch_backend import TorchBackend
+from attnserve.engine.translator import Translator
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.training.batching import Examples, collate, make_batches
+from attnserve.training.data import Pairing, build_corpus
+from attnserve.training.spm import train_sentencepiece
+from attnserve.training.train import TrainConfig, export_model_dir, inverse_sqrt, train
+from tests.training.tiny_corpus import write_synthetic_bible
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A built corpus (no Ding) and a joint spm trained on its training split."""
+    root = tmp_path_factory.mktemp("corpus")
+    db = write_synthetic_bible(root / "bible.db")
+    data = root / "data"
+    build_corpus(data, bible_db=db, ding_path=None, pairings=(Pairing("k", "e"),))
+    spm_model = train_sentencepiece(
+        [data / "train.en", data / "train.de"], data / "spm", 80, hard_vocab_limit=False, threads=1
+    )
+    return data, spm_model
+
+
+def config(data: Path, spm_model: Path, run_dir: Path, **changes: object) -> TrainConfig:
+    base = TrainConfig(
+        data_dir=str(data), spm_model=str(spm_model), run_dir=str(run_dir), preset="tiny",
+        max_tokens=400, lr=3e-3, warmup_steps=10, max_len=60, max_steps=6, eval_every=0,
+        log_every=1, checkpoint_minutes=60.0, threads=1, bf16=False,
+    )  # fmt: skip
+    return TrainConfig(**{**base.__dict__, **changes})
+
+
+def logged_losses(run_dir: Path) -> list[float]:
+    text = (run_dir / "train.log").read_text()
+    return [float(x) for x in re.findall(r"\| loss ([0-9.]+) \|", text)]
+
+
+def test_examples_and_batches(tiny_data: tuple[Path, Path]) -> None:
+    _, spm_model = tiny_data
+    tok = Tokenizer.from_spm(spm_model)
+    examples = Examples()
+    examples.add(tok, ["The man sees a house."], ["der Mann sieht ein Haus."], "de", max_len=60)
+    assert examples.src[0][0] == tok.encode_source("x", "de")[0]  # the >>de<< tag comes first
+    assert examples.src[0][-1] == tok.eos_id and examples.tgt[0][-1] == tok.eos_id
+    batch = collate(
+        examples, make_batches(examples, 100, seed=1, epoch=0)[0], tok.pad_id, tok.pad_id
+    )
+    assert batch.tgt_in[0, 0] == tok.pad_id  # decoder start = pad
+    assert batch.tgt_in[0, 1:].tolist() == batch.labels[0, :-1].tolist()
+    assert batch.labels[0, -1] == tok.eos_id
+
+
+def test_batches_respect_the_token_budget_and_cover_every_example(
+    tiny_data: tuple[Path, Path],
+) -> None:
+    data, spm_model = tiny_data
+    tok = Tokenizer.from_spm(spm_model)
+    examples = Examples()
+    src = (data / "train.en").read_text().splitlines()
+    tgt = (data / "train.de").read_text().splitlines()
+    examples.add(tok, src, tgt, "de", max_len=60)
+    batches = make_batches(examples, 200, seed=3, epoch=2)
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    for b in batches:
+        longest = max(max(len(examples.src[i]), len(examples.tgt[i])) for i in b)
+        assert len(b) == 1 or longest * len(b) <= 200
+    again = make_batches(examples, 200, seed=3, epoch=2)
+    assert all((a == b).all() for a, b in zip(batches, again, strict=True))
+
+
+def test_inverse_sqrt_schedule() -> None:
+    f = inverse_sqrt(100)
+    assert f(50) == pytest.approx(0.5) and f(100) == 1.0 and f(400) == pytest.approx(0.5)
+
+
+def test_training_lowers_the_loss(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    data, spm_model = tiny_data
+    state = train(config(data, spm_model, tmp_path / "run", max_steps=40))
+    losses = logged_losses(tmp_path / "run")
+    assert state.step == 40 and len(losses) == 40
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0
+
+
+def test_resumed_run_continues_from_the_same_step(
+    tiny_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, spm_model = tiny_data
+    straight = train(config(data, spm_model, tmp_path / "a", max_steps=6, bf16=True))
+    train(config(data, spm_model, tmp_path / "b", max_steps=3, bf16=True))
+    with pytest.raises(FileExistsError):
+        train(config(data, spm_model, tmp_path / "b", max_steps=6, bf16=True))
+    resumed = train(config(data, spm_model, tmp_path / "b", max_steps=6, bf16=True, resume=True))
+    assert "resumed from step 3" in (tmp_path / "b" / "train.log").read_text()
+    assert resumed.step == straight.step == 6
+    assert (resumed.epoch, resumed.batch_in_epoch) == (straight.epoch, straight.batch_in_epoch)
+    assert logged_losses(tmp_path / "b") == pytest.approx(logged_losses(tmp_path / "a"))
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_time_leaves_out_evaluations_and_pauses(
+    tiny_data: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hours on the learning curve are training hours: no dev evaluation, and a stopped
+    process (SIGSTOP) counts for at most MAX_STEP_SECONDS."""
+    import time
+
+    from attnserve.training import train as train_module
+
+    data, spm_model = tiny_data
+    real_step = train_module.Trainer.train_step
+    calls = {"n": 0}
+
+    def paused_step(self: object, batches: object) -> float:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            time.sleep(1.0)  # the process "stopped" during this step
+        return real_step(self, batches)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(train_module, "MAX_STEP_SECONDS", 0.3)
+    monkeypatch.setattr(train_module.Trainer, "train_step", paused_step)
+    monkeypatch.setattr(train_module.Trainer, "evaluate", lambda self: time.sleep(1.0))
+    started = time.monotonic()
+    state = train(config(data, spm_model, tmp_path / "run", max_steps=4, eval_every=2))
+    wall = time.monotonic() - started
+    # 2 s of evaluations left out entirely, and the 1 s pause counted as 0.3 s at most.
+    assert state.seconds <= wall - 2.0 - 0.7 + 0.05
+
+
+def test_dev_bleu_best_weights_and_export(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    from attnserve.model.checkpoint import load_model_dir
+
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    state = train(config(data, spm_model, run, max_steps=4, eval_every=2, dev_sentences=4))
+    assert [h["step"] for h in state.history] == [2, 4]
+    assert {"bleu_ende", "bleu_deen"} <= set(state.history[0])
+    model_dir = export_model_dir(run, tmp_path / "model")
+    # The metadata describes the weights written (best.pt's step), not the latest checkpoint.
+    best = torch.load(run / "best.pt", map_location="cpu", weights_only=False)
+    meta = json.loads((model_dir / "metadata.json").read_text())
+    assert meta["steps"] == best["step"] and meta["dev"] == best["dev"]
+    assert meta["dev_history"][-1]["step"] == best["step"]
+    model, tokenizer = load_model_dir(model_dir)
+    translator = Translator(TorchBackend(model), tokenizer)
+    out = translator.translate(
+        ["The king loves the city."], DecodingOptions(max_new_tokens=8), target_lang="de"
+    )
+    assert len(out) == 1 and isinstance(out[0].text, str)
+
+
+def test_cli_package_and_eval(
+    tiny_data: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`attnserve package` + `attnserve eval` report BLEU/chrF for both test directions."""
+    import json
+
+    from attnserve.cli import main
+
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    train(config(data, spm_model, run, max_steps=4, eval_every=2, dev_sentences=4))
+    curve = tmp_path / "curve.png"
+    assert main(["package", str(run), str(tmp_path / "model"), "--curve", str(curve)]) == 0
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| step | hours |") and [
+        r.split("|")[1].strip() for r in table[2:]
+    ] == [
+        "2",
+        "4",
+    ]
+    hyps = tmp_path / "hyps"
+    code = main(
+        ["eval", "--model", str(tmp_path / "model"), "--backend", "torch", "--data-dir",
+         str(data), "--beam-size", "2", "--limit", "5", "--hypotheses-dir", str(hyps)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["direction"] for s in report["scores"]] == ["en-de", "de-en"]
+    for score in report["scores"]:
+        assert score["sentences"] == 5
+        assert 0.0 <= score["bleu"] <= 100.0 and 0.0 <= score["chrf"] <= 100.0
+        assert score["target_tokens"] > 0 and score["bleu_signature"].startswith("nrefs:1")
+    assert len((hyps / "test.en-de.hyp").read_text().splitlines()) == 5
