@@ -2,10 +2,10 @@
 
 A `Runner` decodes token-id sources with a fixed output length (min = max new tokens, so every
 runtime writes exactly the same number of tokens) in length-sorted batches; attnserve's backends,
-Hugging Face `generate` and CTranslate2 (bench_peers.py) are runners. `run_interleaved` times
+Hugging Face `generate` and CTranslate2 (peers.py) are runners. `run_interleaved` times
 them round-robin (one pass of every runner, then the next repeat), so that a machine whose load
 changes during the benchmark slows every runner alike, and reports the median of the repeats.
-bench_workers.py runs each runner in its own process, so its peak RSS is its own.
+workers.py runs each runner in its own process, so its peak RSS is its own.
 """
 
 from __future__ import annotations

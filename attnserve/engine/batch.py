@@ -39,9 +39,9 @@ class RunningBatch(Generic[State]):
 
     # Dead rows are dropped (one copy of the cache) once they are this fraction of the batch.
     DEAD_FRACTION = 0.25
-    # What one more encoder call costs, in padded source tokens: ORT int8 `small` on one thread
-    # takes ~0.35 ms a call plus ~23 us a token (1 x 16 tokens 0.73 ms, 32 x 48 39 ms). A
-    # backend may say otherwise with an `encode_call_tokens` attribute (ORT on CUDA does).
+    # What one more encoder call costs, in padded source tokens: on one CPU thread a call's
+    # fixed overhead is worth about 16 tokens of encoding (docs/BENCHMARKS.md). A backend may
+    # say otherwise with an `encode_call_tokens` attribute (ORT on CUDA does).
     ENCODE_CALL_TOKENS = 16
 
     def __init__(self, backend: Backend[State], dead_fraction: float | None = None) -> None:

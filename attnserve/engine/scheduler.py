@@ -13,16 +13,15 @@ Each `step()` is schedule -> execute -> update:
 
 Joining has a price on this backend design: a backend's dense cache is as wide as its oldest
 row (left-padded), so a row that joins a batch `age` steps old reads `age` columns of padding at
-every step, and on a CPU a step costs in proportion to rows x columns. Always joining made a
-long-lived batch whose every row paid for its oldest one: 0.4x the throughput of
-request-level batching at 64 clients, 0.7x at 8 (docs/BENCHMARKS.md). So a running batch takes new
+every step, and on a CPU a step costs in proportion to rows x columns. A batch that always
+admits never ends, and every row in it pays for the oldest. So a running batch takes new
 requests only while it is young: while their rows x its age (steps since it started, the
 padding they get if its first rows still run) is at most `max_join_padding`. Then it is closed
-to joins, even after its first rows left, so batches turn over instead of living forever
-(measuring the age from the oldest row still running instead kept batches open longer and was
-slower: 0.70x of offline against 0.85x). Requests that may not join start a new running batch
-("cohort", stepped beside the others with a decoder call of its own) while there are fewer than
-`max_cohorts`, or wait for one to finish. Requests still leave at every step.
+to joins, even after its first rows left, so that batches turn over: an age counted from the
+oldest row still running would keep a batch open for as long as requests keep arriving.
+Requests that may not join start a new running batch ("cohort", stepped beside the others with
+a decoder call of its own) while there are fewer than `max_cohorts`, or wait for one to finish.
+Requests still leave at every step. The measurements behind these rules: docs/BENCHMARKS.md.
 
 Two baselines for comparison (`batching`, docs/BENCHMARKS.md): "request" starts a batch only when
 the last one has finished, but still answers a request, and drops its rows, when it ends;
@@ -375,9 +374,8 @@ class Scheduler:
     def _cohort_to_join(self, n: int) -> RunningBatch[Any] | None:
         """Where the first `n` waiting requests go: the youngest cohort if their rows x its age
         (steps) is within `max_join_padding`; else a new cohort while there is room for one;
-        else nowhere (None: they wait). All of them or none: letting the FIFO prefix that fits
-        join instead kept batches alive longer and measured slower (0.71x of offline at
-        saturation against 0.85x)."""
+        else nowhere (None: they wait). All of them or none: a prefix that fits would keep
+        joining a batch that should be left to finish."""
         young = min(self.cohorts, key=lambda c: c.steps, default=None)
         rows = sum(self.waiting[i].rows for i in range(n))
         if young is not None and rows * young.steps <= self.limits.max_join_padding:

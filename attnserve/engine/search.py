@@ -28,9 +28,10 @@ def top_indices(values: FloatArray, n: int, rank: IntArray | None = None) -> Int
     or, with `rank` (R,) for values that are R rows of N / R, to the lower (rank[row], column):
     the order the rows would have if they were sorted by rank.
 
-    A full sort or argpartition of beam search's R*V candidates costs ~1.5 ns a value; instead,
-    the n-th largest of the chunk maxima is a threshold that at least n values reach (each
-    maximum is a value), so only the few values above it are sorted. Cheap vectorised passes
+    A full sort or argpartition of beam search's R*V candidates is a costly pass over every
+    value, when only 2k of them are wanted; instead, the n-th largest of the chunk maxima is a
+    threshold that at least n values reach (each maximum is a value), so only the few values
+    above it are sorted. Cheap vectorised passes
     (max, >=, nonzero) do the rest. NaN or too many -inf fall back to the full sort.
     """
     size = values.shape[0]

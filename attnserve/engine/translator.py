@@ -42,9 +42,9 @@ def decode_batch(
     return [s.hypotheses() for s in searches]
 
 
-# Decoder rows of an offline batch (the service's default --max-batch-rows too). On the 2-core
-# benchmark CPU, ONNX Runtime decodes fastest at 32-64 rows a step: beam 4, int8, batches of 16
-# sentences gave 3256 tokens/s against 2896 at 32 and 2419 at 64 (docs/BENCHMARKS.md).
+# Decoder rows of an offline batch (the service's default --max-batch-rows too). On a CPU,
+# ONNX Runtime decodes fastest per token at 16-64 rows a step: beyond that, each row's share
+# of the working set carried from step to step costs more (docs/BENCHMARKS.md, "Batch size").
 MAX_BATCH_ROWS = 64
 
 

@@ -9,12 +9,12 @@ differently, because the graph's inputs and outputs are what a serving loop copi
   `(B, H, 1, T)` and of the new key `(B, H, 1, 1)` share one softmax, and the output is
   `p_past @ V_past + p_new * v_new`. The graph never concatenates the cache (that copied all of
   it every step); the runtime appends the new column to a buffer with spare columns
-  (engine/onnx_backend.py), so greedy rows copy nothing and beam reordering copies once.
+  (engine/onnx/backend.py), so greedy rows copy nothing and beam reordering copies once.
 * Cross-attention takes the K/V of every encoded source once, not once per row: the rows of a
   source (its beams) are gathered into `G` query slots, `(N, H, G, D) @ (N, H, D, S)`, and
   scattered back. Beam search reads a source's K/V once per step instead of `beam_size` times,
   and expanding a request to its beams copies nothing. `row_slots` (B,) and `slot_rows`
-  (N * G,) come from the runtime (`onnx_rowops.slot_index`).
+  (N * G,) come from the runtime (`engine.onnx.rowops.slot_index`).
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def load_stage(prefix: Path, users: int, counters: CounterCheck | None = None) -
 
 
 def verdict(stages: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets: only 429s as failures, counters equal at every stage."""
+    """What a passing load test needs: only 429s as failures, counters equal at every stage."""
     counted = [s for s in stages if s.get("counters") is not None]
     return {
         "unexpected_failures": sum(s["unexpected_failures"] for s in stages),

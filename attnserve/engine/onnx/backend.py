@@ -4,8 +4,8 @@ The state keeps the cross-attention K/V of every encoded source (not of every ro
 beams share them) and the self-attention cache of every row, as tensors the runtime reads
 directly: numpy arrays, or with IO binding OrtValues that stay on the device (CUDA) between
 steps, so that only the log-probs are copied back to the host. The decoder graph returns only
-the new cache column of each step; `onnx_rowops` appends it (in place on the host) and moves
-rows when beams reorder and requests join or leave. Masks, the row -> source index and the
+the new cache column of each step; `engine.onnx.rowops` appends it (in place on the host) and
+moves rows when beams reorder and requests join or leave. Masks, the row -> source index and the
 cross-attention slots are tiny and always live on the host.
 """
 
@@ -55,11 +55,10 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-# ORT fusions that make these graphs slower on the CPU provider (onnxruntime 1.31, measured on
-# the `small` preset, 1 thread, see docs/BENCHMARKS.md): SkipLayerNormalization's CPU kernel takes
-# ~7x as long as the Add + LayerNormalization it replaces at (B, 1, C) = (128, 1, 256), and
-# folding the attention scale into FusedMatMul's alpha is slower than a Mul on the small query.
-# Without them the int8 decoder step is ~1.3x and the int8 encoder ~1.9x faster. CUDA keeps all.
+# ORT fusions whose CPU kernels are slower on these graphs than the ops they replace:
+# SkipLayerNormalization at one query position per row (B, 1, C), and the attention scale
+# folded into FusedMatMul's alpha instead of a Mul on the small query (docs/BENCHMARKS.md,
+# "Tried and not kept"). They are disabled on the CPU provider only; CUDA keeps all.
 SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "MatMulScaleFusion")
 
 

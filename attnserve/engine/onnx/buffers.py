@@ -12,11 +12,11 @@ class BufferPool:
     """Hands out numpy arrays again once no state holds them, with rows to spare.
 
     A fresh array of a few MB is mapped memory whose pages fault and are zeroed by the kernel on
-    first touch: on the benchmark machine that took 5x as long as the copy into it, every beam
-    step. So arrays are views of pooled flat buffers, reused for any shape that fits (a cache
-    one column wider, a batch a few rows smaller). A buffer is free when the pool holds its only
-    reference (CPython reference counts; a view keeps its buffer alive). Buffers are allocated
-    with room to spare, so rows that join a running batch go into the rows after a view
+    first touch, which costs more than the copy into it, and a cache grows or is reordered at
+    every beam step. So arrays are views of pooled flat buffers, reused for any shape that fits
+    (a cache one column wider, a batch a few rows smaller). A buffer is free when the pool holds
+    its only reference (CPython reference counts; a view keeps its buffer alive). Buffers are
+    allocated with room to spare, so rows that join a running batch go into the rows after a view
     (`extend`) instead of a copy of the whole batch. A request takes the smallest free buffer
     that holds it and is at most REUSE times its size. After every request the largest free
     buffers are dropped until the free ones weigh no more than the recent high-water mark of
@@ -28,17 +28,15 @@ class BufferPool:
     ROWS = 16  # allocations round their rows up to a multiple of this
     # Columns grow too (a cache gains one a step): buffers get twice the room the rows need, so
     # that a cache outgrowing its buffer often finds the one before it free and big enough
-    # (pages never touched cost no memory). At 5/4 every growth faulted fresh pages in: beam 4 /
-    # batch 32 spent 2x as long in np.zeros and 1.3x as long resizing.
+    # (pages never touched cost no memory); with less room every growth faults fresh pages in.
     ROOM = 2
     # A free buffer serves requests down to 1/REUSE of its size: a batch that lost rows keeps
     # its buffers, but a small request does not pin a large buffer (memory after a peak).
     REUSE = 16
     # Free buffers are kept up to the recent high-water mark of the bytes in use, which decays
     # by this factor a request (halved in ~140): a batch that ends and a next one that grows
-    # back reuse the same memory (trimming to the bytes in use at once faulted it in again:
-    # np.zeros 0.015 -> 0.235 s for 384 sentences; with this decay 0.039 s), and after a peak
-    # the memory is given back under a lighter load.
+    # back reuse the same memory (trimming to the bytes in use at once would fault it in
+    # again), and after a peak the memory is given back under a lighter load.
     HIGH_DECAY = 0.995
 
     def __init__(self) -> None:
