@@ -45,6 +45,13 @@ def register(sub: Any) -> None:
         default=None,
         help="int8: quantize the output projection too (default: yes; --no-... keeps it float)",
     )
+    p.add_argument(
+        "--int8-scales",
+        choices=["row", "tensor"],
+        default="row",
+        help="int8 activation scales: one per row (default; a request's output does not depend "
+        "on its batch) or one per tensor (ONNX Runtime's quantize_dynamic)",
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("package", help="write a training run's best weights as a model directory")
@@ -76,6 +83,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             int8_float_output=None
             if args.quantize_output_projection is None
             else not args.quantize_output_projection,
+            int8_scales=args.int8_scales,
         )
     except ParityError as exc:
         sys.stderr.write(f"attnserve: {exc}\n")

@@ -227,20 +227,23 @@ def export_variants(
     opset: int = OPSET,
     verify: bool = True,
     int8_float_output: bool | None = None,
+    int8_scales: str = "row",
+    sentences: list[list[int]] | None = None,
 ) -> dict[str, Path]:
     """Export `variants` of `model` into onnx_root/<variant>/; returns the variant directories.
 
-    With `verify`, measures parity against the torch model (see attnserve.export.verify), stores
-    it in each manifest, and raises ParityError when fp32 misses its bounds.
+    With `verify`, measures parity against the torch model (see attnserve.export.verify) on
+    `sentences` (token ids; default: random sources), stores it in each manifest, and raises
+    ParityError when fp32 misses its bounds or int8 its gate.
     """
-    from attnserve.export.verify import check_fp32, measure_parity, torch_reference
+    from attnserve.export.verify import check_fp32, check_int8, measure_parity, torch_reference
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     root = Path(onnx_root)
     written: dict[str, Path] = {}
-    reference = torch_reference(model) if verify else None
+    reference = torch_reference(model, sentences) if verify else None
     with tempfile.TemporaryDirectory(prefix="attnserve-export-") as tmp:
         fp32_dir = Path(tmp) / "fp32"
         log.info("exporting fp32 graphs (opset %d)", opset)
@@ -257,17 +260,25 @@ def export_variants(
                     build.INT8_FLOAT_OUTPUT if int8_float_output is None else int8_float_output
                 )
                 options = build.quantize_int8(
-                    fp32_dir, out, Path(tmp) / "int8-opt", float_output=float_output
+                    fp32_dir,
+                    out,
+                    Path(tmp) / "int8-opt",
+                    float_output=float_output,
+                    scales=int8_scales,
                 )
             else:
                 options = build.convert_fp16(fp32_dir, out)
             parity: dict[str, Any] = {}
             if reference is not None:
                 parity = measure_parity(reference, model.config, out, variant)
+                parity["sources"] = "parity.tsv sentences" if sentences else "random token ids"
                 log.info("%s parity: %s", variant, json.dumps(parity))
-            write_manifest(out, variant, opset, options, parity)
+            # A failed check leaves the variant's previous export in place.
             if reference is not None and variant == "fp32":
-                check_fp32(parity, root / variant)  # a failed export leaves the old one alone
+                check_fp32(parity, root / variant)
+            if reference is not None and variant == "int8" and "skipped" not in parity:
+                check_int8(parity, root / variant)
+            write_manifest(out, variant, opset, options, parity)
             final = root / variant
             if final.exists():
                 shutil.rmtree(final)
@@ -285,8 +296,10 @@ def export_model(
     opset: int = OPSET,
     verify: bool = True,
     int8_float_output: bool | None = None,
+    int8_scales: str = "row",
 ) -> dict[str, Path]:
     """Export a model directory to MODEL_DIR/onnx/<variant>/{encoder,decoder}.onnx + manifest."""
+    from attnserve.export.verify import sentence_sources
     from attnserve.model.checkpoint import load_model_dir
 
     model, _ = load_model_dir(model_dir)
@@ -297,4 +310,6 @@ def export_model(
         opset=opset,
         verify=verify,
         int8_float_output=int8_float_output,
+        int8_scales=int8_scales,
+        sentences=sentence_sources(Path(model_dir)) if verify else None,
     )

@@ -33,6 +33,7 @@ import onnx
 import onnxruntime as ort
 
 from attnserve.engine.onnx.layout import DECODER_NAME, ENCODER_NAME, LOG_PROBS
+from attnserve.export.quantize import quantize_rows
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 INT8_FLOAT_OUTPUT = False
 FP16_BLOCKED_OPS = ("LayerNormalization", "Softmax", "LogSoftmax")
 QUANTIZED_OPS = ("MatMul", "Gemm")
+INT8_SCALES = ("row", "tensor")
 # Loggers that narrate at INFO (ORT's quantizer logs whole nodes on the root logger).
 NOISY_LOGGERS = ("", "onnx_ir", "onnxscript", "torch.onnx", "onnxruntime")
 
@@ -95,37 +97,57 @@ def output_projection_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 def quantize_int8(
-    src_dir: Path, out_dir: Path, work_dir: Path, *, float_output: bool
+    src_dir: Path, out_dir: Path, work_dir: Path, *, float_output: bool, scales: str = "row"
 ) -> dict[str, Any]:
-    """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used.
 
+    `scales="row"`: per-row activation scales (`attnserve.export.quantize`, batch-invariant);
+    `"tensor"`: ONNX Runtime's `quantize_dynamic`, one activation scale per tensor and call.
+    """
+    if scales not in INT8_SCALES:
+        raise ValueError(f"unknown int8 scales {scales!r}; choose from {', '.join(INT8_SCALES)}")
     work_dir.mkdir(parents=True, exist_ok=True)
     excluded: list[str] = []
     for name in (ENCODER_NAME, DECODER_NAME):
         optimized = optimize_offline(src_dir / name, work_dir / name)
+        model = onnx.load(str(optimized))
         exclude = []
         if name == DECODER_NAME and float_output:
-            exclude = output_projection_nodes(onnx.load(str(optimized), load_external_data=False))
+            exclude = output_projection_nodes(model)
             excluded += exclude
-        with quiet_logging():
-            quantize_dynamic(
-                optimized,
-                out_dir / name,
-                weight_type=QuantType.QInt8,
-                per_channel=True,
-                op_types_to_quantize=list(QUANTIZED_OPS),
-                nodes_to_exclude=exclude,
-                extra_options={"MatMulConstBOnly": True},
-            )
+        if scales == "row":
+            quantize_rows(model, exclude)
+            onnx.save(model, str(out_dir / name))
+        else:
+            _quantize_per_tensor(optimized, out_dir / name, exclude)
     log.info("int8: output projection %s", f"kept float ({excluded})" if excluded else "int8")
+    scheme = {
+        "row": "dynamic, uint8 activations with one scale per row (token), zero point 128",
+        "tensor": "dynamic, uint8 activations with one scale per tensor and call",
+    }[scales]
     return {
         "offline_optimization": "ORT_ENABLE_BASIC",
-        "quantization": "dynamic, int8 weights per channel, uint8 activations",
-        "quantized_ops": list(QUANTIZED_OPS),
+        "activation_scales": scales,
+        "quantization": f"int8 weights per output column; {scheme}",
+        "quantized_ops": ["MatMul"] if scales == "row" else list(QUANTIZED_OPS),
         "float_output_projection": bool(float_output),
         "float_nodes": excluded,
     }
+
+
+def _quantize_per_tensor(src: Path, dst: Path, exclude: list[str]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with quiet_logging():
+        quantize_dynamic(
+            src,
+            dst,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=list(QUANTIZED_OPS),
+            nodes_to_exclude=exclude,
+            extra_options={"MatMulConstBOnly": True},
+        )
 
 
 def _drop_repeated_casts(model: onnx.ModelProto) -> None:
