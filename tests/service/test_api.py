@@ -1,8 +1,7 @@
 """The API against references: the offline Translator, non-streaming greedy, the tokenizer.
 
-The shared server runs the fp32 graphs: int8 quantizes activations per tensor at run time, with
-one scale for the whole batch, so an int8 output can depend on which requests share the batch
-(the same holds for `attnserve translate`'s batches); fp32 gives the same tokens in any batch.
+The shared server runs the fp32 graphs, the closest to the torch reference; the int8 variant's
+batch invariance is tested through its own server in test_batch_invariance.py.
 """
 
 from __future__ import annotations

@@ -89,12 +89,17 @@ def test_decoding_matches_torch(
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-4)
 
 
+VARIANT = pytest.mark.parametrize("variant", ["fp32", "int8"])
+
+
 @BINDING
+@VARIANT
 def test_join_and_remove_mid_decode_equal_decoding_alone(
-    tiny_onnx_import: Path, io_binding: bool
+    tiny_onnx_import: Path, io_binding: bool, variant: str
 ) -> None:
-    """Requests join a running batch after 3 steps and one leaves early: nobody else notices."""
-    backend = onnx_backend(tiny_onnx_import, io_binding=io_binding)
+    """Requests join a running batch after 3 steps and one leaves early: nobody else notices,
+    in int8 too (per-row activation scales: padding and rows of other ages change nothing)."""
+    backend = onnx_backend(tiny_onnx_import, variant, io_binding=io_binding)
     options = [GREEDY, BEAM4, BEAM4, GREEDY]
     alone = [decode_batch(backend, [s], [o])[0] for s, o in zip(SOURCES, options, strict=True)]
     late_options = [BEAM4, GREEDY]
@@ -127,13 +132,20 @@ def test_join_and_remove_mid_decode_equal_decoding_alone(
     assert tokens([s.hypotheses() for s in searches[:3]]) == tokens(alone[:3])
     assert tokens([s.hypotheses() for s in late]) == tokens(late_alone)
     assert tokens([s.hypotheses() for s in later]) == tokens(late_alone)
+    pairs = zip([*searches[:3], *late, *later], [*alone[:3], *late_alone * 2], strict=True)
+    for search, expected in pairs:
+        got = [h.score for h in search.hypotheses()]
+        np.testing.assert_allclose(got, [h.score for h in expected], rtol=0, atol=1e-5)
 
 
 @BINDING
-def test_length_buckets_decode_like_sources_alone(tiny_onnx_import: Path, io_binding: bool) -> None:
+@VARIANT
+def test_length_buckets_decode_like_sources_alone(
+    tiny_onnx_import: Path, io_binding: bool, variant: str
+) -> None:
     """Long and short sources, unsorted: encoded in two buckets, concatenated, put back in the
-    caller's order; every request decodes as it does alone."""
-    backend = onnx_backend(tiny_onnx_import, io_binding=io_binding)
+    caller's order; every request decodes as it does alone (fp32 and int8)."""
+    backend = onnx_backend(tiny_onnx_import, variant, io_binding=io_binding)
     sources = [[5 + i % 30 for i in range(n)] + [0] for n in (30, 2, 33, 1)]
     calls: list[tuple[int, ...]] = []
     encode = backend.encode
