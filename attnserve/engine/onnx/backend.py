@@ -182,6 +182,17 @@ class OnnxBackend:
         self._spec = ModelSpec.from_config(config)
         self.manifest = read_manifest(directory)
         self.variant = str(self.manifest.get("variant", directory.name))
+        if (
+            self.variant == "int8"
+            and self.manifest.get("options", {}).get("activation_scales") != "row"
+        ):
+            log.warning(
+                "%s quantizes activations per tensor: a request's output can depend on the "
+                "requests that share its batch; re-export it (`attnserve export %s --variants "
+                "int8`) for per-row scales",
+                directory,
+                directory.parent.parent,
+            )
         n = config.decoder_layers
         self._head_shape = (config.n_heads, config.head_dim)
         self._cross, self._past, self._new = cross_names(n), past_names(n), new_names(n)

@@ -289,3 +289,25 @@ def test_onnx_backend_does_not_import_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_int8_export_with_per_tensor_scales_is_named_at_load(
+    tiny_onnx_import: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An int8 graph exported before per-row scales (or with --int8-scales tensor) still loads,
+    with a warning that says its outputs depend on the batch and how to re-export."""
+    import json
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_onnx_import, model)
+    manifest_path = model / "onnx" / "int8" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    with caplog.at_level(logging.WARNING):
+        onnx_backend(model, "int8")
+    assert "per tensor" not in caplog.text
+    del manifest["options"]["activation_scales"]
+    manifest_path.write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING):
+        onnx_backend(model, "int8")
+    assert "quantizes activations per tensor" in caplog.text
+    assert f"attnserve export {model} --variants int8" in caplog.text
