@@ -32,7 +32,9 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
     graphs = variant_dir(directory, variant)
     command = f"attnserve export {directory} --variants {variant}"
     if not allow:
-        raise NotExportedError(f"{graphs} has no ONNX graphs: run `{command}` (or --auto-export)")
+        raise NotExportedError(
+            f"{graphs} has no ONNX graphs: run `{command}`, or leave out --no-auto-export"
+        )
     log.info("%s is missing: exporting the model to ONNX (`%s`)", graphs, command)
     from attnserve.export.onnx_export import export_model
 

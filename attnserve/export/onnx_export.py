@@ -4,7 +4,7 @@ Exporter: torch.onnx.export(dynamo=True) (torch.export + onnxscript), opset 18. 
 dynamic axes (batch, src_len, past_len) without trouble: the example inputs use a past of 3
 columns (torch.export specializes sizes 0 and 1, so the examples avoid them) and the graph runs
 with a zero-length past at the first step and with inputs longer than the examples; both are
-checked by `verify`. The TorchScript exporter (dynamo=False) was not needed. The new token's
+checked by `verify`. The new token's
 position is computed as ``sum([past_mask, 1]) - 1`` so no reduction runs over an empty axis.
 Attention gets a custom translation (`attention`) that ORT fuses better than torchlib's.
 

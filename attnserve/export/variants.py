@@ -4,13 +4,14 @@ int8: ORT's offline graph optimizations first, at the BASIC level (constant fold
 node elimination: the transposed weights of `Linear` become plain initializers that the quantizer
 can see). BASIC only uses standard ONNX ops, so the result is portable; EXTENDED would bake in
 CPU-specific contrib ops (FusedMatMul, ...) that the quantizer does not handle and other
-providers may not run. Then `quantize_dynamic`: int8 weights, per output channel, for every MatMul
-/ Gemm whose second input is a constant (the attention score products stay float); activations
-are quantized to uint8 per tensor at run time. ORT fuses the result into DynamicQuantizeMatMul
-when the session loads it. Embeddings (Gather) stay float.
+providers may not run. Then int8 weights, per output channel, for every MatMul whose second
+input is a constant (the attention score products stay float), with activations quantized at run
+time: per row (`scales="row"`, the default: `attnserve.export.quantize`, batch-invariant) or per
+tensor (`"tensor"`: ORT's `quantize_dynamic`, fused into DynamicQuantizeMatMul when the session
+loads it). Embeddings (Gather) stay float.
 
 `INT8_FLOAT_OUTPUT` decides whether the output projection (the V x C matrix that produces the
-logits) stays float; see its comment for the measurement behind the default.
+logits) stays float; its comment says why it does not by default.
 
 fp16: onnxruntime.transformers.float16 with LayerNormalization, Softmax and LogSoftmax kept in
 float32 (their reductions overflow or lose too much in half precision). Inputs are ids and masks
@@ -37,11 +38,9 @@ from attnserve.export.quantize import quantize_rows
 
 log = logging.getLogger(__name__)
 
-# Keep the output projection in float32 in the int8 variant? No by default: quantized, the int8
-# decoder is ~1.25x faster at a vocabulary of 8000 (the projection is ~40% of a step's
-# multiply-adds), as CTranslate2's int8 does. The agreement measured with fp32 (random weights
-# and a partly trained checkpoint) is in docs/ARCHITECTURE.md "Export"; the trained model's BLEU
-# decides (`attnserve export --no-quantize-output-projection` keeps it float).
+# Keep the output projection in float32 in the int8 variant? No by default, as CTranslate2's int8:
+# at a vocabulary of 8000 it is ~40% of a decoder step's multiply-adds, so int8 pays most there
+# (docs/BENCHMARKS.md); `attnserve export --no-quantize-output-projection` keeps it float.
 INT8_FLOAT_OUTPUT = False
 FP16_BLOCKED_OPS = ("LayerNormalization", "Softmax", "LogSoftmax")
 QUANTIZED_OPS = ("MatMul", "Gemm")

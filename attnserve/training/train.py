@@ -3,10 +3,10 @@
 A run directory holds `checkpoint.pt` (everything `resume` needs: model, optimizer, scheduler,
 step, data position, RNG states), `best.pt` (the weights with the best dev BLEU) and `train.log`.
 
-bf16 autocast (`bf16=None`: on where the CPU has AMX or AVX-512 bf16), measured for the `small`
-preset (vocab 8k, 4096-token batches) on 2 Xeon cores with AMX: 7.7k vs 6.2k source+target
-tokens/s with 2 threads (1.25x), 4.7k vs 3.4k with 1 thread (1.37x). The fused AdamW kernel adds
-about 10%; dropping the final logits bias (`model_overrides={"final_logits_bias": false}`) 9%.
+bf16 autocast is on where the CPU computes bf16 natively (AMX or AVX-512 bf16; `bf16=None`), where
+it is faster at no measurable cost in loss; AdamW uses its fused kernel. `compile=True` wraps the
+forward pass in `torch.compile` (dynamic shapes: batches vary in length). What each measured is in
+docs/BENCHMARKS.md ("Tried and not kept") and the model card.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from attnserve.defaults import PROVIDERS
 from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
 from attnserve.engine.onnx.layout import (
     DECODER_INPUTS,
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
-PROVIDERS = ("cpu", "cuda", "auto")
+
 OPTIMIZATION_LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
