@@ -96,7 +96,10 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
 def test_int8_quantizes_every_matmul_with_a_constant_weight(tiny_onnx_import: Path) -> None:
     decoder = onnx.load(str(tiny_onnx_import / "onnx" / "int8" / "decoder.onnx"))
     ops = [node.op_type for node in decoder.graph.node]
-    assert ops.count("MatMulInteger") >= 2 * 4 + 1  # q, k, v, out, fc1, fc2 ... + the head
+    assert ops.count("MatMulIntegerToFloat") >= 2 * 4 + 1  # q, k, v, out, fc1, fc2 ... + the head
+    constants = {t.name for t in decoder.graph.initializer}
+    float_products = [n for n in decoder.graph.node if n.op_type in ("MatMul", "Gemm")]
+    assert not [n.name for n in float_products if n.input[1] in constants]  # only q.k, p.v
     vocab = read_model_config(tiny_onnx_import).target_vocab_size
     int8_shapes = [
         list(t.dims) for t in decoder.graph.initializer if t.data_type == onnx.TensorProto.INT8
