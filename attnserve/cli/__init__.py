@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from attnserve.cli import bench, decode, models, serve, training
 from attnserve.engine.options import InvalidOption
+from attnserve.export.errors import ParityError
 
 GROUPS = (decode, models, training, serve, bench)
 
@@ -47,10 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidOption as exc:
         sys.stderr.write(f"attnserve: invalid option {exc}\n")
         return 2
+    except ParityError as exc:  # an export (or a first-use export) that failed its checks
+        sys.stderr.write(f"attnserve: {exc}\n")
+        return 1
     except (FileNotFoundError, ValueError) as exc:
         sys.stderr.write(f"attnserve: {exc}\n")
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

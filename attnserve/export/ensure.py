@@ -33,7 +33,8 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
     command = f"attnserve export {directory} --variants {variant}"
     if not allow:
         raise NotExportedError(
-            f"{graphs} has no ONNX graphs: run `{command}`, or leave out --no-auto-export"
+            f"{graphs} has no ONNX graphs: run `{command}`, or allow exporting on first use "
+            "(--auto-export, ATTNSERVE_AUTO_EXPORT)"
         )
     log.info("%s is missing: exporting the model to ONNX (`%s`)", graphs, command)
     from attnserve.export.onnx_export import export_model

@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 MS_DOMAIN = "com.microsoft"
 ZERO_POINT = 128  # u8 activations are symmetric: x_q - 128 in [-127, 127]
+MIN_OPSET = 18  # ReduceMax takes its axes as an input from opset 18
 TINY = 1e-30  # an all-zero row gets this scale instead of 0 (its products are 0 either way)
 
 
@@ -84,6 +85,11 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
 
     `exclude`: MatMul node names to keep in float (e.g. the output projection).
     """
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise ValueError(
+            f"per-row int8 needs ONNX opset {MIN_OPSET} or newer, the graph has {opset}"
+        )
     graph = model.graph
     weights = {i.name: i for i in graph.initializer}
     b = _Builder(graph)

@@ -116,6 +116,7 @@ def quantize_int8(
             excluded += exclude
         if scales == "row":
             quantize_rows(model, exclude)
+            onnx.checker.check_model(model)
             onnx.save(model, str(out_dir / name))
         else:
             _quantize_per_tensor(optimized, out_dir / name, exclude)

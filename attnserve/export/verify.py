@@ -13,6 +13,7 @@ small difference picks another, equally good continuation. fp16 is reported.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from attnserve.engine.onnx.backend import OnnxBackend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_backend import TorchBackend
 from attnserve.engine.translator import decode_batch
+from attnserve.export.errors import ParityError
 from attnserve.model.config import ModelConfig
 from attnserve.model.transformer import EncoderDecoder
 
@@ -37,11 +39,7 @@ PARITY_SENTENCES = "parity.tsv"
 INT8_GATE = {"top1_agreement": 0.9, "mean_kl": 0.02}
 
 
-class ParityError(RuntimeError):
-    """An exported fp32 graph that does not reproduce the torch model."""
-
-
-def sentence_sources(model_dir: Path, n: int = 32) -> list[list[int]] | None:
+def sentence_sources(model_dir: Path, n: int = 32, max_length: int = 128) -> list[list[int]] | None:
     """Token ids of up to `n` sentences of `model_dir/parity.tsv` (None when it has none).
 
     Each row gives a source per language column, tagged for the first other target language of
@@ -50,9 +48,10 @@ def sentence_sources(model_dir: Path, n: int = 32) -> list[list[int]] | None:
     path = model_dir / PARITY_SENTENCES
     if not path.is_file():
         return None
-    from attnserve.model.checkpoint import load_tokenizer
+    from attnserve.model.checkpoint import load_tokenizer, read_model_config
 
     tokenizer = load_tokenizer(model_dir)
+    max_length = min(max_length, read_model_config(model_dir).max_positions)
     lines = path.read_text(encoding="utf-8").splitlines()
     header = [name.strip() for name in lines[0].split("\t")] if lines else []
     columns: dict[str, list[str]] = {lang: [] for lang in header}
@@ -62,11 +61,11 @@ def sentence_sources(model_dir: Path, n: int = 32) -> list[list[int]] | None:
                 columns[lang].append(cell.strip())
     targets = tokenizer.target_languages
     sources: list[list[int]] = []
-    for row in range(max(len(texts) for texts in columns.values())):
+    for row in range(max((len(texts) for texts in columns.values()), default=0)):
         for lang, texts in columns.items():
             if row < len(texts) and len(sources) < n:
                 target = next((t for t in targets if t != lang), None)
-                sources.append(tokenizer.encode_source(texts[row], target, max_length=128))
+                sources.append(tokenizer.encode_source(texts[row], target, max_length=max_length))
     return sources or None
 
 
@@ -143,7 +142,8 @@ def compare(candidate: Backend[Any], reference: Reference) -> dict[str, Any]:
     live = np.ones(len(reference.sources), dtype=bool)
     for tokens, expected in zip(reference.step_tokens, reference.step_log_probs, strict=True):
         log_probs, state = candidate.step(tokens, state)
-        worst = max(worst, float(np.abs(log_probs - expected).max()))
+        difference = float(np.abs(log_probs - expected).max())
+        worst = max(worst, difference if np.isfinite(difference) else math.inf)
         if live.any():
             p, q = expected[live].astype(np.float64), log_probs[live].astype(np.float64)
             agree += int((p.argmax(-1) == q.argmax(-1)).sum())
@@ -185,8 +185,8 @@ def measure_parity(
         candidate = OnnxBackend(config, directory, provider=provider)
         report = compare(candidate, reference)
     except Exception as exc:
-        if variant == "fp32":
-            raise
+        if variant in ("fp32", "int8"):  # these must verify; a graph that cannot is broken
+            raise ParityError(f"{directory}: {variant} graphs do not run: {exc}") from exc
         log.warning("could not verify %s: %s", variant, exc)
         return {"skipped": f"{type(exc).__name__}: {exc}"}
     report["provider"] = candidate.provider
@@ -196,7 +196,7 @@ def measure_parity(
 def check_fp32(parity: dict[str, Any], where: Path) -> None:
     """Raise ParityError unless fp32 parity is within bounds."""
     problems = []
-    if parity["max_abs_log_prob_diff"] > FP32_MAX_ABS_DIFF:
+    if not parity["max_abs_log_prob_diff"] <= FP32_MAX_ABS_DIFF:  # NaN fails too
         problems.append(
             f"max abs log-prob diff {parity['max_abs_log_prob_diff']:.2e} > {FP32_MAX_ABS_DIFF}"
         )
@@ -211,11 +211,11 @@ def check_int8(parity: dict[str, Any], where: Path) -> None:
     """Raise ParityError unless int8 passes `INT8_GATE` (the thresholds go into the manifest)."""
     parity["gate"] = dict(INT8_GATE)
     problems = []
-    if parity["top1_agreement"] < INT8_GATE["top1_agreement"]:
+    if not parity["top1_agreement"] >= INT8_GATE["top1_agreement"]:  # NaN fails too
         problems.append(
             f"top-1 agreement {parity['top1_agreement']:.3f} < {INT8_GATE['top1_agreement']}"
         )
-    if parity["mean_kl"] > INT8_GATE["mean_kl"]:
+    if not parity["mean_kl"] <= INT8_GATE["mean_kl"]:
         problems.append(f"mean KL {parity['mean_kl']:.4f} > {INT8_GATE['mean_kl']}")
     if problems:
         raise ParityError(f"{where}: int8 graphs fail the export gate: " + "; ".join(problems))

@@ -41,7 +41,7 @@ from attnserve.training.config import TrainConfig
 from attnserve.training.data import Manifest
 from attnserve.training.evaluate import dev_bleu
 
-log = logging.getLogger("attnserve.training.train")  # also when run as __main__
+log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -171,7 +171,7 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.model = EncoderDecoder(self.model_config)
-        if cfg.init_from:
+        if cfg.init_from and not self.checkpoint_path.exists():  # a resumed run has its own
             self._init_from(Path(cfg.init_from))
         self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]

@@ -147,3 +147,38 @@ def test_the_export_gate_passes_int8_and_rejects_a_broken_graph(
     bad = measure_parity(reference, model.config, broken, "int8")
     with pytest.raises(ParityError, match="int8 graphs fail the export gate"):
         check_int8(bad, broken)
+
+
+def test_older_opsets_are_refused() -> None:
+    model = linear_graph()
+    model.opset_import[0].version = 17
+    with pytest.raises(ValueError, match="needs ONNX opset 18"):
+        quantize_rows(model)
+
+
+def test_the_gate_fails_nan_and_graphs_that_do_not_run(
+    tiny_onnx_import: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ParityError):
+        check_int8({"top1_agreement": 0.95, "mean_kl": float("nan")}, tmp_path)
+    broken = tmp_path / "int8"
+    shutil.copytree(tiny_onnx_import / "onnx" / "int8", broken)
+    (broken / "decoder.onnx").write_bytes(b"not an onnx file")
+    model, _ = load_model_dir(tiny_onnx_import)
+    with pytest.raises(ParityError, match="int8 graphs do not run"):
+        measure_parity(torch_reference(model), model.config, broken, "int8")
+
+
+def test_a_verified_export_warns_of_nothing(
+    tiny_marian_import: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The staged int8 graphs are verified with their manifest's options in place (no false
+    per-tensor warning while exporting)."""
+    import logging
+
+    from attnserve.export.onnx_export import export_variants
+
+    model, _ = load_model_dir(tiny_marian_import)
+    with caplog.at_level(logging.WARNING):
+        export_variants(model, tmp_path / "onnx", ["int8"], verify=True)
+    assert "per tensor" not in caplog.text

@@ -196,3 +196,28 @@ def test_cli_package_and_eval(
         assert 0.0 <= score["bleu"] <= 100.0 and 0.0 <= score["chrf"] <= 100.0
         assert score["target_tokens"] > 0 and score["bleu_signature"].startswith("nrefs:1")
     assert len((hyps / "test.en-de.hyp").read_text().splitlines()) == 5
+
+
+def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """--init-from copies a packaged model's weights (fresh optimizer); a different architecture
+    is refused; a resumed run keeps its checkpoint's weights; dev losses are logged per
+    direction."""
+    from attnserve.training.train import Trainer
+
+    data, spm_model = tiny_data
+    train(config(data, spm_model, tmp_path / "a", max_steps=3, eval_every=3, dev_sentences=4))
+    packaged = export_model_dir(tmp_path / "a", tmp_path / "model", which="checkpoint")
+    saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
+    warm = Trainer(config(data, spm_model, tmp_path / "b", init_from=str(packaged)))
+    assert all(torch.equal(v, saved[k]) for k, v in warm.model.state_dict().items())
+    assert warm.state.step == 0
+    state = train(config(data, spm_model, tmp_path / "b", init_from=str(packaged), eval_every=3))
+    assert {"loss_ende", "loss_deen"} <= set(state.history[-1])
+    assert all(0.0 < state.history[-1][k] < 20.0 for k in ("loss_ende", "loss_deen"))
+    with pytest.raises(ValueError, match="differs from this run's model config"):
+        Trainer(
+            config(
+                data, spm_model, tmp_path / "c", init_from=str(packaged),
+                model_overrides={"decoder_layers": 1},
+            )
+        )  # fmt: skip
