@@ -64,7 +64,7 @@ class EncoderState:
 class KVCache:
     """Self-attention keys and values of every decoder layer for all past target positions."""
 
-    keys: list[Tensor]  # per layer (B, H, T, D)
+    keys: list[Tensor]  # per layer (B, H, T, D); H = key/value heads (fewer than query heads: GQA)
     values: list[Tensor]  # per layer (B, H, T, D)
     mask: Tensor  # (B, T) bool, True = a real past position (left padding is False)
 

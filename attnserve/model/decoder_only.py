@@ -1,0 +1,215 @@
+"""DecoderOnly: a Llama-architecture language model with an explicit, left-padded KV cache.
+
+`prefill()` appends a chunk of tokens per row to a `KVCache` (a prompt may arrive in several
+chunks) and `decode_step()` appends one; `forward()` is full recomputation, the uncached
+reference. Every row's positions come from its own mask (the number of real tokens before a
+token), never from the column index, so left-padded batches, rows joining a running batch
+(`KVCache.concat`) and beam reordering (`KVCache.select`) need no recomputation.
+
+Parameter names follow Hugging Face's `LlamaForCausalLM` without its `model.` prefix, so the
+import is a renaming (convert/llama.py). Rotary embeddings use the rotate-half convention of
+Hugging Face's Llama, whose q/k projection rows are stored in that order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnserve.model.cache import KVCache
+from attnserve.model.decoder_config import DecoderConfig
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (as Hugging Face's Llama does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotary_cos_sin(
+    positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """positions (B, T) int64 -> cos, sin (B, 1, T, D), each frequency repeated in both halves."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)  # (D/2,) float32
+    angles = positions[..., None].float() * inv_freq  # (B, T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, D)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by the angles of cos/sin (B, 1, T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal self-attention where each key/value head serves `kv_groups` query heads."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def _heads(self, x: Tensor, n_heads: int) -> Tensor:
+        """(B, T, n*D) -> (B, n, T, D)"""
+        b, t, _ = x.shape
+        return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, past_k: Tensor, past_v: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C); cos/sin (B, 1, T, D); past_k/past_v (B, Hkv, P, D); mask (B, T, P+T) bool.
+
+        Returns the output (B, T, C) and the keys and values grown to (B, Hkv, P+T, D); keys are
+        cached after rotation.
+        """
+        q = apply_rotary(self._heads(self.q_proj(x), self.num_heads), cos, sin)  # (B, H, T, D)
+        k_new = apply_rotary(self._heads(self.k_proj(x), self.num_kv_heads), cos, sin)
+        v_new = self._heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        k = torch.cat([past_k, k_new], dim=2)  # (B, Hkv, P+T, D)
+        v = torch.cat([past_v, v_new], dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        out = F.scaled_dot_product_attention(
+            q,
+            k.repeat_interleave(groups, dim=1),  # (B, H, P+T, D): kv head j serves heads jG..jG+G-1
+            v.repeat_interleave(groups, dim=1),
+            attn_mask=mask[:, None],
+        )  # (B, H, T, D)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))"""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderOnlyLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = GroupedQueryAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, past_k: Tensor, past_v: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Shapes as in `GroupedQueryAttention.forward`."""
+        h, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, mask)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+
+
+class DecoderOnly(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        cfg = self.config = config
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderOnlyLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 0.02) matrices and embeddings (Llama's initializer range), unit norm weights."""
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+            else:
+                nn.init.ones_(p)
+
+    def alias_names(self) -> set[str]:
+        """State-dict names that repeat another tensor (not stored)."""
+        return {"lm_head.weight"} if self.config.tie_embeddings else set()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def empty_cache(self, batch: int) -> KVCache:
+        cfg = self.config
+        weight = self.embed_tokens.weight
+        return KVCache.empty(
+            batch,
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+
+    def prefill(
+        self, input_ids: Tensor, attention_mask: Tensor, cache: KVCache
+    ) -> tuple[Tensor, KVCache]:
+        """Append a chunk of T tokens per row to `cache`.
+
+        input_ids (B, T) int64; attention_mask (B, T), True (or 1) = a real token, False = padding
+        (left padding of a batch's prompts; any pattern works). A token's position is the number
+        of real tokens before it in its row, cached ones included. Returns logits (B, T, V) (those
+        of padding positions are meaningless) and a new cache grown by T columns, padding masked.
+        """
+        mask = attention_mask.to(torch.bool)
+        t = input_ids.shape[1]
+        p = cache.length
+        before = mask.long().cumsum(dim=1) - mask.long()  # real tokens earlier in the chunk
+        positions = cache.positions()[:, None] + before  # (B, T)
+        key_mask = torch.cat([cache.mask, mask], dim=1)  # (B, P+T)
+        query = torch.arange(t, device=input_ids.device)[:, None] + p  # column of each new token
+        column = torch.arange(p + t, device=input_ids.device)[None, :]
+        causal = column <= query  # (T, P+T)
+        # A padding token sees itself, so no query row is fully masked. Its output is unused, but
+        # a plain softmax over a fully masked row (as exported graphs compute it) gives NaN, which
+        # would reach its cached K/V and, through 0 * NaN, every row that attends past it.
+        attn_mask = (causal[None] & key_mask[:, None, :]) | (column == query)[None]  # (B, T, P+T)
+
+        x = self.embed_tokens(input_ids)  # (B, T, C)
+        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask)
+            keys.append(k)
+            values.append(v)
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        return logits, KVCache(keys, values, key_mask)
+
+    def decode_step(self, last_ids: Tensor, cache: KVCache) -> tuple[Tensor, KVCache]:
+        """One token per row: last_ids (B,) -> logits (B, V) and the cache with one more column.
+
+        Logits, not log-probs, as `EncoderDecoder.decode_step`: the caller normalizes.
+        """
+        ones = torch.ones(last_ids.shape[0], 1, dtype=torch.bool, device=last_ids.device)
+        logits, cache = self.prefill(last_ids[:, None], ones, cache)
+        return logits[:, 0], cache
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Full recomputation: input_ids, attention_mask (B, T) -> logits (B, T, V)."""
+        logits, _ = self.prefill(input_ids, attention_mask, self.empty_cache(input_ids.shape[0]))
+        return logits

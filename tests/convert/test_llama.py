@@ -1,0 +1,152 @@
+"""Llama config and weight mapping: what is read, what is refused (no transformers needed).
+
+Parity with Hugging Face's LlamaForCausalLM is tested in tests/model/test_decoder_only.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from attnserve.convert.llama import (
+    LlamaImportError,
+    build_llama,
+    convert_llama_state_dict,
+    llama_config_from_hf,
+)
+from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly
+
+# A config.json in the shape of SmolLM2-135M-Instruct, with the keys transformers 4.x writes.
+SMOLLM2_135M: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 576, "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
+    "is_llama_config": True, "max_position_embeddings": 8192, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30,
+    "num_key_value_heads": 3, "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.42.3",
+    "use_cache": True, "vocab_size": 49152,
+}  # fmt: skip
+TINY_HF: dict[str, Any] = {
+    "model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0},
+}  # fmt: skip
+
+
+def test_smollm2_config_maps_to_the_default_shape() -> None:
+    assert llama_config_from_hf(SMOLLM2_135M) == DecoderConfig()
+
+
+def test_transformers_5_config_and_defaults() -> None:
+    config = llama_config_from_hf(TINY_HF)
+    assert config == DecoderConfig.preset("tiny", rope_theta=100000.0)
+    assert config.head_dim == 8  # hidden_size // heads when head_dim is absent
+    bare = llama_config_from_hf({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10})
+    assert (bare.num_kv_heads, bare.rope_theta, bare.rms_norm_eps) == (4, 10000.0, 1e-6)
+    assert (bare.tie_embeddings, bare.max_positions, bare.num_layers) == (False, 2048, 32)
+
+
+def test_token_ids() -> None:
+    config = llama_config_from_hf({**TINY_HF, "eos_token_id": [2, 7], "pad_token_id": None})
+    assert config.eos_ids == (2, 7) and config.pad_id == 2  # no pad: the first eos, as HF
+    assert llama_config_from_hf({**TINY_HF, "bos_token_id": None}).bos_id is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model_type": "mistral"}, "model_type is 'mistral'"),
+        ({"architectures": ["LlamaForSequenceClassification"]}, "LlamaForCausalLM"),
+        ({"attention_bias": True}, "attention_bias=True"),
+        ({"mlp_bias": True}, "mlp_bias=True"),
+        ({"rope_interleaved": True}, "rope_interleaved=True"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type 'llama3'"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2}}, "'linear'"),
+        ({"eos_token_id": None}, "eos_token_id must be set"),
+        ({"num_key_value_heads": 3}, "not divisible"),
+        ({"pad_token_id": 500}, "outside the vocabulary"),
+    ],
+)
+def test_unsupported_configs_are_refused(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(LlamaImportError, match=message):
+        llama_config_from_hf({**TINY_HF, **changes})
+
+
+def hf_state(config: DecoderConfig) -> dict[str, Tensor]:
+    """A LlamaForCausalLM state dict (bfloat16, head stored) of a random DecoderOnly."""
+    torch.manual_seed(0)
+    model = DecoderOnly(config)
+    state = {f"model.{k}": t.to(torch.bfloat16) for k, t in model.state_dict().items()}
+    state["lm_head.weight"] = state.pop("model.lm_head.weight")
+    return state
+
+
+def test_weights_are_renamed_and_made_float32() -> None:
+    config = DecoderConfig.preset("tiny")
+    hf = hf_state(config)
+    hf["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)  # old checkpoints
+    state = convert_llama_state_dict(hf, config)
+    assert "lm_head.weight" not in state  # tied: the embedding
+    assert all(t.dtype == torch.float32 for t in state.values())
+    assert torch.equal(
+        state["layers.1.mlp.gate_proj.weight"], hf["model.layers.1.mlp.gate_proj.weight"].float()
+    )
+    model = build_llama(config, state)
+    assert not model.training and model.lm_head.weight is model.embed_tokens.weight
+    untied = config.replace(tie_embeddings=False)
+    hf = hf_state(untied)
+    model = build_llama(untied, convert_llama_state_dict(hf, untied))
+    assert torch.equal(model.lm_head.weight, hf["lm_head.weight"].float())
+    assert model.lm_head.weight is not model.embed_tokens.weight
+
+
+def test_a_tied_head_that_differs_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = DecoderConfig.preset("tiny")
+    hf = hf_state(config)
+    hf["lm_head.weight"] = torch.zeros_like(hf["lm_head.weight"])
+    with caplog.at_level(logging.WARNING, logger="attnserve.convert.llama"):
+        state = convert_llama_state_dict(hf, config)
+    assert "lm_head.weight" not in state and "differs" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda s: s.update({"model.layers.2.mlp.up_proj.weight": torch.ones(1)}),
+            "unsupported weights",
+        ),
+        (
+            lambda s: s.update({"model.layers.0.self_attn.q_proj.bias": torch.ones(1)}),
+            "q_proj.bias",
+        ),
+        (lambda s: s.pop("model.norm.weight"), "lacks \\['norm.weight'\\]"),
+        (lambda s: s.update({"model.norm.weight": torch.ones(5)}), "norm.weight: shape \\(5,\\)"),
+    ],
+)
+def test_mismatched_weights_are_refused(edit: Any, message: str) -> None:
+    config = DecoderConfig.preset("tiny")
+    hf = hf_state(config)
+    edit(hf)
+    with pytest.raises(LlamaImportError, match=message):
+        build_llama(config, convert_llama_state_dict(hf, config))
+
+
+def test_an_untied_model_needs_its_head() -> None:
+    config = DecoderConfig.preset("tiny", tie_embeddings=False)
+    hf = hf_state(config)
+    del hf["lm_head.weight"]
+    with pytest.raises(LlamaImportError, match=r"no lm_head\.weight"):
+        convert_llama_state_dict(hf, config)
