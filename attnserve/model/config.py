@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from attnserve.model.config_file import ConfigFile
 
 Activation = Literal["relu", "gelu", "swish"]
 NormPlacement = Literal["post", "pre"]
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(ConfigFile):
     """Architecture and special token ids.
 
     Defaults follow Marian / OPUS-MT (post-LN, scaled embeddings, sinusoidal positions,
@@ -71,36 +70,6 @@ class ModelConfig:
     def start_id(self) -> int:
         return self.pad_id if self.decoder_start_id is None else self.decoder_start_id
 
-    def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields: {', '.join(unknown)}")
-        return cls(**data)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> ModelConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """A named preset (`tiny`, `small`, `base`) with optional overrides."""
-        try:
-            base = PRESETS[name]
-        except KeyError:
-            raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
-        return base.replace(**overrides) if overrides else base
-
 
 PRESETS: dict[str, ModelConfig] = {
     # Builds in milliseconds; for tests.
@@ -135,3 +104,4 @@ PRESETS: dict[str, ModelConfig] = {
         max_positions=512,
     ),
 }
+ModelConfig.PRESETS = PRESETS

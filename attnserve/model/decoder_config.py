@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
+
+from attnserve.model.config_file import ConfigFile
 
 DecoderFamily = Literal["llama"]
 FAMILIES: tuple[str, ...] = ("llama",)
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(ConfigFile):
     """Architecture and special token ids of a Llama-architecture model.
 
     Pre-norm RMSNorm blocks, rotary positions (rotate-half convention), grouped-query attention,
@@ -85,37 +85,10 @@ class DecoderConfig:
         """Query heads per key/value head."""
         return self.num_heads // self.num_kv_heads
 
-    def replace(self, **changes: Any) -> DecoderConfig:
-        return dataclasses.replace(self, **changes)
-
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["eos_ids"] = list(self.eos_ids)
         return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DecoderConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown DecoderConfig fields: {', '.join(unknown)}")
-        return cls(**data)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> DecoderConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> DecoderConfig:
-        """A named preset (`tiny`) with optional overrides."""
-        try:
-            base = PRESETS[name]
-        except KeyError:
-            raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
-        return base.replace(**overrides) if overrides else base
 
 
 PRESETS: dict[str, DecoderConfig] = {
@@ -134,3 +107,4 @@ PRESETS: dict[str, DecoderConfig] = {
         pad_id=0,
     ),
 }
+DecoderConfig.PRESETS = PRESETS
