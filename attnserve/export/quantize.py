@@ -101,6 +101,7 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
     one = b.const("rowq_one", np.array(1.0, dtype=np.float32))
     # activation name -> (quantized activation, its per-row scale (..., 1))
     quantized: dict[str, tuple[str, str]] = {}
+    int8_weights: dict[str, tuple[str, str]] = {}  # weight -> (int8 weight, column scales)
     replaced: set[str] = set()
     for node in graph.node:
         weight = weights.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -122,18 +123,18 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
             quantized[x] = (b.node("QuantizeLinear", [unit, one, zero_point], "rowq_q"), inverse)
             report.shared_inputs += 1
         x_q, inverse = quantized[x]
-        w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
+        if weight.name not in int8_weights:  # a weight two products share is quantized once
+            w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
+            int8_weights[weight.name] = (
+                b.const(weight.name + "_int8", w_q),
+                b.const(weight.name + "_scale", w_scale),
+            )
+        w_q_name, w_scale_name = int8_weights[weight.name]
         product = b.node(
             "MatMulIntegerToFloat",
-            [
-                x_q,
-                b.const(weight.name + "_int8", w_q),
-                one,
-                b.const(weight.name + "_scale", w_scale),
-                zero_point,
-            ],
+            [x_q, w_q_name, one, w_scale_name, zero_point],
             node.output[0] + "_int8",
-            name=(node.name or node.output[0]) + "_rowq",
+            name=b.unique((node.name or node.output[0]) + "_rowq"),
         )
         b.nodes.append(
             helper.make_node("Div", [product, inverse], [node.output[0]], name=node.name)

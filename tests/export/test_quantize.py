@@ -182,3 +182,21 @@ def test_a_verified_export_warns_of_nothing(
     with caplog.at_level(logging.WARNING):
         export_variants(model, tmp_path / "onnx", ["int8"], verify=True)
     assert "per tensor" not in caplog.text
+
+
+def test_a_weight_shared_by_two_products_is_quantized_once() -> None:
+    model = linear_graph()
+    model.graph.node.append(helper.make_node("MatMul", ["y", "w2"], ["z"], name="again"))
+    w2 = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w"))[:N, :]
+    model.graph.initializer.append(numpy_helper.from_array(w2, "w2"))
+    model.graph.node.append(helper.make_node("MatMul", ["x", "w"], ["x_again"], name="twice"))
+    model.graph.output.append(helper.make_tensor_value_info("x_again", TensorProto.FLOAT, None))
+    report = quantize_rows(model)
+    assert sorted(report.quantized) == ["again", "proj", "twice"]
+    int8 = [i.name for i in model.graph.initializer if i.data_type == TensorProto.INT8]
+    assert sorted(int8) == ["w2_int8", "w_int8"]
+    x = rows(0, 2)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y, x_again = session.run(["y", "x_again"], {"x": x})
+    bias = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
+    np.testing.assert_allclose(x_again, np.asarray(y) - bias, atol=1e-4)  # the same product
