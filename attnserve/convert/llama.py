@@ -2,20 +2,23 @@
 
 Never imports transformers. Our parameter names are Hugging Face's without the `model.` prefix,
 and Hugging Face stores q/k projections in the rotate-half order our rotary embeddings use, so
-the weights are renamed, not permuted (GGUF files store them interleaved; not handled here).
-Weights are converted to float32.
+the weights are renamed, not permuted (GGUF files store them interleaved: convert/gguf.py undoes
+that). Weights are converted to float32. `import_llama` writes the weights and config of a
+Hugging Face directory as a model directory (tokenizer and chat template: not yet).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from attnserve.model.checkpoint import ModelDirError
+from attnserve.model.checkpoint import ModelDirError, read_json_object
+from attnserve.model.decoder_checkpoint import save_decoder_dir
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
 
@@ -194,3 +197,13 @@ def build_llama(config: DecoderConfig, state: dict[str, Tensor]) -> DecoderOnly:
             )
     model.load_state_dict(state, strict=False)  # the tied head is the embedding Parameter
     return model.eval()
+
+
+def import_llama(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """A Hugging Face LlamaForCausalLM directory -> a decoder-only model directory."""
+    from attnserve.convert.marian import load_hf_state_dict  # the shared HF weight reader
+
+    hf_dir = Path(hf_dir)
+    config = llama_config_from_hf(read_json_object(hf_dir, "config.json"))
+    model = build_llama(config, convert_llama_state_dict(load_hf_state_dict(hf_dir), config))
+    return save_decoder_dir(model, out_dir, {"source": str(hf_dir), "format": "huggingface"})

@@ -87,6 +87,11 @@ def read_model_config(directory: str | Path) -> ModelConfig:
     """The ModelConfig of a model directory (imports neither torch nor the model)."""
     directory = Path(directory)
     data = read_json_object(directory, CONFIG_NAME)
+    if "family" in data:  # see attnserve.model.decoder_checkpoint
+        raise ModelFileInvalidError(
+            f"{directory} is a decoder-only ({data['family']}) model directory, "
+            "not an encoder-decoder one"
+        )
     try:
         return ModelConfig.from_dict(data)
     except (TypeError, ValueError) as exc:

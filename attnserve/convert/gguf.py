@@ -1,0 +1,245 @@
+"""Import a llama.cpp GGUF file of a Llama-architecture model into a decoder-only model directory.
+
+Reads the `llama.*` metadata into a DecoderConfig and every tensor through the `gguf` package
+(GGUFReader, `gguf.quants.dequantize`: F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the other block
+formats it implements), dequantized to float32. GGUF lists a tensor's dimensions innermost first
+(ggml's ne[0] is the row length); the reader's arrays are already in numpy (outermost first)
+order. llama.cpp's converter permutes the rows of attn_q / attn_k so that each head's rotary
+pairs are interleaved (GPT-J style); our rotary embeddings rotate halves (as Hugging Face's), so
+`unpermute_rows` undoes that, as transformers' GGUF loader does. No `output` tensor means the
+output projection is the embedding. The tokenizer and chat template in the file are not read yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.constants import GGUF_MAGIC
+from gguf.quants import dequantize
+
+from attnserve.convert.llama import build_llama
+from attnserve.model.checkpoint import ModelDirError, ModelFileInvalidError
+from attnserve.model.decoder_checkpoint import save_decoder_dir
+from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+# GGUF tensor name (without ".weight") -> ours; {i} is the layer index.
+_GLOBAL_NAMES = {
+    "token_embd": "embed_tokens.weight",
+    "output_norm": "norm.weight",
+    "output": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj.weight",
+    "attn_k": "self_attn.k_proj.weight",
+    "attn_v": "self_attn.v_proj.weight",
+    "attn_output": "self_attn.o_proj.weight",
+    "ffn_gate": "mlp.gate_proj.weight",
+    "ffn_up": "mlp.up_proj.weight",
+    "ffn_down": "mlp.down_proj.weight",
+    "attn_norm": "input_layernorm.weight",
+    "ffn_norm": "post_attention_layernorm.weight",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+# Tables llama.cpp may store that we compute ourselves.
+_IGNORED = ("rope_freqs.weight",)
+
+
+class GGUFImportError(ModelDirError, ValueError):
+    """The GGUF file holds something we cannot run faithfully, or is no GGUF file."""
+
+
+def is_gguf_file(path: str | Path) -> bool:
+    """True for a file that starts with the GGUF magic ("GGUF")."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        head = f.read(4)
+    return len(head) == 4 and int.from_bytes(head, "little") == GGUF_MAGIC
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """A GGUFReader (memory-mapped); GGUFImportError for a file that is not valid GGUF."""
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError, IndexError) as exc:
+        raise GGUFImportError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Scalar and string metadata as Python values; arrays as their item count (`len(...)`)."""
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if not field.types:
+            continue
+        if field.types[0] == GGUFValueType.ARRAY:
+            out[key] = len(field.data)
+        else:
+            out[key] = field.contents()
+    return out
+
+
+def _float32(value: Any) -> float:
+    """A float stored as float32, as the shortest decimal that rounds to it (1e-05, not
+    9.999999747378752e-06), as the config.json it was converted from wrote it."""
+    return float(str(np.float32(value)))
+
+
+def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
+    """DecoderConfig from GGUF metadata (`metadata(reader)`); GGUFImportError for the rest."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFImportError(
+            f"GGUF architecture {arch!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    problems: list[str] = []
+
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            problems.append(f"{arch}.{key} is missing")
+        return value
+
+    hidden = get("embedding_length")
+    heads = get("attention.head_count")
+    kv_heads = meta.get(f"{arch}.attention.head_count_kv", heads)
+    head_dim: Any = meta.get(f"{arch}.attention.key_length")
+    if head_dim is None and hidden is not None and heads:
+        head_dim = hidden // heads
+    rope_dims = meta.get(f"{arch}.rope.dimension_count", head_dim)
+    if rope_dims != head_dim:
+        problems.append(f"rope.dimension_count {rope_dims} != head_dim {head_dim} (partial rope)")
+    value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
+    if value_dim != head_dim:
+        problems.append(f"attention.value_length {value_dim} != key_length {head_dim}")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        problems.append(f"rope.scaling.type {scaling!r} (only plain rotary embeddings)")
+    if meta.get(f"{arch}.expert_count", 0):
+        problems.append("a mixture of experts (expert_count > 0)")
+    vocab: Any = meta.get("tokenizer.ggml.tokens", meta.get(f"{arch}.vocab_size"))
+    if vocab is None:
+        problems.append("no tokenizer.ggml.tokens nor vocab_size")
+    eos: Any = meta.get("tokenizer.ggml.eos_token_id")
+    if eos is None:
+        problems.append("tokenizer.ggml.eos_token_id is missing")
+    values = {
+        "hidden": hidden,
+        "layers": get("block_count"),
+        "ffn": get("feed_forward_length"),
+        "eps": get("attention.layer_norm_rms_epsilon"),
+    }
+    if problems:
+        raise GGUFImportError("unsupported GGUF model: " + "; ".join(problems))
+    eos_ids = [int(eos)]
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    if eot is not None and int(eot) not in eos_ids:
+        eos_ids.append(int(eot))
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    pad = meta.get("tokenizer.ggml.padding_token_id")
+    try:
+        return DecoderConfig(
+            family="llama",
+            vocab_size=int(vocab),
+            hidden_size=int(values["hidden"]),
+            num_layers=int(values["layers"]),
+            num_heads=int(heads),
+            num_kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            intermediate_size=int(values["ffn"]),
+            rms_norm_eps=_float32(values["eps"]),
+            rope_theta=_float32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            max_positions=int(get("context_length", 2048)),
+            tie_embeddings=True,  # set from the tensors by read_gguf
+            bos_id=None if bos is None else int(bos),
+            eos_ids=tuple(eos_ids),
+            pad_id=eos_ids[0] if pad is None else int(pad),
+        )
+    except ValueError as exc:
+        raise GGUFImportError(f"unsupported GGUF config: {exc}") from exc
+
+
+def unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k `permute` (interleaved rotary pairs -> rotate-half order)."""
+    rows = weight.shape[0]
+    if rows % (2 * n_head):
+        raise GGUFImportError(f"{rows} rows cannot hold {n_head} heads of rotary pairs")
+    w = weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def _our_name(gguf_name: str, num_layers: int) -> str | None:
+    if gguf_name.endswith(".weight") and gguf_name[: -len(".weight")] in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name[: -len(".weight")]]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or int(match.group(1)) >= num_layers or match.group(2) not in _LAYER_NAMES:
+        return None
+    return f"layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+
+
+def tensor_to_float32(tensor: Any) -> np.ndarray:
+    """A ReaderTensor's values as float32 in numpy order (GGUF's dimensions reversed)."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise GGUFImportError(
+            f"{tensor.name}: tensor type {tensor.tensor_type.name} is not supported: {exc}"
+        ) from exc
+    # a copy: F32 data is a view of the read-only memory map
+    return np.array(values, dtype=np.float32, order="C", copy=True).reshape(shape)
+
+
+def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]:
+    """Config and DecoderOnly state dict (float32; no lm_head when tied) of a GGUF file."""
+    reader = open_gguf(path)
+    config = config_from_gguf(metadata(reader))
+    state: dict[str, torch.Tensor] = {}
+    unexpected = []
+    for tensor in reader.tensors:
+        name = _our_name(tensor.name, config.num_layers)
+        if name is None:
+            if tensor.name not in _IGNORED:
+                unexpected.append(tensor.name)
+            continue
+        values = tensor_to_float32(tensor)
+        if name.endswith("q_proj.weight"):
+            values = unpermute_rows(values, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            values = unpermute_rows(values, config.num_kv_heads)
+        state[name] = torch.from_numpy(values)
+    if unexpected:
+        raise GGUFImportError(f"unsupported tensors in {path}: {sorted(unexpected)[:10]}")
+    if "lm_head.weight" in state:
+        config = config.replace(tie_embeddings=False)
+    return config, state
+
+
+def convert_gguf(path: str | Path) -> DecoderOnly:
+    """A DecoderOnly (eval mode) with the weights of a GGUF file."""
+    config, state = read_gguf(path)
+    try:
+        return build_llama(config, state)
+    except ModelDirError as exc:
+        raise GGUFImportError(f"{path}: {exc}") from exc
+
+
+def import_gguf(path: str | Path, out_dir: str | Path) -> Path:
+    """A GGUF file -> a decoder-only model directory (config.json, model.safetensors)."""
+    path = Path(path)
+    if not is_gguf_file(path):
+        raise ModelFileInvalidError(f"{path} is not a GGUF file (no GGUF magic)")
+    model = convert_gguf(path)
+    logger.info("imported %s (%d parameters)", path, model.num_parameters())
+    return save_decoder_dir(model, out_dir, {"source": str(path), "format": "gguf"})
