@@ -118,8 +118,8 @@ def _pyproject() -> dict[str, Any]:
 
 
 def test_runtime_requirements_are_pyprojects_pins() -> None:
-    """Same versions as pyproject.toml; the export-only packages and the other ONNX Runtime
-    build left out."""
+    """Same versions as pyproject.toml; the import- and export-only packages and the other ONNX
+    Runtime build left out."""
     project = _pyproject()["project"]
     declared = {
         canonicalize_name(r.name): r.specifier
@@ -129,6 +129,7 @@ def test_runtime_requirements_are_pyprojects_pins() -> None:
         "torch",
         "onnxscript",
         "safetensors",
+        "gguf",
         "onnxruntime",
         "onnxruntime-gpu",
     }
