@@ -197,6 +197,28 @@ def load_state_dict(
         raise ModelFileInvalidError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
+def load_weights(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor], aliases: set[str], path: Path
+) -> None:
+    """Load `tensors` (the model's parameters less `aliases`, the tied copies) into `model`, or
+    ModelFileInvalidError naming what is missing, unexpected or of the wrong shape."""
+    expected = {name: t for name, t in model.state_dict().items() if name not in aliases}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ModelFileInvalidError(
+            f"{path} does not match config.json: "
+            f"missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
+        )
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise ModelFileInvalidError(
+                f"{path}: {name} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(tensors, strict=False)  # aliases are the same Parameter objects
+
+
 def load_model_dir(
     directory: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[EncoderDecoder, Tokenizer]:
@@ -211,23 +233,7 @@ def load_model_dir(
     tensors = load_state_dict(directory, device)
     with torch.device(device):
         model = EncoderDecoder(config)
-    expected = {
-        name: t for name, t in model.state_dict().items() if name not in alias_names(config)
-    }
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ModelFileInvalidError(
-            f"{directory / WEIGHTS_NAME} does not match config.json: "
-            f"missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
-        )
-    for name, tensor in tensors.items():
-        if tensor.shape != expected[name].shape:
-            raise ModelFileInvalidError(
-                f"{directory / WEIGHTS_NAME}: {name} has shape {tuple(tensor.shape)}, "
-                f"config.json implies {tuple(expected[name].shape)}"
-            )
-    model.load_state_dict(tensors, strict=False)  # aliases are the same Parameter objects
+    load_weights(model, tensors, alias_names(config), directory / WEIGHTS_NAME)
     model.eval()
     logger.info("loaded %s (%d parameters) on %s", directory, model.num_parameters(), device)
     return model, tokenizer

@@ -22,6 +22,7 @@ from attnserve.model.checkpoint import (
     WEIGHTS_NAME,
     ModelFileInvalidError,
     load_state_dict,
+    load_weights,
     read_json_object,
 )
 from attnserve.model.decoder_config import FAMILIES, DecoderConfig
@@ -103,20 +104,5 @@ def load_decoder_dir(directory: str | Path, device: str | torch.device = "cpu") 
     tensors = load_state_dict(directory, device)
     with torch.device(device):
         model = DecoderOnly(config)
-    skip = model.alias_names()
-    expected = {name: t for name, t in model.state_dict().items() if name not in skip}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ModelFileInvalidError(
-            f"{directory / WEIGHTS_NAME} does not match config.json: "
-            f"missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
-        )
-    for name, tensor in tensors.items():
-        if tensor.shape != expected[name].shape:
-            raise ModelFileInvalidError(
-                f"{directory / WEIGHTS_NAME}: {name} has shape {tuple(tensor.shape)}, "
-                f"config.json implies {tuple(expected[name].shape)}"
-            )
-    model.load_state_dict(tensors, strict=False)  # the tied head is the embedding Parameter
+    load_weights(model, tensors, model.alias_names(), directory / WEIGHTS_NAME)
     return model.eval()
