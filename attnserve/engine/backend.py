@@ -32,6 +32,27 @@ class ModelSpec:
     eos_id: int
     start_id: int  # first decoder input (Marian: the pad id)
     max_positions: int  # longest source and longest target, in tokens
+    # Decoder-only language models: `encode` prefills a prompt (all but its last token, which
+    # the search feeds to the first step) and `max_positions` is the context length.
+    decoder_only: bool = False
+    # Tokens other than eos_id that end a sequence (a chat template's end-of-turn token).
+    stop_ids: tuple[int, ...] = ()
+    # Tokens never generated; None: the pad and start ids (Marian's rule), unless they stop.
+    banned_ids: tuple[int, ...] | None = None
+    # `step` returns raw logits rather than log-probs (language models: Hugging Face applies
+    # greedy and sampling processors to logits, which the multiplicative repetition penalty
+    # tells apart); the searches normalize.
+    returns_logits: bool = False
+
+    @property
+    def stops(self) -> frozenset[int]:
+        return frozenset((self.eos_id, *self.stop_ids))
+
+    @property
+    def never_generated(self) -> tuple[int, ...]:
+        if self.banned_ids is not None:
+            return self.banned_ids
+        return tuple(sorted({self.pad_id, self.start_id} - self.stops))
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> ModelSpec:
@@ -51,11 +72,13 @@ class Backend(Protocol[State]):
     def spec(self) -> ModelSpec: ...
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> State:
-        """src_ids (B, S) right-padded with pad_id, src_lengths (B,) -> state, empty cache."""
+        """src_ids (B, S) right-padded with pad_id, src_lengths (B,) -> state, empty cache
+        (decoder-only: the cache of the prefilled prompt tokens)."""
         ...
 
     def step(self, tokens: IntArray, state: State) -> tuple[FloatArray, State]:
-        """Feed the last token of every row (B,) -> log-probs (B, V) float32 and the grown state."""
+        """Feed the last token of every row (B,) -> log-probs (B, V) float32 (logits when
+        `spec.returns_logits`) and the grown state."""
         ...
 
     def select(self, state: State, rows: IntArray) -> State:

@@ -23,9 +23,14 @@ def load_backend(
     """A backend over `model_dir`; heavy runtimes are imported only here, when chosen.
 
     `backend` is "torch", "onnx" (with `variant=` and `provider=` keyword arguments) or the
-    shorthand "onnx-<variant>" (e.g. "onnx-int8").
+    shorthand "onnx-<variant>" (e.g. "onnx-int8"). A decoder-only model directory (config.json
+    with a "family") gets a language-model backend; `stop_ids=` adds stop tokens to it.
     """
     kind, variant = parse_backend_name(backend)
+    from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
+
+    if directory_family(model_dir) != ENCODER_DECODER:
+        return _load_lm_backend(model_dir, kind, variant, threads=threads, **kwargs)
     if kind == "torch" and variant is None:
         from attnserve.engine.torch_backend import TorchBackend
 
@@ -37,3 +42,15 @@ def load_backend(
         chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT
         return OnnxBackend.from_dir(model_dir, chosen, threads=threads, **options)
     raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def _load_lm_backend(
+    model_dir: str | Path, kind: str, variant: str | None, *, threads: int | None, **kwargs: Any
+) -> Backend[Any]:
+    """A decoder-only model's backend; `stop_ids`: its tokenizer's end-of-turn tokens."""
+    stop_ids = kwargs.get("stop_ids", ())
+    if kind == "torch" and variant is None:
+        from attnserve.engine.torch_lm import TorchLMBackend
+
+        return TorchLMBackend.from_dir(model_dir, threads=threads, stop_ids=stop_ids)
+    raise ValueError(f"backend {kind!r} does not run decoder-only models yet; use torch")

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's limit)
+
 
 class InvalidOption(ValueError):
     """A decoding option outside its range; `param` names it (for a 422 answer)."""
@@ -34,12 +36,25 @@ class DecodingOptions:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
+    min_p: float = 0.0  # sampling: drop tokens below min_p x the top probability; 0 = off
     repetition_penalty: float = 1.0  # 1.0 = off
     no_repeat_ngram_size: int = 0  # 0 = off
+    # OpenAI's penalties on the logits of generated tokens: presence once, frequency per count.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Report the log-prob of every chosen token, with this many top alternatives; None = off.
+    logprobs: int | None = None
+    # Independent samples of one prompt (sampling only); they share its prefill.
+    num_samples: int = 1
     # Model-level generation settings (Marian's generation config): log-softmax again after the
     # processors, and force EOS as the last allowed token.
     renormalize: bool = False
     forced_eos: bool = False
+
+    @property
+    def rows(self) -> int:
+        """Decoder rows the request occupies at most."""
+        return max(self.beam_size, self.num_samples)
 
     def replace(self, **changes: Any) -> DecodingOptions:
         return dataclasses.replace(self, **changes)
@@ -84,3 +99,14 @@ class DecodingOptions:
             raise InvalidOption("repetition_penalty", "must be greater than 0")
         if self.no_repeat_ngram_size < 0:
             raise InvalidOption("no_repeat_ngram_size", "must be 0 (off) or positive")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidOption("min_p", "must be in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidOption(name, "must be between -2 and 2")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidOption("logprobs", f"must be between 0 and {MAX_LOGPROBS}")
+        if not 1 <= self.num_samples <= max_beam_size:
+            raise InvalidOption("n", f"must be between 1 and {max_beam_size}")
+        if self.num_samples > 1 and not self.sampling:
+            raise InvalidOption("n", "several samples need sampling (a temperature above 0)")

@@ -22,27 +22,42 @@ NEG_INF = np.float32(-np.inf)
 
 
 class LogProbProcessor:
-    """Repetition penalty, no-repeat n-grams, banned tokens, min length, forced final EOS."""
+    """Repetition penalty, no-repeat n-grams, presence and frequency penalties, banned tokens,
+    min length, forced final EOS.
 
-    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+    `prefix`: the prompt of a decoder-only model, which the repetition penalty and the no-repeat
+    n-gram rule see before the generated tokens (as Hugging Face's processors see input_ids);
+    presence and frequency penalties count generated tokens only (OpenAI's definition).
+    """
+
+    def __init__(
+        self, options: DecodingOptions, spec: ModelSpec, prefix: Sequence[int] = ()
+    ) -> None:
         self.options = options
         self.eos_id = spec.eos_id
-        # The pad token is never generated (Marian); neither is a distinct decoder start token.
-        self.banned = sorted({spec.pad_id, spec.start_id} - {spec.eos_id})
+        self.stops = sorted(spec.stops)
+        # Marian: the pad token is never generated, nor a distinct decoder start token.
+        self.banned = list(spec.never_generated)
+        self.prefix = list(prefix)
 
     def __call__(self, log_probs: FloatArray, histories: Sequence[Sequence[int]]) -> FloatArray:
         """log_probs (R, V), histories: R lists of generated tokens (equal lengths)."""
         opts = self.options
+        seen = [[*self.prefix, *h] for h in histories] if self.prefix else histories
         if opts.repetition_penalty != 1.0:
-            for row, history in zip(log_probs, histories, strict=True):
+            for row, history in zip(log_probs, seen, strict=True):
                 apply_repetition_penalty(row, history, opts.repetition_penalty)
         if opts.no_repeat_ngram_size > 0:
-            for row, history in zip(log_probs, histories, strict=True):
+            for row, history in zip(log_probs, seen, strict=True):
                 row[banned_ngram_tokens(history, opts.no_repeat_ngram_size)] = NEG_INF
-        log_probs[:, self.banned] = NEG_INF
+        if opts.presence_penalty or opts.frequency_penalty:
+            for row, history in zip(log_probs, histories, strict=True):
+                apply_count_penalties(row, history, opts.presence_penalty, opts.frequency_penalty)
+        if self.banned:
+            log_probs[:, self.banned] = NEG_INF
         generated = len(histories[0])
         if generated < opts.min_new_tokens:
-            log_probs[:, self.eos_id] = NEG_INF
+            log_probs[:, self.stops] = NEG_INF
         if opts.forced_eos and generated == opts.max_new_tokens - 1:
             log_probs[:] = NEG_INF  # as HF: EOS alone remains, with log-prob 0
             log_probs[:, self.eos_id] = 0.0
@@ -58,6 +73,16 @@ def apply_repetition_penalty(row: FloatArray, history: Sequence[int], penalty: f
     seen = np.unique(np.asarray(history, dtype=np.int64))
     scores = row[seen]
     row[seen] = np.where(scores < 0, scores * penalty, scores / penalty)
+
+
+def apply_count_penalties(
+    row: FloatArray, history: Sequence[int], presence: float, frequency: float
+) -> None:
+    """OpenAI's penalties: score -= presence * (count > 0) + frequency * count, per token."""
+    if not history:
+        return
+    tokens, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    row[tokens] -= (presence + frequency * counts).astype(row.dtype)
 
 
 def banned_ngram_tokens(history: Sequence[int], n: int) -> list[int]:
@@ -81,6 +106,15 @@ def top_k_mask(logits: Floats, k: int) -> Floats:
     return np.where(logits < kth, NEG_INF, logits).astype(logits.dtype)
 
 
+def min_p_mask(logits: Floats, min_p: float) -> Floats:
+    """Keep tokens whose probability is at least min_p x the top token's (Hugging Face's
+    MinPLogitsWarper, applied after temperature); the dtype of `logits` is kept."""
+    if min_p <= 0.0:
+        return logits
+    threshold = np.max(logits) + np.log(min_p)  # p >= min_p * p_max in log space
+    return np.where(logits < threshold, NEG_INF, logits).astype(logits.dtype)
+
+
 def top_p_mask(logits: Floats, p: float) -> Floats:
     """Nucleus: keep the smallest set of highest-probability tokens whose mass reaches p (the
     most probable token always, however small p is). The dtype of `logits` is kept."""
@@ -94,6 +128,11 @@ def top_p_mask(logits: Floats, p: float) -> Floats:
     keep[order[before < p]] = True
     keep[order[0]] = True  # a p below float precision still keeps the top token
     return np.where(keep, logits, NEG_INF).astype(logits.dtype)
+
+
+def log_softmax(x: FloatArray) -> FloatArray:
+    """Row-wise log-softmax of (..., V) logits, float32 (a new array)."""
+    return (x - logsumexp(x)).astype(np.float32, copy=False)
 
 
 def logsumexp(x: FloatArray) -> FloatArray:

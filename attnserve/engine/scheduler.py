@@ -86,7 +86,7 @@ class Request:
     @property
     def rows(self) -> int:
         """Rows this request occupies at most (a beam request owns beam_size rows)."""
-        return self.options.beam_size
+        return self.options.rows
 
     @property
     def output_tokens(self) -> int:

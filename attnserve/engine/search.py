@@ -9,14 +9,25 @@ other requests, so one batch can mix greedy, sampling and beam requests.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
 from attnserve.engine.options import DecodingOptions
-from attnserve.engine.processors import LogProbProcessor, softmax, top_k_mask, top_p_mask
+from attnserve.engine.processors import (
+    LogProbProcessor,
+    log_softmax,
+    min_p_mask,
+    softmax,
+    top_k_mask,
+    top_p_mask,
+)
+
+# Says whether the generated tokens end with a stop string (the caller decodes text).
+Stopper = Callable[[Sequence[int]], bool]
 
 EMPTY = np.zeros(0, dtype=np.int64)
 # top_indices() filters with the maxima of chunks of this many values before sorting the rest.
@@ -79,13 +90,39 @@ def stay_in_place(parents: Sequence[int]) -> list[int]:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-prob under the model (before penalties and temperature) and the
+    `top` most likely tokens of that step, best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Hypothesis:
     """A finished output: generated tokens (without EOS) and its scores."""
 
     tokens: tuple[int, ...]
     score: float  # log_prob / (length incl. EOS) ** length_penalty
     log_prob: float  # sum of the (processed) log-probs of the chosen tokens
-    ended_with_eos: bool
+    ended_with_eos: bool  # ended with a stop token (EOS, or the model's end of turn)
+    stopped: bool = False  # ended with a stop string (tokens include the one completing it)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when asked for
+
+    @property
+    def finish_reason(self) -> str:
+        """ "stop" (stop token or string) or "length" (max_new_tokens or the context)."""
+        return "stop" if self.ended_with_eos or self.stopped else "length"
+
+
+def token_logprob(log_probs: FloatArray, token: int, top: int) -> TokenLogprob:
+    """The chosen token's log-prob in a (V,) row and the row's `top` best tokens."""
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = top_indices(log_probs, top)
+        best = tuple((int(i), float(log_probs[i])) for i in ids)
+    return TokenLogprob(token, float(log_probs[token]), best)
 
 
 def normalized(log_prob: float, length: int, length_penalty: float) -> float:
@@ -95,12 +132,26 @@ def normalized(log_prob: float, length: int, length_penalty: float) -> float:
 class Search(ABC):
     """Decoding state of one request."""
 
-    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
+    def __init__(
+        self,
+        options: DecodingOptions,
+        spec: ModelSpec,
+        *,
+        start: int | None = None,
+        prefix: Sequence[int] = (),
+        stopper: Stopper | None = None,
+    ) -> None:
+        """`start`: the first decoder input (default spec.start_id; a language model's is the
+        last prompt token); `prefix`: the prompt tokens the processors see (decoder-only);
+        `stopper`: a stop-string check over the generated tokens (greedy and sampling)."""
         self.options = options
         self.spec = spec
-        self.process = LogProbProcessor(options, spec)
+        self.stops = spec.stops
+        self.process = LogProbProcessor(options, spec, prefix)
+        self.stopper = stopper
         self.num_rows = 1
-        self.last_tokens: IntArray = np.array([spec.start_id], dtype=np.int64)
+        first = spec.start_id if start is None else start
+        self.last_tokens: IntArray = np.array([first], dtype=np.int64)
         self.done = False
         self.steps = 0
         self.error: Exception | None = None  # set when decoding this request failed
@@ -128,25 +179,38 @@ class Search(ABC):
 class GreedySearch(Search):
     """The most likely token at every step."""
 
-    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
-        super().__init__(options, spec)
+    def __init__(self, options: DecodingOptions, spec: ModelSpec, **kwargs: Any) -> None:
+        super().__init__(options, spec, **kwargs)
         self.tokens: list[int] = []
         self.log_prob = 0.0
         self.ended_with_eos = False
+        self.stopped = False
+        self.logprobs: list[TokenLogprob] | None = None if options.logprobs is None else []
 
     def choose(self, log_probs: FloatArray) -> int:
-        """log_probs (V,) -> token id"""
+        """log_probs (V,) (or logits) -> token id"""
         return int(np.argmax(log_probs))
 
     def step(self, log_probs: FloatArray) -> IntArray:
+        """log_probs (1, V), or logits when the backend returns them."""
+        logits = self.spec.returns_logits
+        raw = None
+        if self.logprobs is not None:  # the model's own distribution, before the processors
+            raw = log_softmax(log_probs[0]) if logits else log_probs[0].copy()
         row = self.process(log_probs, [self.tokens])[0]
         token = self.choose(row)
-        self.log_prob += float(row[token])
+        chosen = log_softmax(row) if logits else row
+        self.log_prob += float(chosen[token])
         self.steps += 1
-        if token == self.spec.eos_id:
+        if token in self.stops:
             self.ended_with_eos = True
             return self._finish()
         self.tokens.append(token)
+        if raw is not None and self.logprobs is not None:
+            self.logprobs.append(token_logprob(raw, token, self.options.logprobs or 0))
+        if self.stopper is not None and self.stopper(self.tokens):
+            self.stopped = True
+            return self._finish()
         if self.steps >= self.options.max_new_tokens:
             return self._finish()
         self.last_tokens = np.array([token], dtype=np.int64)
@@ -154,15 +218,31 @@ class GreedySearch(Search):
 
     def hypotheses(self) -> list[Hypothesis]:
         score = normalized(self.log_prob, max(self.steps, 1), self.options.length_penalty)
-        return [Hypothesis(tuple(self.tokens), score, self.log_prob, self.ended_with_eos)]
+        logprobs = None if self.logprobs is None else tuple(self.logprobs)
+        return [
+            Hypothesis(
+                tuple(self.tokens),
+                score,
+                self.log_prob,
+                self.ended_with_eos,
+                self.stopped,
+                logprobs,
+            )
+        ]
 
 
 class SamplingSearch(GreedySearch):
     """Random sampling with temperature, top-k and top-p, reproducible per request seed."""
 
-    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
-        super().__init__(options, spec)
-        self.rng = np.random.default_rng(options.seed)
+    def __init__(
+        self,
+        options: DecodingOptions,
+        spec: ModelSpec,
+        rng: np.random.Generator | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(options, spec, **kwargs)
+        self.rng = rng if rng is not None else np.random.default_rng(options.seed)
 
     def choose(self, log_probs: FloatArray) -> int:
         opts = self.options
@@ -172,7 +252,9 @@ class SamplingSearch(GreedySearch):
             logits = log_probs.astype(np.float64) / opts.temperature
         if not np.isfinite(logits.max()):
             return int(np.argmax(log_probs))
+        # Hugging Face's order: temperature, top-k, top-p, min-p.
         logits = top_p_mask(top_k_mask(logits, opts.top_k), opts.top_p)
+        logits = min_p_mask(logits, opts.min_p)
         cdf = np.cumsum(softmax(logits))
         token = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return min(token, logits.shape[0] - 1)
@@ -189,8 +271,8 @@ class BeamSearch(Search):
     and candidate ties are broken in it, so every choice is the one beams in score order give.
     """
 
-    def __init__(self, options: DecodingOptions, spec: ModelSpec) -> None:
-        super().__init__(options, spec)
+    def __init__(self, options: DecodingOptions, spec: ModelSpec, **kwargs: Any) -> None:
+        super().__init__(options, spec, **kwargs)
         self.k = options.beam_size
         self.sequences: list[list[int]] = [[]]
         self.scores = np.zeros(1, dtype=np.float32)  # running sums of log-probs (R,)
@@ -199,7 +281,9 @@ class BeamSearch(Search):
         self.improvable = True
 
     def step(self, log_probs: FloatArray) -> IntArray:
-        opts, k, vocab, eos = self.options, self.k, log_probs.shape[1], self.spec.eos_id
+        opts, k, vocab, stops = self.options, self.k, log_probs.shape[1], self.stops
+        if self.spec.returns_logits:  # beam search processes log-probs (as Hugging Face's)
+            log_probs = log_softmax(log_probs)
         processed = self.process(log_probs, self.sequences)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
         top = top_indices(candidates, 2 * k, self.rank)  # the 2k best continuations, best first
@@ -212,12 +296,12 @@ class BeamSearch(Search):
             tokens.append(token)
         self.steps += 1
         at_limit = self.steps >= opts.max_new_tokens
-        ends = [at_limit or token == eos for token in tokens]
+        ends = [at_limit or token in stops for token in tokens]
 
         if self.improvable and not (opts.early_stopping is True and len(self.finished) >= k):
             for rank in range(min(k, len(tokens))):
                 if ends[rank]:
-                    ended = tokens[rank] == eos
+                    ended = tokens[rank] in stops
                     seq = self.sequences[parents[rank]] + ([] if ended else [tokens[rank]])
                     score = normalized(scores[rank], self.steps, opts.length_penalty)
                     self._add(Hypothesis(tuple(seq), score, scores[rank], ended))
@@ -259,10 +343,66 @@ class BeamSearch(Search):
         return self.finished[: self.options.num_hypotheses]
 
 
-def make_search(options: DecodingOptions, spec: ModelSpec) -> Search:
-    """The search for these options (validated by the caller)."""
+class ParallelSampling(Search):
+    """`num_samples` independent samples of one prompt: the first step reads the prompt's one
+    row and starts every sample from it (each draws its own first token); from then on each
+    sample owns a row, which leaves the batch when the sample ends. Sample i draws from its
+    own stream of the request's seed (`SeedSequence(seed).spawn`), so results are
+    reproducible and do not depend on the batch."""
+
+    def __init__(self, options: DecodingOptions, spec: ModelSpec, **kwargs: Any) -> None:
+        super().__init__(options, spec, **kwargs)
+        streams = np.random.SeedSequence(options.seed).spawn(options.num_samples)
+        one = options.replace(num_samples=1)
+        self.samples = [
+            SamplingSearch(one, spec, rng=np.random.default_rng(s), **kwargs) for s in streams
+        ]
+        self.active = list(range(len(self.samples)))  # sample of each row
+
+    def step(self, log_probs: FloatArray) -> IntArray:
+        first = self.steps == 0
+        self.steps += 1
+        parents: list[int] = []
+        active: list[int] = []
+        for row, sample in enumerate(self.active if not first else range(len(self.samples))):
+            source = 0 if first else row
+            # each sample processes its own copy (the processors work in place)
+            kept = self.samples[sample].step(log_probs[source : source + 1].copy())
+            if kept.size:
+                parents.append(source)
+                active.append(sample)
+        self.active = active
+        if not active:
+            return self._finish()
+        self.num_rows = len(active)
+        self.last_tokens = np.concatenate([self.samples[i].last_tokens for i in active])
+        return np.array(parents, dtype=np.int64)
+
+    def fail(self, error: Exception) -> None:
+        for sample in self.samples:
+            if not sample.done:
+                sample._finish()
+        super().fail(error)
+
+    def hypotheses(self) -> list[Hypothesis]:
+        """One per sample, in sample order (not sorted: they are independent draws)."""
+        return [sample.hypotheses()[0] for sample in self.samples]
+
+
+def make_search(
+    options: DecodingOptions,
+    spec: ModelSpec,
+    *,
+    start: int | None = None,
+    prefix: Sequence[int] = (),
+    stopper: Stopper | None = None,
+) -> Search:
+    """The search for these options (validated by the caller); see `Search` for the rest."""
+    kind: type[Search] = GreedySearch
     if options.beam_size > 1:
-        return BeamSearch(options, spec)
-    if options.sampling:
-        return SamplingSearch(options, spec)
-    return GreedySearch(options, spec)
+        kind = BeamSearch
+    elif options.sampling and options.num_samples > 1:
+        kind = ParallelSampling
+    elif options.sampling:
+        kind = SamplingSearch
+    return kind(options, spec, start=start, prefix=prefix, stopper=stopper)

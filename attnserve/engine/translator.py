@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from attnserve.engine.backend import Backend
 from attnserve.engine.batch import RunningBatch
 from attnserve.engine.options import DecodingOptions
-from attnserve.engine.search import Hypothesis, make_search
+from attnserve.engine.search import Hypothesis, Search, make_search
 
 if TYPE_CHECKING:
     from attnserve.model.tokenizer import Tokenizer
@@ -31,11 +31,18 @@ class Translation:
 
 
 def decode_batch(
-    backend: Backend[Any], sources: Sequence[Sequence[int]], options: Sequence[DecodingOptions]
+    backend: Backend[Any],
+    sources: Sequence[Sequence[int]],
+    options: Sequence[DecodingOptions],
+    searches: Sequence[Search] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Decode token-id sources together, one batch, rows leaving as they finish."""
+    """Decode token-id sources together, one batch, rows leaving as they finish.
+
+    `searches`: made by the caller (a language model's start from their prompt's last token);
+    default: `make_search` of each options."""
     batch: RunningBatch[Any] = RunningBatch(backend)
-    searches = [make_search(opt, backend.spec) for opt in options]
+    if searches is None:
+        searches = [make_search(opt, backend.spec) for opt in options]
     batch.join(searches, batch.encode(sources))
     while len(batch):
         batch.step()

@@ -167,14 +167,15 @@ class DecoderOnly(nn.Module):
         )
 
     def prefill(
-        self, input_ids: Tensor, attention_mask: Tensor, cache: KVCache
-    ) -> tuple[Tensor, KVCache]:
+        self, input_ids: Tensor, attention_mask: Tensor, cache: KVCache, *, logits: bool = True
+    ) -> tuple[Tensor | None, KVCache]:
         """Append a chunk of T tokens per row to `cache`.
 
         input_ids (B, T) int64; attention_mask (B, T), True (or 1) = a real token, False = padding
         (left padding of a batch's prompts; any pattern works). A token's position is the number
         of real tokens before it in its row, cached ones included. Returns logits (B, T, V) (those
-        of padding positions are meaningless) and a new cache grown by T columns, padding masked.
+        of padding positions are meaningless; None with `logits=False`, for a prompt prefix whose
+        next-token scores nobody reads) and a new cache grown by T columns, padding masked.
         """
         mask = attention_mask.to(torch.bool)
         t = input_ids.shape[1]
@@ -197,8 +198,10 @@ class DecoderOnly(nn.Module):
             x, k, v = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask)
             keys.append(k)
             values.append(v)
-        logits = self.lm_head(self.norm(x))  # (B, T, V)
-        return logits, KVCache(keys, values, key_mask)
+        cache = KVCache(keys, values, key_mask)
+        if not logits:
+            return None, cache
+        return self.lm_head(self.norm(x)), cache  # (B, T, V)
 
     def decode_step(self, last_ids: Tensor, cache: KVCache) -> tuple[Tensor, KVCache]:
         """One token per row: last_ids (B,) -> logits (B, V) and the cache with one more column.
@@ -207,9 +210,11 @@ class DecoderOnly(nn.Module):
         """
         ones = torch.ones(last_ids.shape[0], 1, dtype=torch.bool, device=last_ids.device)
         logits, cache = self.prefill(last_ids[:, None], ones, cache)
+        assert logits is not None
         return logits[:, 0], cache
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Full recomputation: input_ids, attention_mask (B, T) -> logits (B, T, V)."""
         logits, _ = self.prefill(input_ids, attention_mask, self.empty_cache(input_ids.shape[0]))
+        assert logits is not None
         return logits

@@ -1,0 +1,119 @@
+"""A decoder-only PyTorch language model as a Backend (the reference runtime for generation).
+
+`encode` prefills prompts into a left-padded KV cache (all but each prompt's last token, which
+the search feeds to the first step), `step` appends one token per row and returns its logits,
+and `select` / `concat` move cache rows as for the encoder-decoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnserve.model.cache import KVCache
+    from attnserve.model.decoder_config import DecoderConfig
+    from attnserve.model.decoder_only import DecoderOnly
+
+
+def lm_spec(config: DecoderConfig, stop_ids: Sequence[int] = ()) -> ModelSpec:
+    """What decoding needs to know about a language model: its eos ids (and `stop_ids`, e.g. a
+    chat template's end-of-turn token) stop a row, nothing is banned, the context bounds it."""
+    eos, *more = config.eos_ids
+    stops = tuple(dict.fromkeys(i for i in (*more, *stop_ids) if i != eos))
+    return ModelSpec(
+        vocab_size=config.vocab_size,
+        pad_id=config.pad_id,
+        eos_id=eos,
+        start_id=config.bos_id if config.bos_id is not None else config.pad_id,
+        max_positions=config.max_positions,
+        decoder_only=True,
+        stop_ids=stops,
+        banned_ids=(),
+        returns_logits=True,
+    )
+
+
+def left_padded(ids: IntArray, lengths: IntArray, pad_id: int) -> tuple[IntArray, IntArray]:
+    """Right-padded (B, S) ids -> left-padded ids and their (B, S) 0/1 mask."""
+    batch, width = ids.shape
+    out = np.full((batch, width), pad_id, dtype=np.int64)
+    mask = np.zeros((batch, width), dtype=np.int64)
+    for row, n in enumerate(lengths.tolist()):
+        if n:
+            out[row, width - n :] = ids[row, :n]
+            mask[row, width - n :] = 1
+    return out, mask
+
+
+@dataclass
+class LMState:
+    cache: KVCache
+
+
+class TorchLMBackend:
+    """Runs a DecoderOnly under torch.inference_mode on numpy inputs."""
+
+    def __init__(
+        self, model: DecoderOnly, *, threads: int | None = None, stop_ids: Sequence[int] = ()
+    ) -> None:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self._spec = lm_spec(model.config, stop_ids)
+
+    @classmethod
+    def from_dir(
+        cls, model_dir: str | Path, *, threads: int | None = None, stop_ids: Sequence[int] = ()
+    ) -> TorchLMBackend:
+        from attnserve.model.decoder_checkpoint import load_decoder_dir
+
+        return cls(load_decoder_dir(model_dir), threads=threads, stop_ids=stop_ids)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    def _tensor(self, array: IntArray) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+
+    def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
+        import torch
+
+        ids, mask = left_padded(src_ids, src_lengths, self._spec.pad_id)
+        cache = self.model.empty_cache(ids.shape[0])
+        if int(src_lengths.max(initial=0)) == 0:
+            return LMState(cache)
+        with torch.inference_mode():
+            _, cache = self.model.prefill(
+                self._tensor(ids), self._tensor(mask), cache, logits=False
+            )
+        return LMState(cache)
+
+    def step(self, tokens: IntArray, state: LMState) -> tuple[FloatArray, LMState]:
+        import torch
+
+        with torch.inference_mode():
+            logits, cache = self.model.decode_step(self._tensor(tokens), state.cache)
+        return logits.float().cpu().numpy(), LMState(cache)
+
+    def select(self, state: LMState, rows: IntArray) -> LMState:
+        return LMState(state.cache.select(self._tensor(rows)))
+
+    def concat(self, states: Sequence[LMState]) -> LMState:
+        from attnserve.model.cache import KVCache
+
+        return LMState(KVCache.concat([s.cache for s in states]))
