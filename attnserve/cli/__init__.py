@@ -2,7 +2,7 @@
 
 | module | commands |
 |---|---|
-| `decode` | translate |
+| `decode` | translate, generate |
 | `models` | import, import-marian, export, package |
 | `training` | data build, train, eval |
 | `serve` | serve |

@@ -1,4 +1,5 @@
-"""`attnserve translate`: stdin lines -> stdout lines, a JSON summary on stderr."""
+"""`attnserve translate` and `attnserve generate`: stdin lines -> stdout lines, a JSON summary on
+stderr."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from attnserve.cli.flags import (
     add_model_flag,
     add_runtime_flags,
     decoding_options,
+    load_generator,
     load_translator,
 )
+from attnserve.defaults import default_lm_dir
 from attnserve.engine.translator import MAX_BATCH_ROWS
 
 
@@ -33,6 +36,27 @@ def register(sub: Any) -> None:
     p.add_argument("--target-lang", default=None, help="target language tag, e.g. de")
     add_decoding_flags(p)
     p.set_defaults(func=cmd_translate)
+
+    g = sub.add_parser(
+        "generate",
+        help="complete stdin lines with a language model (one JSON object per line)",
+        description="Each stdin line is a prompt (with --chat: a user message rendered through "
+        "the model's chat template); each stdout line is a JSON object with text, token_ids, "
+        "finish_reason and prompt_tokens (and completions, when there are several). Greedy "
+        "unless --sampling or the model's generation config says otherwise.",
+    )
+    add_model_flag(
+        g, help="decoder-only model directory (attnserve import)", default=default_lm_dir()
+    )
+    add_runtime_flags(g)
+    g.add_argument("--chat", action="store_true", help="lines are user messages of a chat")
+    g.add_argument("--system", default=None, help="with --chat: a system message first")
+    g.add_argument(
+        "--stop", action="append", default=[], help="stop string (repeatable; not in the output)"
+    )
+    g.add_argument("--max-batch-size", type=int, default=32, help="prompts per batch")
+    add_decoding_flags(g, generation=True)
+    g.set_defaults(func=cmd_generate)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -70,6 +94,60 @@ def cmd_translate(args: argparse.Namespace) -> int:
         "beam_size": options.beam_size,
         "max_batch_size": args.max_batch_size,
         "max_batch_rows": args.max_batch_rows,
+    }
+    sys.stderr.write(json.dumps(summary) + "\n")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    generator = load_generator(args)
+    options = decoding_options(args, generator.defaults)
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    prompts = []
+    for line in lines:
+        if args.chat:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            messages.append({"role": "user", "content": line})
+            prompts.append(generator.prompt_ids(messages=messages))
+        else:
+            prompts.append(generator.prompt_ids(line))
+    start = time.perf_counter()
+    results = generator.generate(
+        prompts, options, stop=args.stop, max_batch_size=args.max_batch_size
+    )
+    seconds = time.perf_counter() - start
+    out = sys.stdout
+    for result in results:
+        best = result.completions[0]
+        record: dict[str, Any] = {
+            "text": best.text,
+            "token_ids": best.token_ids,
+            "finish_reason": best.finish_reason,
+            "prompt_tokens": result.prompt_tokens,
+        }
+        if best.logprobs is not None:
+            record["logprobs"] = [
+                {"token_id": e.token, "logprob": e.logprob, "top": [list(t) for t in e.top]}
+                for e in best.logprobs
+            ]
+        if len(result.completions) > 1:
+            record["completions"] = [
+                {"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                for c in result.completions
+            ]
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.flush()
+    generated = sum(len(c.token_ids) for r in results for c in r.completions)
+    summary = {
+        "prompts": len(results),
+        "prompt_tokens": sum(r.prompt_tokens for r in results),
+        "generated_tokens": generated,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(generated / seconds, 2) if seconds > 0 else None,
+        "backend": args.backend,
+        "variant": args.variant if args.backend == "onnx" else None,
+        "beam_size": options.beam_size,
+        "sampling": options.sampling,
     }
     sys.stderr.write(json.dumps(summary) + "\n")
     return 0

@@ -6,9 +6,17 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnserve.defaults import BACKENDS, DEFAULT_VARIANT, PROVIDERS, VARIANTS, default_model_dir
+from attnserve.defaults import (
+    BACKENDS,
+    DEFAULT_VARIANT,
+    PROVIDERS,
+    VARIANTS,
+    default_lm_dir,
+    default_model_dir,
+)
 
 if TYPE_CHECKING:
+    from attnserve.engine.generator import Generator
     from attnserve.engine.options import DecodingOptions
     from attnserve.engine.translator import Translator
 
@@ -27,15 +35,30 @@ DECODING_FLAGS: dict[str, type] = {
 }
 
 
-def add_model_flag(p: argparse.ArgumentParser, help: str = "model directory") -> None:
-    p.add_argument("--model", type=Path, default=default_model_dir(), help=help)
+# Generation (decoder-only models) adds these to DECODING_FLAGS.
+LM_DECODING_FLAGS: dict[str, type] = {
+    "min_p": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "logprobs": int,
+}
 
 
-def add_decoding_flags(p: argparse.ArgumentParser) -> None:
-    """Decoding flags; those not given keep the model's defaults (its generation config)."""
-    for name, kind in DECODING_FLAGS.items():
+def add_model_flag(
+    p: argparse.ArgumentParser, help: str = "model directory", default: Path | None = None
+) -> None:
+    p.add_argument("--model", type=Path, default=default or default_model_dir(), help=help)
+
+
+def add_decoding_flags(p: argparse.ArgumentParser, *, generation: bool = False) -> None:
+    """Decoding flags; those not given keep the model's defaults (its generation config).
+    `generation`: the language-model flags too (min-p, penalties, logprobs, n)."""
+    flags = {**DECODING_FLAGS, **LM_DECODING_FLAGS} if generation else DECODING_FLAGS
+    for name, kind in flags.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     p.add_argument("--sampling", action="store_true", default=None, help="sample, not greedy/beam")
+    if generation:
+        p.add_argument("-n", dest="num_samples", type=int, default=None, help="samples per prompt")
 
 
 def add_runtime_flags(p: argparse.ArgumentParser, *, auto_export: bool = True) -> None:
@@ -65,21 +88,44 @@ def add_runtime_flags(p: argparse.ArgumentParser, *, auto_export: bool = True) -
 
 def decoding_options(args: argparse.Namespace, base: DecodingOptions) -> DecodingOptions:
     """`base` (the model's defaults) with the decoding flags that were given."""
-    names = [*DECODING_FLAGS, "sampling"]
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    names = [*DECODING_FLAGS, *LM_DECODING_FLAGS, "num_samples", "sampling"]
+    given = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     if given.get("sampling") and "beam_size" not in given:
         given["beam_size"] = 1  # sampling replaces the model's default beam search
     return base.replace(**given)
+
+
+def ensure_onnx(args: argparse.Namespace) -> None:
+    """Export MODEL/onnx/<variant> first when --backend onnx needs it (and --auto-export)."""
+    if args.backend == "onnx":
+        from attnserve.export.ensure import ensure_exported
+
+        ensure_exported(args.model, args.variant, allow=getattr(args, "auto_export", False))
+
+
+def load_generator(args: argparse.Namespace) -> Generator:
+    """The Generator (decoder-only model) that --model and the runtime flags describe."""
+    from attnserve.engine.generator import Generator
+
+    if Path(args.model) == default_lm_dir():  # imported from its wheel on first use
+        from attnserve.convert.packaged import ensure_default_lm
+
+        ensure_default_lm(args.model)
+    ensure_onnx(args)
+    return Generator.from_model_dir(
+        args.model,
+        backend=args.backend,
+        threads=args.threads,
+        variant=args.variant,
+        provider=args.provider,
+    )
 
 
 def load_translator(args: argparse.Namespace) -> Translator:
     """The Translator that --model and the runtime flags describe (exporting ONNX when asked)."""
     from attnserve.engine.translator import Translator
 
-    if args.backend == "onnx":
-        from attnserve.export.ensure import ensure_exported
-
-        ensure_exported(args.model, args.variant, allow=getattr(args, "auto_export", False))
+    ensure_onnx(args)
     return Translator.from_model_dir(
         args.model,
         backend=args.backend,

@@ -31,7 +31,11 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("export", help="export a model directory to ONNX (MODEL_DIR/onnx/)")
     p.add_argument("model_dir", type=Path, help="model directory")
-    p.add_argument("--variants", default="fp32,int8", help="comma-separated: fp32, int8, fp16")
+    p.add_argument(
+        "--variants",
+        default="fp32,int8",
+        help="comma-separated: fp32, int8, fp16; int4 (weight-only) for decoder-only models",
+    )
     p.add_argument("--opset", type=int, default=OPSET)
     p.add_argument(
         "--verify",
@@ -73,18 +77,27 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from attnserve.export.onnx_export import export_model
     from attnserve.export.verify import ParityError
+    from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
 
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     try:
-        written = export_model(
-            args.model_dir,
-            [v.strip() for v in args.variants.split(",") if v.strip()],
-            opset=args.opset,
-            verify=args.verify,
-            int8_float_output=None
-            if args.quantize_output_projection is None
-            else not args.quantize_output_projection,
-            int8_scales=args.int8_scales,
-        )
+        if directory_family(args.model_dir) != ENCODER_DECODER:
+            from attnserve.export.lm_export import export_lm_model
+
+            written = export_lm_model(
+                args.model_dir, variants, opset=args.opset, verify=args.verify
+            )
+        else:
+            written = export_model(
+                args.model_dir,
+                variants,
+                opset=args.opset,
+                verify=args.verify,
+                int8_float_output=None
+                if args.quantize_output_projection is None
+                else not args.quantize_output_projection,
+                int8_scales=args.int8_scales,
+            )
     except ParityError as exc:
         sys.stderr.write(f"attnserve: {exc}\n")
         return 1

@@ -53,4 +53,12 @@ def _load_lm_backend(
         from attnserve.engine.torch_lm import TorchLMBackend
 
         return TorchLMBackend.from_dir(model_dir, threads=threads, stop_ids=stop_ids)
-    raise ValueError(f"backend {kind!r} does not run decoder-only models yet; use torch")
+    if kind == "onnx":
+        from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+
+        options = {k: v for k, v in kwargs.items() if k in ("provider", "spinning")}
+        chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT
+        return OnnxLMBackend.from_dir(
+            model_dir, chosen, threads=threads, stop_ids=stop_ids, **options
+        )
+    raise ValueError(f"unknown backend {kind!r}; choose from {', '.join(BACKENDS)}")

@@ -10,7 +10,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from attnserve.engine.onnx.layout import DECODER_NAME, ENCODER_NAME, variant_dir
+from attnserve.engine.onnx.layout import (
+    DECODE_NAME,
+    DECODER_NAME,
+    ENCODER_NAME,
+    PREFILL_NAME,
+    variant_dir,
+)
+from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +28,10 @@ class NotExportedError(FileNotFoundError):
 
 def is_exported(directory: Path, variant: str) -> bool:
     graphs = variant_dir(directory, variant)
-    return all((graphs / name).is_file() for name in (ENCODER_NAME, DECODER_NAME))
+    names = (ENCODER_NAME, DECODER_NAME)
+    if directory_family(directory) != ENCODER_DECODER:
+        names = (PREFILL_NAME, DECODE_NAME)
+    return all((graphs / name).is_file() for name in names)
 
 
 def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool:
@@ -37,8 +47,13 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
             "(--auto-export, ATTNSERVE_AUTO_EXPORT)"
         )
     log.info("%s is missing: exporting the model to ONNX (`%s`)", graphs, command)
-    from attnserve.export.onnx_export import export_model
+    if directory_family(directory) != ENCODER_DECODER:
+        from attnserve.export.lm_export import export_lm_model
 
-    export_model(directory, [variant])
+        export_lm_model(directory, [variant])
+    else:
+        from attnserve.export.onnx_export import export_model
+
+        export_model(directory, [variant])
     log.info("exported %s", graphs)
     return True

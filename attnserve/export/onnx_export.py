@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnserve.defaults import OPSET
+from attnserve.defaults import ENCODER_DECODER_VARIANTS, OPSET
 from attnserve.engine.onnx.layout import (
     DECODER_INPUTS,
     DECODER_NAME,
@@ -38,7 +38,6 @@ from attnserve.engine.onnx.layout import (
     LOG_PROBS,
     MANIFEST_NAME,
     ONNX_DIR,
-    VARIANTS,
     cross_names,
     new_names,
     past_names,
@@ -201,17 +200,22 @@ def _versions() -> dict[str, str]:
 
 
 def write_manifest(
-    directory: Path, variant: str, opset: int, options: dict[str, Any], parity: dict[str, Any]
+    directory: Path,
+    variant: str,
+    opset: int,
+    options: dict[str, Any],
+    parity: dict[str, Any],
+    files: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
 ) -> Path:
     """manifest.json: variant, opset, exporter, versions, file hashes, parity at export."""
-    files = {name: sha256(directory / name) for name in (ENCODER_NAME, DECODER_NAME)}
+    hashes = {name: sha256(directory / name) for name in files}
     manifest = {
         "variant": variant,
         "opset": opset,
         "exporter": EXPORTER,
         "versions": _versions(),
         "options": options,
-        "files": files,
+        "files": hashes,
         "parity": parity,
     }
     path = directory / MANIFEST_NAME
@@ -238,9 +242,12 @@ def export_variants(
     """
     from attnserve.export.verify import check_fp32, check_int8, measure_parity, torch_reference
 
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in ENCODER_DECODER_VARIANTS]
     if unknown or not variants:
-        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+        raise ValueError(
+            f"variants {unknown} are not exported for encoder-decoder models; "
+            f"choose from {', '.join(ENCODER_DECODER_VARIANTS)}"
+        )
     root = Path(onnx_root)
     written: dict[str, Path] = {}
     reference = torch_reference(model, sentences) if verify else None

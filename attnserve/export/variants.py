@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,13 @@ def output_projection_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 def quantize_int8(
-    src_dir: Path, out_dir: Path, work_dir: Path, *, float_output: bool, scales: str = "row"
+    src_dir: Path,
+    out_dir: Path,
+    work_dir: Path,
+    *,
+    float_output: bool,
+    scales: str = "row",
+    names: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
 ) -> dict[str, Any]:
     """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used.
 
@@ -107,7 +113,7 @@ def quantize_int8(
         raise ValueError(f"unknown int8 scales {scales!r}; choose from {', '.join(INT8_SCALES)}")
     work_dir.mkdir(parents=True, exist_ok=True)
     excluded: list[str] = []
-    for name in (ENCODER_NAME, DECODER_NAME):
+    for name in names:
         optimized = optimize_offline(src_dir / name, work_dir / name)
         model = onnx.load(str(optimized))
         exclude = []
@@ -163,15 +169,21 @@ def _drop_repeated_casts(model: onnx.ModelProto) -> None:
     model.graph.node.extend(kept)
 
 
-def convert_fp16(src_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """fp16 encoder.onnx / decoder.onnx (for the CUDA provider); returns options used."""
+def convert_fp16(
+    src_dir: Path,
+    out_dir: Path,
+    names: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
+    outputs: Sequence[str] = (LOG_PROBS,),
+) -> dict[str, Any]:
+    """fp16 graphs `names` (for the CUDA provider), `outputs` kept float32; returns options."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     blocked = [*DEFAULT_OP_BLOCK_LIST, *FP16_BLOCKED_OPS]
-    for name in (ENCODER_NAME, DECODER_NAME):
+    for name in names:
         model = onnx.load(str(src_dir / name))
-        keep = [LOG_PROBS] if name == DECODER_NAME else []
+        produced = {o.name for o in model.graph.output}
+        keep = [o for o in outputs if o in produced]
         with quiet_logging():
             half = convert_float_to_float16(model, keep_io_types=keep, op_block_list=blocked)
         _drop_repeated_casts(half)

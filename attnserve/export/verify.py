@@ -22,12 +22,17 @@ from typing import Any
 import numpy as np
 
 from attnserve.engine.backend import Backend, FloatArray, IntArray, pad_batch
+from attnserve.engine.generator import lm_search
 from attnserve.engine.onnx.backend import OnnxBackend
 from attnserve.engine.options import DecodingOptions
+from attnserve.engine.processors import log_softmax
 from attnserve.engine.torch_backend import TorchBackend
+from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.engine.translator import decode_batch
 from attnserve.export.errors import ParityError
 from attnserve.model.config import ModelConfig
+from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly
 from attnserve.model.transformer import EncoderDecoder
 
 log = logging.getLogger(__name__)
@@ -101,8 +106,27 @@ def _options(beam_size: int, max_new_tokens: int) -> DecodingOptions:
 def decoded_tokens(
     backend: Backend[Any], sources: Sequence[Sequence[int]], options: DecodingOptions
 ) -> list[tuple[int, ...]]:
-    """Best hypothesis of every source, decoded in one batch."""
-    return [hyps[0].tokens for hyps in decode_batch(backend, sources, [options] * len(sources))]
+    """Best hypothesis of every source (a language model's: prompt), decoded in one batch."""
+    prefixes, _ = _split(backend, sources)
+    searches = None
+    if backend.spec.decoder_only:
+        searches = [lm_search(p, options, backend) for p in sources]
+    nbest = decode_batch(backend, prefixes, [options] * len(sources), searches)
+    return [hyps[0].tokens for hyps in nbest]
+
+
+def _split(
+    backend: Backend[Any], sources: Sequence[Sequence[int]]
+) -> tuple[list[list[int]], IntArray]:
+    """What `encode` takes and the first step's tokens: a source and the start token, or a
+    language model's prompt but its last token, and that token."""
+    if backend.spec.decoder_only:
+        return [list(s[:-1]) for s in sources], np.array([s[-1] for s in sources], np.int64)
+    return [list(s) for s in sources], np.full(len(sources), backend.spec.start_id, np.int64)
+
+
+def _log_probs(backend: Backend[Any], scores: FloatArray) -> FloatArray:
+    return log_softmax(scores) if backend.spec.returns_logits else scores
 
 
 def run_reference(
@@ -110,12 +134,13 @@ def run_reference(
 ) -> Reference:
     """Per-step log-probs on a padded batch (from a zero-length past) and decoded outputs."""
     new = max(1, min(max_new_tokens, backend.spec.max_positions))
-    ids, lengths = pad_batch(sources, backend.spec.pad_id)
+    prefixes, tokens = _split(backend, sources)
+    ids, lengths = pad_batch(prefixes, backend.spec.pad_id)
     state = backend.encode(ids, lengths)
-    tokens = np.full(len(sources), backend.spec.start_id, dtype=np.int64)
     step_tokens, step_log_probs = [], []
     for _ in range(new):
-        log_probs, state = backend.step(tokens, state)
+        scores, state = backend.step(tokens, state)
+        log_probs = _log_probs(backend, scores)
         step_tokens.append(tokens)
         step_log_probs.append(log_probs)
         tokens = log_probs.argmax(axis=-1).astype(np.int64)
@@ -136,12 +161,15 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[st
 def compare(candidate: Backend[Any], reference: Reference) -> dict[str, Any]:
     """Max abs log-prob difference over the reference's steps, teacher-forced top-1 agreement
     and mean KL divergence (each source up to its end), and output agreement."""
-    ids, lengths = pad_batch(reference.sources, candidate.spec.pad_id)
+    prefixes, _ = _split(candidate, reference.sources)
+    ids, lengths = pad_batch(prefixes, candidate.spec.pad_id)
     state = candidate.encode(ids, lengths)
     worst, agree, kl, counted = 0.0, 0, 0.0, 0
     live = np.ones(len(reference.sources), dtype=bool)
+    stops = np.array(sorted(candidate.spec.stops), dtype=np.int64)
     for tokens, expected in zip(reference.step_tokens, reference.step_log_probs, strict=True):
-        log_probs, state = candidate.step(tokens, state)
+        scores, state = candidate.step(tokens, state)
+        log_probs = _log_probs(candidate, scores)
         difference = float(np.abs(log_probs - expected).max())
         worst = max(worst, difference if np.isfinite(difference) else math.inf)
         if live.any():
@@ -149,7 +177,7 @@ def compare(candidate: Backend[Any], reference: Reference) -> dict[str, Any]:
             agree += int((p.argmax(-1) == q.argmax(-1)).sum())
             kl += float((np.exp(p) * (p - q)).sum(-1).sum())
             counted += int(live.sum())
-        live &= expected.argmax(-1) != candidate.spec.eos_id
+        live &= ~np.isin(expected.argmax(-1), stops)
     report: dict[str, Any] = {
         "sentences": len(reference.sources),
         "max_source_len": max(len(s) for s in reference.sources),
@@ -161,9 +189,9 @@ def compare(candidate: Backend[Any], reference: Reference) -> dict[str, Any]:
     }
     for name, beam in SEARCHES.items():
         got = decoded_tokens(candidate, reference.sources, _options(beam, reference.max_new_tokens))
-        scores = agreement(reference.outputs[name], got)
-        report[f"{name}_exact_match"] = scores["exact"]
-        report[f"{name}_token_agreement"] = scores["tokens"]
+        same = agreement(reference.outputs[name], got)
+        report[f"{name}_exact_match"] = same["exact"]
+        report[f"{name}_token_agreement"] = same["tokens"]
     return report
 
 
@@ -207,15 +235,83 @@ def check_fp32(parity: dict[str, Any], where: Path) -> None:
         raise ParityError(f"{where}: fp32 graphs do not match torch: " + "; ".join(problems))
 
 
-def check_int8(parity: dict[str, Any], where: Path) -> None:
-    """Raise ParityError unless int8 passes `INT8_GATE` (the thresholds go into the manifest)."""
-    parity["gate"] = dict(INT8_GATE)
+def check_int8(
+    parity: dict[str, Any], where: Path, gate: dict[str, float] | None = None, name: str = "int8"
+) -> None:
+    """Raise ParityError unless the quantized variant passes `gate` (default `INT8_GATE`; the
+    thresholds go into the manifest)."""
+    gate = dict(INT8_GATE if gate is None else gate)
+    parity["gate"] = gate
     problems = []
-    if not parity["top1_agreement"] >= INT8_GATE["top1_agreement"]:  # NaN fails too
+    if not parity["top1_agreement"] >= gate["top1_agreement"]:  # NaN fails too
         problems.append(
-            f"top-1 agreement {parity['top1_agreement']:.3f} < {INT8_GATE['top1_agreement']}"
+            f"top-1 agreement {parity['top1_agreement']:.3f} < {gate['top1_agreement']}"
         )
-    if not parity["mean_kl"] <= INT8_GATE["mean_kl"]:
-        problems.append(f"mean KL {parity['mean_kl']:.4f} > {INT8_GATE['mean_kl']}")
+    if not parity["mean_kl"] <= gate["mean_kl"]:
+        problems.append(f"mean KL {parity['mean_kl']:.4f} > {gate['mean_kl']}")
     if problems:
-        raise ParityError(f"{where}: int8 graphs fail the export gate: " + "; ".join(problems))
+        raise ParityError(f"{where}: {name} graphs fail the export gate: " + "; ".join(problems))
+
+
+# -- language models -------------------------------------------------------------------------
+
+# A language model's int4 (block-wise weights) drifts further from fp32 than per-row int8.
+INT4_GATE = {"top1_agreement": 0.8, "mean_kl": 0.1}
+# Prompts of the parity check of a model with a chat template (rendered, then tokenized).
+PARITY_MESSAGES = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is to a ten-year-old.",
+    "List three prime numbers greater than 50.",
+    "Translate 'good morning' into German and Spanish.",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "Give me a Python function that reverses a string.",
+    "Why is the sky blue?",
+)
+
+
+def lm_prompts(model_dir: Path) -> list[list[int]] | None:
+    """Chat prompts of `PARITY_MESSAGES` rendered by the model's template (None without a
+    tokenizer or template: random prompts then)."""
+    from attnserve.model.text_tokenizer import TextTokenizer
+
+    try:
+        tokenizer = TextTokenizer.load(model_dir)
+        return [
+            tokenizer.encode_chat([{"role": "user", "content": text}]) for text in PARITY_MESSAGES
+        ]
+    except (FileNotFoundError, ValueError) as exc:
+        log.info("parity on random prompts (%s)", exc)
+        return None
+
+
+def lm_reference(
+    model: DecoderOnly, prompts: list[list[int]] | None = None, n: int = 8
+) -> Reference:
+    """The torch language model's reference run on `prompts` (default: random ones)."""
+    cfg = model.config
+    if prompts is None:
+        rng = np.random.default_rng(0)
+        top = max(4, min(40, cfg.max_positions // 2))
+        prompts = [
+            rng.integers(0, cfg.vocab_size, size=int(k)).tolist() for k in rng.integers(2, top, n)
+        ]
+    return run_reference(TorchLMBackend(model), prompts)
+
+
+def lm_parity(
+    reference: Reference, config: DecoderConfig, directory: Path, variant: str
+) -> dict[str, Any]:
+    """Parity figures of a language model's graphs in `directory` (CPU provider)."""
+    from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+
+    try:
+        candidate = OnnxLMBackend(config, directory, provider="cpu")
+        report = compare(candidate, reference)
+    except Exception as exc:
+        if variant in ("fp32", "int8", "int4"):
+            raise ParityError(f"{directory}: {variant} graphs do not run: {exc}") from exc
+        log.warning("could not verify %s: %s", variant, exc)
+        return {"skipped": f"{type(exc).__name__}: {exc}"}
+    report["provider"] = candidate.provider
+    return report

@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     # name; the first one is the default for requests that name none.
     models: Annotated[list[str], NoDecode] = Field(default_factory=_default_models)
     backend: Literal["onnx", "torch"] = "onnx"
-    variant: Literal["fp32", "int8", "fp16"] = "int8"
+    variant: Literal["fp32", "int8", "int4", "fp16"] = "int8"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=0, description="intra-op threads per model")
     # `attnserve serve` exports MODEL/onnx/<variant> when it is missing (needs torch, once).

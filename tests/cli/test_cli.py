@@ -9,7 +9,7 @@ import pytest
 from attnserve.cli import GROUPS, build_parser, main
 
 COMMANDS = {
-    "translate", "import", "import-marian", "export", "package", "data", "train", "eval",
+    "translate", "generate", "import", "import-marian", "export", "package", "data", "train", "eval",
     "serve", "bench", "bench-http", "loadtest",
 }  # fmt: skip
 

@@ -13,6 +13,13 @@ their source): ``input_ids`` (B,) int64, ``encoder_attention_mask`` (N, S) int64
 ``cross.{i}.key`` / ``.value`` (N, H, S, D) -> ``log_probs`` (B, V) float32 and
 ``new.{i}.self.key`` / ``.value`` (B, H, 1, D), the step's column of the cache (the runtime
 appends it). T may be 0.
+
+A decoder-only language model's directory holds ``prefill.onnx`` and ``decode.onnx`` instead: the
+same step over ``T`` new tokens per row (a prompt chunk; decode.onnx: T = 1) after a past of
+``W`` columns: ``input_ids`` (B, T) int64, ``attention_mask`` (B, T) int64 (1 = a real token; a
+chunk is left-padded), ``past_mask`` (B, W) int64, ``past.{i}.key`` / ``.value``
+(B, Hkv, W, D) -> ``logits`` (B, V) float32 of each row's last position and ``new.{i}.key`` /
+``.value`` (B, Hkv, T, D), keys after rotation (the runtime appends them).
 """
 
 from __future__ import annotations
@@ -34,6 +41,21 @@ MANIFEST_NAME = "manifest.json"
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
 LOG_PROBS = "log_probs"
+
+PREFILL_NAME = "prefill.onnx"
+DECODE_NAME = "decode.onnx"
+LM_INPUTS = ("input_ids", "attention_mask", "past_mask")
+LOGITS = "logits"
+
+
+def lm_past_names(n_layers: int) -> list[str]:
+    """past.{i}.key, past.{i}.value for every layer of a language model, interleaved."""
+    return [f"past.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def lm_new_names(n_layers: int) -> list[str]:
+    """new.{i}.key, new.{i}.value: the K/V of a language model step's T new tokens."""
+    return [f"new.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
 
 
 def cross_names(n_layers: int) -> list[str]:

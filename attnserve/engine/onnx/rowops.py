@@ -172,18 +172,20 @@ class HostRowOps:
     def append(
         self, tensors: Sequence[Tensor], new: Sequence[Tensor], length: int, columns: Columns
     ) -> tuple[list[Tensor], Columns]:
-        """Write new[j] (B, H, 1, D) at column `length`: in place when there is room and no
-        other state wrote there, else into copies with SPARE more columns."""
-        width = tensors[0].shape[2]
-        if length < width and columns.written == length:
+        """Write new[j] (B, H, T, D) at columns `length`.. (T = 1 for a decoding step, a
+        prompt chunk's length for a language model's prefill): in place when there is room and
+        no other state wrote there, else into copies with SPARE more columns."""
+        width, t_new = tensors[0].shape[2], new[0].shape[2]
+        end = length + t_new
+        if end <= width and columns.written == length:
             for t, n in zip(tensors, new, strict=True):
-                t[:, :, length] = n[:, :, 0]
-            columns.written = length + 1
+                t[:, :, length:end] = n
+            columns.written = end
             return list(tensors), columns
-        grown = self.resize(tensors, None, 0, length, length + 1 + self.spare)
+        grown = self.resize(tensors, None, 0, length, end + self.spare)
         for t, n in zip(grown, new, strict=True):
-            t[:, :, length] = n[:, :, 0]
-        return grown, Columns(length + 1)
+            t[:, :, length:end] = n
+        return grown, Columns(end)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Tensor:
         """Zeros (B, H, SPARE, D): a new row's cache, all columns free."""

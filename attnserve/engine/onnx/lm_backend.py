@@ -1,0 +1,195 @@
+"""ONNX Runtime running a decoder-only language model: prefill.onnx for prompts, decode.onnx for
+steps, behind the Backend protocol.
+
+The state is the self-attention cache of every row (left-padded, `past_mask` marks real columns)
+in buffers with spare columns: both graphs return only the K/V of their new tokens, which
+`HostRowOps.append` writes after the columns in use, in place when there is room. Prompts longer
+than `prefill_chunk` tokens are prefilled in chunks, so one call's activations stay bounded.
+Rows move (beams, requests joining and leaving) as in the encoder-decoder backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.onnx.backend import (
+    CPU,
+    SLOW_CPU_FUSIONS,
+    choose_providers,
+    open_session,
+    session_options,
+)
+from attnserve.engine.onnx.layout import (
+    DECODE_NAME,
+    LM_INPUTS,
+    LOGITS,
+    PREFILL_NAME,
+    lm_new_names,
+    lm_past_names,
+    read_manifest,
+    require_graph,
+    variant_dir,
+)
+from attnserve.engine.onnx.rowops import Columns, HostRowOps, Tensor, first_used_column
+from attnserve.engine.torch_lm import left_padded, lm_spec
+from attnserve.model.decoder_checkpoint import read_decoder_config
+from attnserve.model.decoder_config import DecoderConfig
+
+log = logging.getLogger(__name__)
+
+# Prompt tokens per prefill call: longer prompts go in chunks (bounded activations: a chunk's
+# attention scores are T x (W + T) per head).
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class LMState:
+    """The cache rows of a running batch: W >= length columns wide (spare columns free)."""
+
+    past: list[Tensor]  # 2L x (B, Hkv, W, D): past.{i}.key, .value
+    past_mask: IntArray  # (B, W) int64, 1 = a real column (0: left padding, spare columns)
+    length: int  # columns in use; the next token's key/value go to column `length`
+    columns: Columns  # shared by the states that share `past` (copy on write)
+
+
+class OnnxLMBackend:
+    """prefill.onnx + decode.onnx of one exported variant of a language model (CPU provider)."""
+
+    def __init__(
+        self,
+        config: DecoderConfig,
+        directory: str | Path,
+        *,
+        provider: str = "auto",
+        threads: int | None = None,
+        spinning: bool = False,
+        optimization: str = "all",
+        stop_ids: Sequence[int] = (),
+        prefill_chunk: int = PREFILL_CHUNK,
+    ) -> None:
+        directory = Path(directory)
+        self._spec = lm_spec(config, stop_ids)
+        self.manifest = read_manifest(directory)
+        self.variant = str(self.manifest.get("variant", directory.name))
+        self.prefill_chunk = prefill_chunk
+        n = config.num_layers
+        self._kv_shape = (config.num_kv_heads, config.head_dim)
+        self._past, self._new = lm_past_names(n), lm_new_names(n)
+        options = session_options(threads, spinning=spinning, optimization=optimization)
+        providers = choose_providers(provider)
+        disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
+        inputs, outputs = [*LM_INPUTS, *self._past], [LOGITS, *self._new]
+        self.prefill = open_session(
+            require_graph(directory, PREFILL_NAME), options, providers, inputs, outputs, disabled
+        )
+        self.decode = open_session(
+            require_graph(directory, DECODE_NAME), options, providers, inputs, outputs, disabled
+        )
+        self.provider = self.decode.get_providers()[0]
+        kind = next(i.type for i in self.decode.get_inputs() if i.name == self._past[0])
+        self.kv_dtype = np.dtype(np.float16) if kind == "tensor(float16)" else np.dtype(np.float32)
+        self.rows = HostRowOps()
+        log.info("onnx %s language model on %s (threads %s)", self.variant, self.provider, threads)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, variant: str = "int8", **kwargs: Any) -> OnnxLMBackend:
+        return cls(read_decoder_config(model_dir), variant_dir(model_dir, variant), **kwargs)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    def _run(
+        self, session: Any, ids: IntArray, mask: IntArray, state: LMState
+    ) -> tuple[FloatArray, list[Tensor]]:
+        feeds: dict[str, Any] = {
+            "input_ids": np.ascontiguousarray(ids, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
+            "past_mask": state.past_mask,
+        }
+        feeds.update(zip(self._past, state.past, strict=True))
+        out = session.run([LOGITS, *self._new], feeds)
+        return np.asarray(out[0], dtype=np.float32), list(out[1:])
+
+    def _grow(self, state: LMState, new: list[Tensor], mask: IntArray) -> LMState:
+        """`state` with the new tokens' K/V (B, Hkv, T, D) appended, `mask` (B, T) their mask."""
+        t, width = state.length, mask.shape[1]
+        past, columns = self.rows.append(state.past, new, t, state.columns)
+        past_mask = np.zeros((mask.shape[0], past[0].shape[2]), dtype=np.int64)
+        past_mask[:, :t] = state.past_mask[:, :t]
+        past_mask[:, t : t + width] = mask
+        return LMState(past, past_mask, t + width, columns)
+
+    def empty(self, rows: int) -> LMState:
+        """A state of `rows` rows with nothing cached (all columns spare)."""
+        heads, dim = self._kv_shape
+        past = [self.rows.empty((rows, heads, 0, dim), self.kv_dtype) for _ in self._past]
+        past_mask = np.zeros((rows, past[0].shape[2]), dtype=np.int64)
+        return LMState(past, past_mask, 0, Columns(0))
+
+    def extend(self, state: LMState, ids: IntArray, mask: IntArray) -> tuple[FloatArray, LMState]:
+        """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
+        returns the logits of each row's last position (B, V) and the grown state."""
+        if ids.shape[1] == 1:
+            logits, new = self._run(self.decode, ids, mask, state)
+        else:
+            logits, new = self._run(self.prefill, ids, mask, state)
+        return logits, self._grow(state, new, mask)
+
+    def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
+        ids, mask = left_padded(src_ids, src_lengths, self._spec.pad_id)
+        start = first_used_column(mask)  # columns no row uses (all-empty prompts: all)
+        state = self.empty(ids.shape[0])
+        for begin in range(start, ids.shape[1], self.prefill_chunk):
+            end = min(begin + self.prefill_chunk, ids.shape[1])
+            _, state = self.extend(state, ids[:, begin:end], mask[:, begin:end])
+        return state
+
+    def step(self, tokens: IntArray, state: LMState) -> tuple[FloatArray, LMState]:
+        ids = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]  # (B, 1)
+        return self.extend(state, ids, np.ones_like(ids))
+
+    def reorder(self, state: LMState, rows: IntArray) -> LMState:
+        """`select` for a caller that gives `state` up, as many rows as before: only rows whose
+        source row differs are rewritten, in place."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        t, width = state.length, state.past[0].shape[2]
+        if rows.shape[0] != state.past_mask.shape[0]:
+            return self.select(state, rows)
+        mask = state.past_mask[rows]
+        if t >= width or first_used_column(mask[:, :t]) >= max(self.rows.spare, t // 4):
+            return self.select(state, rows)  # grow, or trim the padding nobody uses
+        return LMState(self.rows.reorder(state.past, rows, t), mask, t, state.columns)
+
+    def select(self, state: LMState, rows: IntArray) -> LMState:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        mask = state.past_mask[rows]  # (B', W)
+        t = state.length
+        start = first_used_column(mask[:, :t])
+        if start == 0 and t < mask.shape[1]:
+            return LMState(self.rows.take_rows(state.past, rows), mask, t, Columns(t))
+        width = t - start + 1 + self.rows.spare
+        past = self.rows.resize(state.past, rows, start, t, width)
+        past_mask = np.zeros((rows.shape[0], width), dtype=np.int64)
+        past_mask[:, : t - start] = mask[:, start:t]
+        return LMState(past, past_mask, t - start, Columns(t - start))
+
+    def concat(self, states: Sequence[LMState]) -> LMState:
+        if len(states) == 1:
+            return states[0]
+        t_max = max(s.length for s in states)
+        spare = self.rows.spare
+        pads = [(t_max - s.length, spare) for s in states]  # left-pad the shorter pasts
+        masks = [
+            np.pad(s.past_mask[:, : s.length], ((0, 0), pad))
+            for s, pad in zip(states, pads, strict=True)
+        ]
+        past = self.rows.concat([s.past for s in states], pads, [s.length for s in states])
+        return LMState(past, np.concatenate(masks), t_max, Columns(t_max))

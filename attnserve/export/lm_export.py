@@ -1,0 +1,213 @@
+"""Export a decoder-only language model to ONNX: prefill.onnx and decode.onnx, and variants.
+
+Both graphs are `LMStepGraph` (export/lm_step.py): prefill.onnx takes a chunk of any length T,
+decode.onnx is exported with T = 1 (the exporter specializes it: no mask over new tokens to
+build). Variants, from the fp32 graphs:
+
+* ``int8``: per-row dynamic activation scales, int8 weights per output column (the
+  encoder-decoder's scheme, export/quantize.py), after ORT's basic offline optimizations.
+* ``int4``: weight-only, block-wise (blocks of `INT4_BLOCK` along the input dimension, symmetric)
+  through ONNX Runtime's `MatMulNBitsQuantizer`; `accuracy_level` 4 lets its CPU kernel compute
+  in int8 with activations quantized per block of a row. The embedding (Gather) stays float.
+* ``fp16``: for the CUDA provider, norms and softmax in float32, logits float32.
+
+Parity with the torch model is measured on prompts (teacher-forced along torch's greedy path,
+and decoded outputs) and gated as the encoder-decoder's variants are (export/verify.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from attnserve.defaults import OPSET
+from attnserve.engine.onnx.layout import (
+    DECODE_NAME,
+    LM_INPUTS,
+    LOGITS,
+    ONNX_DIR,
+    PREFILL_NAME,
+    lm_new_names,
+    lm_past_names,
+)
+from attnserve.export import variants as build
+from attnserve.export.lm_step import LMStepGraph
+from attnserve.export.onnx_export import write_manifest
+from attnserve.model.decoder_only import DecoderOnly
+
+log = logging.getLogger(__name__)
+
+LM_VARIANTS = ("fp32", "int8", "int4", "fp16")
+LM_GRAPHS = (PREFILL_NAME, DECODE_NAME)
+INT4_BLOCK = 32
+INT4_ACCURACY_LEVEL = 4  # int8 compute on the CPU (MatMulNBits' accuracy_level)
+
+
+def _example(model: DecoderOnly, rows: int, new: int, past: int) -> tuple[Any, ...]:
+    cfg = model.config
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (rows, new), generator=gen)
+    mask = torch.ones(rows, new, dtype=torch.long)
+    past_mask = torch.ones(rows, past, dtype=torch.long)
+    shape = (rows, cfg.num_kv_heads, past, cfg.head_dim)
+    kv = [torch.randn(shape, generator=gen) for _ in range(2 * cfg.num_layers)]
+    return (ids, mask, past_mask, kv)
+
+
+def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, *, opset: int = OPSET) -> Path:
+    """Write prefill.onnx and decode.onnx (fp32, self-contained) into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.eval().float()
+    n = model.config.num_layers
+    batch, chunk, past = (torch.export.Dim(name) for name in ("batch", "chunk", "past"))
+    names: dict[str, Any] = {
+        "input_names": [*LM_INPUTS, *lm_past_names(n)],
+        "output_names": [LOGITS, *lm_new_names(n)],
+        "opset_version": opset,
+        "dynamo": True,
+        "external_data": False,
+        "verbose": False,
+    }
+    with warnings.catch_warnings(), torch.no_grad(), build.quiet_logging():
+        warnings.simplefilter("ignore")
+        for name, new, axes in (
+            (PREFILL_NAME, 3, {0: batch, 1: chunk}),
+            (DECODE_NAME, 1, {0: batch}),
+        ):
+            torch.onnx.export(
+                LMStepGraph(model),
+                _example(model, rows=2, new=new, past=5),
+                str(out / name),
+                dynamic_shapes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "past_mask": {0: batch, 1: past},
+                    "past": [{0: batch, 2: past}] * (2 * n),
+                },
+                **names,
+            )
+    return out
+
+
+def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path) -> dict[str, Any]:
+    """int4 prefill/decode graphs (MatMulNBits) from the fp32 graphs in `src_dir`."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for name in LM_GRAPHS:
+        optimized = build.optimize_offline(src_dir / name, work_dir / name)
+        with build.quiet_logging():
+            quantizer = MatMulNBitsQuantizer(
+                onnx.load(str(optimized)),
+                bits=4,
+                block_size=INT4_BLOCK,
+                is_symmetric=True,
+                accuracy_level=INT4_ACCURACY_LEVEL,
+            )
+            quantizer.process()
+        quantizer.model.save_model_to_file(str(out_dir / name), use_external_data_format=False)
+    return {
+        "offline_optimization": "ORT_ENABLE_BASIC",
+        "quantization": (
+            f"int4 weights, symmetric, blocks of {INT4_BLOCK} along the input dimension "
+            f"(MatMulNBits, accuracy_level {INT4_ACCURACY_LEVEL}); float activations"
+        ),
+        "block_size": INT4_BLOCK,
+        "accuracy_level": INT4_ACCURACY_LEVEL,
+    }
+
+
+def export_lm_variants(
+    model: DecoderOnly,
+    onnx_root: str | Path,
+    variants: Sequence[str] = ("fp32", "int8"),
+    *,
+    opset: int = OPSET,
+    verify: bool = True,
+    prompts: list[list[int]] | None = None,
+) -> dict[str, Path]:
+    """Export `variants` of a language model into onnx_root/<variant>/; returns their dirs.
+
+    With `verify`, parity against the torch model on `prompts` (token ids; default: random) is
+    measured, stored in each manifest, and fp32 / int8 / int4 must pass their checks
+    (ParityError otherwise; the previous export stays in place)."""
+    from attnserve.export.verify import INT4_GATE, check_fp32, check_int8, lm_parity, lm_reference
+
+    unknown = [v for v in variants if v not in LM_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(LM_VARIANTS)}")
+    root = Path(onnx_root)
+    written: dict[str, Path] = {}
+    reference = lm_reference(model, prompts) if verify else None
+    with tempfile.TemporaryDirectory(prefix="attnserve-lm-export-") as tmp:
+        fp32_dir = Path(tmp) / "fp32"
+        log.info("exporting fp32 language model graphs (opset %d)", opset)
+        export_lm_fp32(model, fp32_dir, opset=opset)
+        for variant in variants:
+            out = Path(tmp) / "staged" / variant
+            out.mkdir(parents=True)
+            options: dict[str, Any] = {}
+            if variant == "fp32":
+                for name in LM_GRAPHS:
+                    shutil.copyfile(fp32_dir / name, out / name)
+            elif variant == "int8":
+                options = build.quantize_int8(
+                    fp32_dir, out, Path(tmp) / "int8-opt", float_output=False, names=LM_GRAPHS
+                )
+            elif variant == "int4":
+                options = quantize_int4(fp32_dir, out, Path(tmp) / "int4-opt")
+            else:
+                options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
+            parity: dict[str, Any] = {}
+            write_manifest(out, variant, opset, options, parity, files=LM_GRAPHS)
+            if reference is not None:
+                parity = lm_parity(reference, model.config, out, variant)
+                parity["sources"] = "chat prompts" if prompts else "random token ids"
+                log.info("%s parity: %s", variant, json.dumps(parity))
+                if variant == "fp32":
+                    check_fp32(parity, root / variant)
+                elif variant == "int8":
+                    check_int8(parity, root / variant)
+                elif variant == "int4":
+                    check_int8(parity, root / variant, INT4_GATE, "int4")
+            write_manifest(out, variant, opset, options, parity, files=LM_GRAPHS)
+            final = root / variant
+            if final.exists():
+                shutil.rmtree(final)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(out, final)
+            written[variant] = final
+            log.info("wrote %s", final)
+    return written
+
+
+def export_lm_model(
+    model_dir: str | Path,
+    variants: Sequence[str] = ("fp32", "int8"),
+    *,
+    opset: int = OPSET,
+    verify: bool = True,
+) -> dict[str, Path]:
+    """Export a language model directory to MODEL_DIR/onnx/<variant>/ (+ manifest)."""
+    from attnserve.export.verify import lm_prompts
+    from attnserve.model.decoder_checkpoint import load_decoder_dir
+
+    model = load_decoder_dir(model_dir)
+    return export_lm_variants(
+        model,
+        Path(model_dir) / ONNX_DIR,
+        variants,
+        opset=opset,
+        verify=verify,
+        prompts=lm_prompts(Path(model_dir)) if verify else None,
+    )
