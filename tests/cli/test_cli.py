@@ -9,8 +9,8 @@ import pytest
 from attnserve.cli import GROUPS, build_parser, main
 
 COMMANDS = {
-    "translate", "generate", "import", "import-marian", "export", "package", "data", "train", "eval",
-    "serve", "bench", "bench-http", "loadtest",
+    "translate", "generate", "import", "import-marian", "export", "package", "data", "train",
+    "eval", "serve", "bench", "bench-http", "loadtest",
 }  # fmt: skip
 
 

@@ -13,7 +13,7 @@ import torch
 from attnserve.engine.generator import Generator
 from attnserve.engine.onnx.lm_backend import OnnxLMBackend
 from attnserve.engine.options import DecodingOptions
-from attnserve.engine.torch_lm import TorchLMBackend, left_padded
+from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.export.errors import ParityError
 from attnserve.export.lm_export import export_lm_variants
 from attnserve.export.verify import INT4_GATE, compare, lm_reference
@@ -96,9 +96,6 @@ def test_row_operations_keep_rows_as_recomputed(exported: tuple[DecoderOnly, Pat
     """select (beams), concat (a request joining a running batch), reorder in place."""
     model, root = exported
     backend = OnnxLMBackend(model.config, root / "fp32", provider="cpu")
-    ids, mask = left_padded(
-        np.array([[5, 6, 7, 8], [9, 10, 0, 0]]), np.array([4, 2]), model.config.pad_id
-    )
     state = backend.encode(np.array([[5, 6, 7, 8], [9, 10, 0, 0]]), np.array([4, 2]))
     _, state = backend.step(np.array([11, 12]), state)
     late = backend.encode(np.array([[13, 14, 15]]), np.array([3]))
@@ -115,7 +112,6 @@ def test_row_operations_keep_rows_as_recomputed(exported: tuple[DecoderOnly, Pat
         history = [13, 14, 15, 23]
         full = model(torch.tensor([history]), torch.ones(1, 4, dtype=torch.bool))
         np.testing.assert_allclose(logits[0], full[0, -1].numpy(), atol=1e-4)
-    assert mask.shape == (2, 4)
 
 
 def test_int8_batches_decode_as_each_prompt_alone(exported: tuple[DecoderOnly, Path]) -> None:
