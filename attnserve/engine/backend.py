@@ -89,6 +89,9 @@ class Backend(Protocol[State]):
         """One state holding the rows of `states` in order (rows of different lengths may mix)."""
         ...
 
+    # Optional, language models: `empty(rows) -> State` and `extend(state, ids, mask) ->
+    # (logits, State)`, which prefills a left-padded chunk of prompt tokens (B, T) after the
+    # rows' cached ones: the scheduler prefills long prompts a chunk per step with them.
     # Optional: `reorder(state, rows) -> State`, `select` for a caller that gives `state` up
     # (RunningBatch after a step) and keeps the number of rows: the backend may move rows in
     # place, so `state` and every state sharing its tensors must not be used again.
@@ -101,3 +104,15 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[IntArray
     for i, seq in enumerate(sequences):
         ids[i, : len(seq)] = seq
     return ids, lengths
+
+
+def left_padded(ids: IntArray, lengths: IntArray, pad_id: int) -> tuple[IntArray, IntArray]:
+    """Right-padded (B, S) ids -> left-padded ids and their (B, S) 0/1 mask."""
+    batch, width = ids.shape
+    out = np.full((batch, width), pad_id, dtype=np.int64)
+    mask = np.zeros((batch, width), dtype=np.int64)
+    for row, n in enumerate(lengths.tolist()):
+        if n:
+            out[row, width - n :] = ids[row, :n]
+            mask[row, width - n :] = 1
+    return out, mask

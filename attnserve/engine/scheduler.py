@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from attnserve.engine.backend import Backend
+import numpy as np
+
+from attnserve.engine.backend import Backend, IntArray, left_padded, pad_batch
 from attnserve.engine.batch import RunningBatch
 from attnserve.engine.options import DecodingOptions
-from attnserve.engine.search import GreedySearch, Hypothesis, Search, make_search
+from attnserve.engine.search import GreedySearch, Hypothesis, Search, Stopper, make_search
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +67,19 @@ class RequestTooLarge(ValueError):
 
 @dataclass(eq=False)
 class Request:
-    """One decoding request (one source sentence) and what happened to it."""
+    """One decoding request (one source sentence, or a language model's prompt) and what
+    happened to it. A language model's request holds its prompt but the last token in `source`
+    (what is prefilled), that token in `start` (the first decoder input) and the whole prompt
+    in `prefix` (what the processors see); `lm_request` builds one."""
 
     id: str
     source: list[int]
     options: DecodingOptions
     deadline: float | None = None  # monotonic seconds
     stream: bool = False
+    start: int | None = None
+    prefix: Sequence[int] = ()
+    stopper: Stopper | None = None
     # Filled in by the scheduler.
     arrived: float = 0.0
     admitted: float | None = None
@@ -94,6 +102,30 @@ class Request:
             return 0
         best = self.hypotheses[0]
         return len(best.tokens) + int(best.ended_with_eos)
+
+
+def lm_request(
+    request_id: str,
+    prompt: Sequence[int],
+    options: DecodingOptions,
+    *,
+    deadline: float | None = None,
+    stream: bool = False,
+    stopper: Stopper | None = None,
+) -> Request:
+    """A language model's request for a (non-empty) prompt."""
+    if not prompt:
+        raise ValueError("a prompt needs at least one token")
+    return Request(
+        id=request_id,
+        source=list(prompt[:-1]),
+        options=options,
+        deadline=deadline,
+        stream=stream,
+        start=int(prompt[-1]),
+        prefix=list(prompt),
+        stopper=stopper,
+    )
 
 
 @dataclass
@@ -130,12 +162,34 @@ class SchedulerLimits:
     # fewer than `max_cohorts`, else wait (module doc).
     max_join_padding: int = 64
     max_cohorts: int = 1
+    # Language models: prompts longer than this many tokens are prefilled a chunk per step,
+    # between the decoding steps of the running batch, which a long prompt would otherwise
+    # stall for the whole prefill. 0: whole prompts at admission.
+    prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}")
         if self.max_cohorts < 1 or self.max_join_padding < 0:
             raise ValueError("max_cohorts must be >= 1 and max_join_padding >= 0")
+        if self.prefill_chunk < 0:
+            raise ValueError("prefill_chunk must be >= 0")
+
+
+@dataclass(eq=False)
+class _Prefill:
+    """Admitted language-model requests whose prompts are prefilled a chunk per step."""
+
+    requests: list[Request]
+    searches: list[Search]
+    ids: IntArray  # (B, S) left-padded prompts (but their last tokens)
+    mask: IntArray  # (B, S) 1 = a real token
+    done: int  # columns of ids prefilled so far
+    state: Any
+
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for r in self.requests)
 
 
 class Scheduler:
@@ -151,6 +205,7 @@ class Scheduler:
         self.limits = limits or SchedulerLimits()
         self.clock = clock
         self.cohorts: list[RunningBatch[Any]] = []  # oldest first; each holds rows
+        self.prefilling: _Prefill | None = None  # long prompts on their way into a cohort
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[int, Request] = {}  # id(search) -> request
         self._cancelled: set[str] = set()
@@ -198,7 +253,8 @@ class Scheduler:
 
     @property
     def num_rows(self) -> int:
-        return sum(c.num_rows for c in self.cohorts)
+        prefill = self.prefilling.rows if self.prefilling is not None else 0
+        return sum(c.num_rows for c in self.cohorts) + prefill
 
     def _tokens_in_batch(self) -> int:
         return sum(self.budget(r) for r in self.running.values())
@@ -212,6 +268,7 @@ class Scheduler:
         started = self.clock()
         self._expire_and_cancel(events, started)
         events.admitted = self._admit(events, started)
+        self._advance_prefill(events)
         if self.running:
             events.batch_rows = self.num_rows
             finished = self._each_cohort(RunningBatch.step, events)
@@ -246,6 +303,7 @@ class Scheduler:
         self.waiting.clear()
         self.running.clear()
         self.cohorts = []
+        self.prefilling = None
         self._held = []
         self._cancelled = set()
         for request in requests:
@@ -308,6 +366,7 @@ class Scheduler:
         if doomed:
             searches = [r.search for r in doomed if r.search is not None]
             leaving = frozenset(id(s) for s in searches)
+            self._drop_from_prefill(leaving, events)
             self._each_cohort(lambda c: c.remove(searches), events, spared=leaving)
             for request in doomed:
                 self._end(request, outcome(request) or Outcome.CANCELLED, events)
@@ -325,7 +384,7 @@ class Scheduler:
         return n
 
     def _should_admit(self, n: int) -> bool:
-        if n == 0:
+        if n == 0 or self.prefilling is not None:  # FIFO: the next wait for the prefill
             return False
         if not self.running:
             return True
@@ -342,14 +401,34 @@ class Scheduler:
         n = self._fitting()
         if not self._should_admit(n):
             return 0
-        cohort = self._cohort_to_join(n)
-        if cohort is None:
+        rows = sum(self.waiting[i].rows for i in range(n))
+        chunked = self._chunked([self.waiting[i] for i in range(n)])
+        cohort = None if chunked else self._cohort_to_join(rows)
+        if cohort is None and not chunked:
             return 0
         self._since_admit = 0
         admitted = [self.waiting.popleft() for _ in range(n)]
         admitted.sort(key=lambda r: len(r.source))  # encoded in length buckets, no reordering
         try:
-            searches = [make_search(r.options, self.backend.spec) for r in admitted]
+            searches = [
+                make_search(
+                    r.options,
+                    self.backend.spec,
+                    start=r.start,
+                    prefix=r.prefix,
+                    stopper=r.stopper,
+                )
+                for r in admitted
+            ]
+            if cohort is None:  # long prompts: a chunk per step from now on
+                ids, lengths = pad_batch([r.source for r in admitted], self.backend.spec.pad_id)
+                ids, mask = left_padded(ids, lengths, self.backend.spec.pad_id)
+                state = self.backend.empty(len(admitted))  # type: ignore[attr-defined]
+                used = mask.any(axis=0)
+                start = int(used.argmax()) if used.any() else mask.shape[1]
+                self.prefilling = _Prefill(admitted, searches, ids, mask, start, state)
+                self._register(admitted, searches, now)
+                return len(admitted)
             state = cohort.encode([r.source for r in admitted])
         except Exception as exc:
             log.exception("encoder failed for %d requests", len(admitted))
@@ -363,24 +442,100 @@ class Scheduler:
             for request in admitted:
                 self._end(request, Outcome.FAILED, events, error=exc)
             return 0
-        for request, search in zip(admitted, searches, strict=True):
-            request.search = search
-            request.admitted = now
-            self.running[id(search)] = request
+        self._register(admitted, searches, now)
         if cohort not in self.cohorts:
             self.cohorts.append(cohort)
         return len(admitted)
 
-    def _cohort_to_join(self, n: int) -> RunningBatch[Any] | None:
-        """Where the first `n` waiting requests go: the youngest cohort if their rows x its age
-        (steps) is within `max_join_padding`; else a new cohort while there is room for one;
-        else nowhere (None: they wait). All of them or none: a prefix that fits would keep
-        joining a batch that should be left to finish."""
+    def _register(
+        self, admitted: Sequence[Request], searches: Sequence[Search], now: float
+    ) -> None:
+        for request, search in zip(admitted, searches, strict=True):
+            request.search = search
+            request.admitted = now
+            self.running[id(search)] = request
+
+    def _chunked(self, requests: Sequence[Request]) -> bool:
+        """Whether these requests' prompts are prefilled a chunk per step (language models
+        whose backend can, when the longest prompt is over `prefill_chunk`)."""
+        chunk = self.limits.prefill_chunk
+        return (
+            chunk > 0
+            and self.backend.spec.decoder_only
+            and hasattr(self.backend, "extend")
+            and max(len(r.source) for r in requests) > chunk
+        )
+
+    def _advance_prefill(self, events: StepEvents) -> None:
+        """Prefill the next chunk of the prefilling prompts; once done, they join a cohort
+        (and decode their first token in this step)."""
+        prefill = self.prefilling
+        if prefill is None:
+            return
+        end = min(prefill.done + self.limits.prefill_chunk, prefill.ids.shape[1])
+        try:
+            if end > prefill.done:
+                _, prefill.state = self.backend.extend(  # type: ignore[attr-defined]
+                    prefill.state,
+                    prefill.ids[:, prefill.done : end],
+                    prefill.mask[:, prefill.done : end],
+                )
+        except Exception as exc:
+            log.exception("prefill failed for %d requests", len(prefill.requests))
+            self.prefilling = None
+            for request in prefill.requests:
+                self._end(request, Outcome.FAILED, events, error=exc)
+            return
+        prefill.done = end
+        if end < prefill.ids.shape[1]:
+            return
+        self.prefilling = None
+        cohort = self._cohort_to_join(prefill.rows, new_anyway=True)
+        assert cohort is not None
+        try:
+            cohort.join(prefill.searches, prefill.state)
+        except Exception as exc:
+            log.exception("joining %d prefilled requests failed", len(prefill.requests))
+            for request in prefill.requests:
+                self._end(request, Outcome.FAILED, events, error=exc)
+            return
+        if cohort not in self.cohorts:
+            self.cohorts.append(cohort)
+
+    def _drop_from_prefill(self, leaving: frozenset[int], events: StepEvents) -> None:
+        """Remove the rows of requests that left (cancelled, expired) from the prefill."""
+        prefill = self.prefilling
+        if prefill is None:
+            return
+        keep = [i for i, s in enumerate(prefill.searches) if id(s) not in leaving]
+        if len(keep) == len(prefill.searches):
+            return
+        if not keep:
+            self.prefilling = None
+            return
+        rows = np.asarray(keep, dtype=np.int64)
+        try:
+            prefill.state = self.backend.select(prefill.state, rows)
+        except Exception as exc:
+            log.exception("dropping rows from a prefill failed")
+            self.prefilling = None
+            for i in keep:
+                self._end(prefill.requests[i], Outcome.FAILED, events, error=exc)
+            return
+        prefill.requests = [prefill.requests[i] for i in keep]
+        prefill.searches = [prefill.searches[i] for i in keep]
+        prefill.ids, prefill.mask = prefill.ids[rows], prefill.mask[rows]
+
+    def _cohort_to_join(self, rows: int, new_anyway: bool = False) -> RunningBatch[Any] | None:
+        """Where `rows` rows of new requests go: the youngest cohort if their rows x its age
+        (steps) is within `max_join_padding`; else a new cohort while there is room for one
+        (or `new_anyway`: prefilled requests hold their state already); else nowhere (None:
+        they wait). All of them or none: a prefix that fits would keep joining a batch that
+        should be left to finish."""
         young = min(self.cohorts, key=lambda c: c.steps, default=None)
-        rows = sum(self.waiting[i].rows for i in range(n))
         if young is not None and rows * young.steps <= self.limits.max_join_padding:
             return young
-        if len(self.cohorts) < self.limits.max_cohorts:
+        if len(self.cohorts) < self.limits.max_cohorts or new_anyway:
             if self.limits.batching == "static":  # finished rows decode on, as padding
                 return RunningBatch(self.backend, dead_fraction=1.0)
             return RunningBatch(self.backend)

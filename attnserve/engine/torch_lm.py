@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.backend import FloatArray, IntArray, ModelSpec, left_padded
 
 if TYPE_CHECKING:
     import torch
@@ -40,18 +40,6 @@ def lm_spec(config: DecoderConfig, stop_ids: Sequence[int] = ()) -> ModelSpec:
         banned_ids=(),
         returns_logits=True,
     )
-
-
-def left_padded(ids: IntArray, lengths: IntArray, pad_id: int) -> tuple[IntArray, IntArray]:
-    """Right-padded (B, S) ids -> left-padded ids and their (B, S) 0/1 mask."""
-    batch, width = ids.shape
-    out = np.full((batch, width), pad_id, dtype=np.int64)
-    mask = np.zeros((batch, width), dtype=np.int64)
-    for row, n in enumerate(lengths.tolist()):
-        if n:
-            out[row, width - n :] = ids[row, :n]
-            mask[row, width - n :] = 1
-    return out, mask
 
 
 @dataclass
@@ -89,6 +77,20 @@ class TorchLMBackend:
         import torch
 
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+
+    def empty(self, rows: int) -> LMState:
+        """A state of `rows` rows with nothing cached."""
+        return LMState(self.model.empty_cache(rows))
+
+    def extend(self, state: LMState, ids: IntArray, mask: IntArray) -> tuple[FloatArray, LMState]:
+        """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
+        returns the logits of each row's last position (B, V) and the grown state."""
+        import torch
+
+        with torch.inference_mode():
+            logits, cache = self.model.prefill(self._tensor(ids), self._tensor(mask), state.cache)
+        assert logits is not None
+        return logits[:, -1].float().cpu().numpy(), LMState(cache)
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
         import torch

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.backend import FloatArray, IntArray, ModelSpec, left_padded
 from attnserve.engine.onnx.backend import (
     CPU,
     SLOW_CPU_FUSIONS,
@@ -38,7 +38,7 @@ from attnserve.engine.onnx.layout import (
     variant_dir,
 )
 from attnserve.engine.onnx.rowops import Columns, HostRowOps, Tensor, first_used_column
-from attnserve.engine.torch_lm import left_padded, lm_spec
+from attnserve.engine.torch_lm import lm_spec
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
 

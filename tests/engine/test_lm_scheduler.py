@@ -1,0 +1,133 @@
+"""Language-model requests in the continuous-batching scheduler: they join a running batch at
+any step, long prompts are prefilled a chunk per step while the batch goes on decoding, and
+every request gets what it gets alone (offline `Generator`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnserve.engine.generator import Generator
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
+from attnserve.engine.torch_lm import TorchLMBackend
+from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class NoText:
+    stop_ids: list[int] = []  # noqa: RUF012
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def backend() -> TorchLMBackend:
+    config = DecoderConfig.preset("tiny", max_positions=256, eos_ids=(2,))
+    torch.manual_seed(0)
+    model = DecoderOnly(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    return TorchLMBackend(model)
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 96, (length,), generator=g).tolist()
+
+
+def alone(backend: TorchLMBackend, tokens: list[int], options: DecodingOptions) -> list[int]:
+    result = Generator(backend, NoText()).generate([tokens], options)[0]  # type: ignore[arg-type]
+    return result.completions[0].token_ids
+
+
+def test_long_prompts_prefill_in_chunks_while_the_batch_decodes(backend: TorchLMBackend) -> None:
+    options = DecodingOptions(max_new_tokens=12, min_new_tokens=12)
+    scheduler = Scheduler(
+        backend, SchedulerLimits(max_new_tokens=12, prefill_chunk=8, max_join_padding=10**6)
+    )
+    short = lm_request("short", prompt(5, 1), options, stream=True)
+    scheduler.submit(short)
+    scheduler.step()  # admitted and one token
+    long_prompt = prompt(40, 2)
+    late = lm_request("long", long_prompt, options, stream=True)
+    scheduler.submit(late)
+    decoded_while_prefilling = 0
+    steps = 0
+    while scheduler.has_work:
+        events = scheduler.step()
+        steps += 1
+        if scheduler.prefilling is not None:
+            assert scheduler.prefilling.done < 40  # still going, a chunk per step
+            decoded_while_prefilling += sum(len(t) for r, t in events.new_tokens if r is short)
+        assert steps < 100
+    # 39 prefix tokens in chunks of 8 (the first one from the first real column): the short
+    # request went on decoding in every one of those steps
+    assert decoded_while_prefilling >= 4
+    assert short.outcome is late.outcome is Outcome.DONE
+    assert list(short.hypotheses[0].tokens) == alone(backend, prompt(5, 1), options)
+    assert list(late.hypotheses[0].tokens) == alone(backend, long_prompt, options)
+
+
+def test_requests_joining_at_every_step_decode_as_alone(backend: TorchLMBackend) -> None:
+    scheduler = Scheduler(
+        backend, SchedulerLimits(max_new_tokens=10, prefill_chunk=16, max_join_padding=10**6)
+    )
+    variants = [
+        DecodingOptions(max_new_tokens=10),
+        DecodingOptions(max_new_tokens=10, sampling=True, seed=3, top_k=20),
+        DecodingOptions(max_new_tokens=10, beam_size=3),
+        DecodingOptions(max_new_tokens=10, sampling=True, num_samples=2, seed=4),
+    ]
+    submitted: list[tuple[Request, list[int], DecodingOptions]] = []
+    for i in range(8):
+        tokens = prompt(3 + 5 * i, 10 + i)  # 3 .. 38 tokens: some chunked, some not
+        options = variants[i % len(variants)]
+        request = lm_request(f"r{i}", tokens, options)
+        scheduler.submit(request)
+        submitted.append((request, tokens, options))
+        scheduler.step()
+    while scheduler.has_work:
+        scheduler.step()
+    for request, tokens, options in submitted:
+        assert request.outcome is Outcome.DONE
+        expected = Generator(backend, NoText()).generate([tokens], options)[0]  # type: ignore[arg-type]
+        assert [list(h.tokens) for h in request.hypotheses] == [
+            c.token_ids for c in expected.completions
+        ]
+
+
+def test_cancel_and_deadline_during_a_prefill(backend: TorchLMBackend) -> None:
+    clock = Clock()
+    scheduler = Scheduler(
+        backend, SchedulerLimits(max_new_tokens=8, prefill_chunk=4, max_waiting=8), clock
+    )
+    options = DecodingOptions(max_new_tokens=8)
+    keep = lm_request("keep", prompt(30, 5), options)
+    gone = lm_request("gone", prompt(30, 6), options)
+    late = lm_request("late", prompt(30, 7), options, deadline=2.0)
+    for r in (keep, gone, late):
+        scheduler.submit(r)
+    scheduler.step()
+    assert scheduler.prefilling is not None and len(scheduler.prefilling.requests) == 3
+    scheduler.cancel("gone")
+    scheduler.step()
+    clock.now = 3.0
+    scheduler.step()
+    assert gone.outcome is Outcome.CANCELLED and late.outcome is Outcome.DEADLINE
+    while scheduler.has_work:
+        scheduler.step()
+    assert keep.outcome is Outcome.DONE
+    assert list(keep.hypotheses[0].tokens) == alone(backend, prompt(30, 5), options)
