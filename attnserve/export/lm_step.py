@@ -113,5 +113,7 @@ class LMStepGraph(nn.Module):
             grown.extend((k, v))
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits = model.lm_head(model.norm(x[:, -1])).float()  # (B, V)
+        # (B, 1, C) @ W^T: a MatMul with a constant (C, V) weight, which the int8 and int4
+        # quantizers see (a 2-D input exports as Gemm, which they leave in float)
+        logits = model.lm_head(model.norm(x[:, -1:]))[:, 0].float()  # (B, V)
         return (logits, *grown)

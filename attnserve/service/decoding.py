@@ -253,6 +253,11 @@ async def wait_all(
     return outcome
 
 
+def next_serial() -> int:
+    """A number no other request in flight has (follows the client's request id)."""
+    return next(_SERIALS)
+
+
 def new_requests(
     request_id: str,
     sources: Sequence[Sequence[int]],
@@ -263,7 +268,7 @@ def new_requests(
     deadline = time.monotonic() + timeout
     # The engine keys waiters and cancellations by id, so ids must be unique among requests in
     # flight: the client's X-Request-ID (kept for the logs) need not be, so a serial follows it.
-    serial = next(_SERIALS)
+    serial = next_serial()
     return [
         Request(
             id=f"{request_id}#{serial}/{i}",
@@ -285,6 +290,8 @@ def finish_reason(request: Request) -> Literal["stop", "length"]:
     if not request.hypotheses:
         return "length"
     best = request.hypotheses[0]
+    if best.stopped:  # a stop string
+        return "stop"
     at_limit = len(best.tokens) + int(best.ended_with_eos) >= request.options.max_new_tokens
     forced = best.ended_with_eos and request.options.forced_eos and at_limit
     return "stop" if best.ended_with_eos and not forced else "length"

@@ -13,7 +13,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from attnserve.defaults import DEFAULT_MODEL_ENV, DEFAULT_MODEL_NAME, default_model_dir
+from attnserve.defaults import (
+    DEFAULT_MODEL_ENV,
+    DEFAULT_MODEL_NAME,
+    default_lm_dir,
+    default_model_dir,
+)
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,6 +39,9 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-join-steps": ("max_join_steps", int),
     "--max-cohorts": ("max_cohorts", int),
     "--max-join-padding": ("max_join_padding", int),
+    "--lm-max-join-padding": ("lm_max_join_padding", int),
+    "--prefill-chunk": ("prefill_chunk", int),
+    "--max-prompt-tokens": ("max_prompt_tokens", int),
     "--default-timeout-ms": ("default_timeout_ms", int),
     "--max-timeout-ms": ("max_timeout_ms", int),
     "--max-texts-per-request": ("max_texts_per_request", int),
@@ -97,8 +105,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def check_models(settings: Settings) -> None:
-    """Fail early, naming the directory and how to get a model; export ONNX when missing."""
+    """Fail early, naming the directory and how to get a model; import the default language
+    model from its wheel and export ONNX when missing."""
     for directory in settings.model_dirs:
+        if directory.resolve() == default_lm_dir().resolve() and settings.auto_export:
+            _ensure_default_lm(directory)
         if not directory.is_dir():
             hint = (
                 f" The default model ships in the attnserve checkout (checkpoints/"
@@ -115,6 +126,15 @@ def check_models(settings: Settings) -> None:
             raise ServeError(f"{directory} is not an attnserve model directory (no config.json)")
         if settings.backend == "onnx":
             _ensure_exported(directory, settings)
+
+
+def _ensure_default_lm(directory: Path) -> None:
+    from attnserve.convert.packaged import ensure_default_lm
+
+    try:
+        ensure_default_lm(directory)
+    except FileNotFoundError as exc:
+        raise ServeError(str(exc)) from exc
 
 
 def _ensure_exported(directory: Path, settings: Settings) -> None:

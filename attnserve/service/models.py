@@ -12,39 +12,43 @@ from typing import Any
 from attnserve.engine.backend import Backend
 from attnserve.engine.engine_loop import EngineLoop
 from attnserve.engine.options import DecodingOptions
-from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits
-from attnserve.model.tokenizer import Tokenizer
+from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.service.metrics import Metrics
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # Builds a model directory's backend (tests wrap the default to slow it down or make it fail).
-BackendFactory = Callable[[Path, Settings], Backend[Any]]
+BackendFactory = Callable[..., Backend[Any]]  # (directory, settings[, stop_ids])
 
 WARMUP_TEXT = "Hello, world."
 
 
-def default_backend_factory(directory: Path, settings: Settings) -> Backend[Any]:
+def default_backend_factory(
+    directory: Path, settings: Settings, stop_ids: Sequence[int] = ()
+) -> Backend[Any]:
     from attnserve.engine.loading import load_backend
 
+    extra: dict[str, Any] = {"stop_ids": stop_ids} if stop_ids else {}
     return load_backend(
         directory,
         settings.backend,
         threads=settings.threads,
         variant=settings.variant,
         provider=settings.provider,
+        **extra,
     )
 
 
 @dataclass
 class ServedModel:
-    """One model as the routes see it."""
+    """One model as the routes see it: a translation model (encoder-decoder, `Tokenizer`) or
+    a language model ("generation": decoder-only, `TextTokenizer` with its chat template)."""
 
     name: str
     directory: Path
     backend: Backend[Any]
-    tokenizer: Tokenizer
+    tokenizer: Any  # Tokenizer (translation) or TextTokenizer (generation)
     defaults: DecodingOptions  # the model's generation config, within the server's limits
     engine: EngineLoop
     backend_name: str
@@ -52,14 +56,25 @@ class ServedModel:
     provider: str | None
     max_input_tokens: int  # min(settings.max_input_tokens, the model's max positions)
     max_new_tokens: int  # min(settings.max_new_tokens_limit, the model's max positions)
+    kind: str = "translation"
+
+    @property
+    def generates(self) -> bool:
+        return self.kind == "generation"
 
     def encode(self, text: str, target_lang: str | None) -> list[int]:
         """Source ids (not truncated: the route rejects sources over max_input_tokens)."""
-        return self.tokenizer.encode_source(text, target_lang=target_lang)
+        if self.generates:
+            return list(self.tokenizer.encode(text))
+        return list(self.tokenizer.encode_source(text, target_lang=target_lang))
 
 
-def scheduler_limits(settings: Settings, max_new_tokens: int) -> SchedulerLimits:
-    """The scheduler limits a model is served with."""
+def scheduler_limits(
+    settings: Settings, max_new_tokens: int, generation: bool = False
+) -> SchedulerLimits:
+    """The scheduler limits a model is served with. A language model's rows join the running
+    batch whatever its age (`lm_max_join_padding`): their prompts make the cache wide anyway,
+    and a column of padding costs a row far less than its weights do."""
     return SchedulerLimits(
         max_batch_rows=settings.max_batch_rows,
         max_batch_tokens=settings.max_batch_tokens,
@@ -68,8 +83,9 @@ def scheduler_limits(settings: Settings, max_new_tokens: int) -> SchedulerLimits
         join_rows=settings.join_rows,
         max_join_steps=settings.max_join_steps,
         max_cohorts=settings.max_cohorts,
-        max_join_padding=settings.max_join_padding,
+        max_join_padding=settings.lm_max_join_padding if generation else settings.max_join_padding,
         batching=settings.batching,
+        prefill_chunk=settings.prefill_chunk,
     )
 
 
@@ -78,19 +94,31 @@ def load_model(
 ) -> ServedModel:
     """Tokenizer, backend and engine of one model directory (blocking: run it in a thread)."""
     from attnserve.model.checkpoint import load_tokenizer, read_metadata
+    from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
 
     name = settings.model_name(directory)
-    tokenizer = load_tokenizer(directory)
-    backend = factory(directory, settings)
+    generates = directory_family(directory) != ENCODER_DECODER
+    if generates:
+        from attnserve.engine.generator import lm_defaults
+        from attnserve.model.text_tokenizer import TextTokenizer
+
+        tokenizer: Any = TextTokenizer.load(directory)
+        backend = factory(directory, settings, tokenizer.stop_ids)
+        defaults = lm_defaults(directory, backend.spec.max_positions)
+        max_input = min(settings.max_prompt_tokens, backend.spec.max_positions - 1)
+    else:
+        tokenizer = load_tokenizer(directory)
+        backend = factory(directory, settings)
+        generation = read_metadata(directory).get("generation", {})
+        defaults = DecodingOptions.model_defaults(generation, backend.spec.max_positions)
+        max_input = min(settings.max_input_tokens, backend.spec.max_positions)
     spec = backend.spec
     max_new = min(settings.max_new_tokens_limit, spec.max_positions)
-    generation = read_metadata(directory).get("generation", {})
-    defaults = DecodingOptions.model_defaults(generation, spec.max_positions)
     defaults = defaults.replace(
         beam_size=min(defaults.beam_size, settings.beam_limit),
         max_new_tokens=min(defaults.max_new_tokens, max_new),
     )
-    limits = scheduler_limits(settings, max_new)
+    limits = scheduler_limits(settings, max_new, generates)
     engine = EngineLoop(
         Scheduler(backend, limits), observer=lambda events, _: metrics.observe_step(name, events)
     )
@@ -105,8 +133,9 @@ def load_model(
         backend_name=settings.backend,
         variant=str(getattr(backend, "variant", settings.variant)) if onnx else None,
         provider=str(getattr(backend, "provider", settings.provider)) if onnx else None,
-        max_input_tokens=min(settings.max_input_tokens, spec.max_positions),
+        max_input_tokens=max_input,
         max_new_tokens=max_new,
+        kind="generation" if generates else "translation",
     )
     metrics.add_model(
         name,
@@ -128,11 +157,16 @@ def load_model(
 
 
 async def warm_up(model: ServedModel) -> None:
-    """One short translation through the engine (first runs allocate and optimize)."""
-    tags = model.tokenizer.target_languages
-    source = model.encode(WARMUP_TEXT, tags[0] if tags else None)[: model.max_input_tokens]
+    """One short translation or generation through the engine (first runs allocate and
+    optimize)."""
     options = model.defaults.replace(max_new_tokens=min(4, model.max_new_tokens), min_new_tokens=0)
-    request = Request(id=f"warmup-{model.name}", source=source, options=options)
+    if model.generates:
+        prompt = model.encode(WARMUP_TEXT, None)[: model.max_input_tokens]
+        request = lm_request(f"warmup-{model.name}", prompt, options)
+    else:
+        tags = model.tokenizer.target_languages
+        source = model.encode(WARMUP_TEXT, tags[0] if tags else None)[: model.max_input_tokens]
+        request = Request(id=f"warmup-{model.name}", source=source, options=options)
     done = await model.engine.submit(request)
     if done.outcome is not Outcome.DONE:
         raise RuntimeError(f"warm-up of {model.name} failed: {done.outcome} {done.error!r}")

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
 from attnserve.engine.scheduler import Request as EngineRequest
 from attnserve.service.decoding import (
@@ -28,6 +29,17 @@ from attnserve.service.decoding import (
     wait_all,
 )
 from attnserve.service.errors import ApiError, error_body
+from attnserve.service.generation import (
+    check_kind,
+    completion,
+    lm_options,
+    lm_requests,
+    prompt_tokens,
+    prompts_of,
+    stop_strings,
+    text_of,
+    visible,
+)
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import (
@@ -117,6 +129,10 @@ async def generate(body: GenerateRequest, request: Request, service: Service) ->
 
 async def _decode(body: TranslateRequest, request: Request, service: Service) -> Any:
     model = resolve_model(service, body.model)
+    check_kind(body, model)
+    if model.generates:
+        assert isinstance(body, GenerateRequest)
+        return await _generate(body, request, service, model)
     texts = texts_of(body, service)
     options = decoding_options(body, model, service)
     timeout = deadline_seconds(body, service)
@@ -134,14 +150,9 @@ async def _decode(body: TranslateRequest, request: Request, service: Service) ->
             cleanup=lambda: model.engine.cancel(engine_request.id),
         )
     outcome = await wait_all(model, engine_requests, futures, timeout, request.receive)
+    _raise_for(outcome, engine_requests, timeout, request_id)
     if outcome is Outcome.CANCELLED:
-        log.info("client disconnected; its requests were cancelled")
         return Response(status_code=499)  # nobody reads it; logged and counted as 499
-    if outcome is Outcome.DEADLINE:
-        raise ApiError(504, f"deadline of {timeout * 1000:.0f} ms exceeded", param="timeout_ms")
-    if outcome is Outcome.FAILED:
-        _log_failure(engine_requests)
-        raise ApiError(500, f"decoding failed; quote request id {request_id} when reporting it")
     generate = isinstance(body, GenerateRequest)
     results = [f.result() for f in futures]
     return TranslateResponse(
@@ -155,6 +166,56 @@ async def _decode(body: TranslateRequest, request: Request, service: Service) ->
             output_tokens=sum(r.output_tokens for r in results),
         ),
     )
+
+
+async def _generate(
+    body: GenerateRequest, request: Request, service: Service, model: ServedModel
+) -> Any:
+    """/v1/generate on a language model: prompts or a chat, completions or a stream."""
+    options = lm_options(body, model, service)
+    timeout = deadline_seconds(body, service)
+    prompts = await prompts_of(body, model, service)
+    stops = stop_strings(body)
+    stopper = StopStrings(model.tokenizer, stops) if stops else None
+    request_id = request_id_var.get() or "request"
+    engine_requests = lm_requests(
+        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
+    )
+    futures = submit_all(service, model, engine_requests)
+    if body.stream:
+        (engine_request,), (future,) = engine_requests, futures
+        return EventStream(
+            _events(model, engine_request, future, timeout, stopper),
+            cleanup=lambda: model.engine.cancel(engine_request.id),
+        )
+    outcome = await wait_all(model, engine_requests, futures, timeout, request.receive)
+    _raise_for(outcome, engine_requests, timeout, request_id)
+    if outcome is Outcome.CANCELLED:
+        return Response(status_code=499)
+    results = [f.result() for f in futures]
+    return TranslateResponse(
+        model=model.name,
+        translations=[
+            completion(model, r, stopper, return_scores=body.return_scores) for r in results
+        ],
+        usage=Usage(
+            input_tokens=sum(prompt_tokens(r) for r in results),
+            output_tokens=sum(r.output_tokens for r in results),
+        ),
+    )
+
+
+def _raise_for(
+    outcome: Outcome, requests: list[EngineRequest], timeout: float, request_id: str
+) -> None:
+    """The error answer of a request that did not end DONE (CANCELLED: the caller's 499)."""
+    if outcome is Outcome.CANCELLED:
+        log.info("client disconnected; its requests were cancelled")
+    if outcome is Outcome.DEADLINE:
+        raise ApiError(504, f"deadline of {timeout * 1000:.0f} ms exceeded", param="timeout_ms")
+    if outcome is Outcome.FAILED:
+        _log_failure(requests)
+        raise ApiError(500, f"decoding failed; quote request id {request_id} when reporting it")
 
 
 def _log_failure(requests: list[EngineRequest]) -> None:
@@ -197,8 +258,10 @@ async def _events(
     request: EngineRequest,
     future: asyncio.Future[EngineRequest],
     timeout: float,
+    stopper: StopStrings | None = None,
 ) -> AsyncIterator[bytes]:
-    """One event per token, a final event (or an error event), then [DONE]."""
+    """One event per token, a final event (or an error event), then [DONE]. With stop
+    strings, text that may turn out to start one is held back until it does not."""
     loop = asyncio.get_running_loop()
     # The scheduler ends the request at its deadline; this later one only guards against an
     # engine that stopped stepping.
@@ -219,7 +282,7 @@ async def _events(
             return
         for token in chunk:
             tokens.append(token)
-            delta, emitted = _delta(model.tokenizer.decode(tokens), emitted)
+            delta, emitted = _delta(visible(model.tokenizer.decode(tokens), stopper), emitted)
             event = TokenEvent(index=len(tokens) - 1, token_id=token, text=delta)
             yield _sse(event.model_dump())
     done = await future
@@ -227,9 +290,9 @@ async def _events(
         best = done.hypotheses[0]
         final = FinalEvent(
             finish_reason=finish_reason(done),
-            text=model.tokenizer.decode(best.tokens),
+            text=text_of(model, best, stopper),
             output_tokens=done.output_tokens,
-            usage=Usage(input_tokens=len(done.source), output_tokens=done.output_tokens),
+            usage=Usage(input_tokens=prompt_tokens(done), output_tokens=done.output_tokens),
         )
         yield _sse(final.model_dump())
     elif done.outcome is Outcome.CANCELLED:
@@ -251,13 +314,14 @@ async def models(service: Service) -> ModelList:
         models=[
             ModelInfo(
                 name=m.name,
+                kind="generation" if m.generates else "translation",
                 default=m is default,
                 backend=m.backend_name,
                 variant=m.variant,
                 provider=m.provider,
-                source_lang=m.tokenizer.source_lang,
-                target_lang=m.tokenizer.target_lang,
-                target_languages=m.tokenizer.target_languages,
+                source_lang=None if m.generates else m.tokenizer.source_lang,
+                target_lang=None if m.generates else m.tokenizer.target_lang,
+                target_languages=[] if m.generates else m.tokenizer.target_languages,
                 max_input_tokens=m.max_input_tokens,
                 max_new_tokens=m.max_new_tokens,
                 beam_size=m.defaults.beam_size,

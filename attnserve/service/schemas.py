@@ -69,8 +69,21 @@ class TranslateRequest(BaseModel):
     )
 
 
+class ChatMessage(BaseModel):
+    """One message of a chat (language models with a chat template)."""
+
+    model_config = _REQUEST_CONFIG
+
+    role: str = Field(min_length=1, max_length=64, description="system, user, assistant, ...")
+    content: str
+
+
 class GenerateRequest(TranslateRequest):
-    """Full decoding control. `stream: true` needs a single text and beam_size 1."""
+    """Full decoding control. `stream: true` needs a single text and beam_size 1.
+
+    A language model takes a prompt (`text`) or chat `messages` (rendered by its chat
+    template), and the language-model options (min_p, presence and frequency penalties,
+    logprobs, n, stop); a translation model takes `text` and refuses those."""
 
     model_config = ConfigDict(
         **_REQUEST_CONFIG,
@@ -104,11 +117,47 @@ class GenerateRequest(TranslateRequest):
     stream: bool = Field(
         default=False, description="Answer with Server-Sent Events, one per new token."
     )
+    text: Text | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="A prompt, or a list of prompts (each decoded separately); or give messages.",
+    )
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        min_length=1,
+        description="Language models: a chat, rendered by the model's chat template.",
+    )
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="0 = off")
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="Log-prob of every generated token and this many top alternatives.",
+    )
+    n: int | None = Field(default=None, ge=1, description="Samples per prompt (sampling).")
+    stop: str | list[str] | None = Field(
+        default=None, description="Stop strings (up to 16); the output ends before the first."
+    )
 
 
 class Hypothesis(BaseModel):
     text: str
     score: float | None = Field(description="null only if the score is not finite")
+
+
+class TopLogprob(BaseModel):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """A generated token's log-prob under the model and the most likely tokens there."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class Translation(BaseModel):
@@ -121,6 +170,9 @@ class Translation(BaseModel):
     finish_reason: Literal["stop", "length"]
     token_ids: list[int] | None = Field(
         default=None, description="/v1/generate only: the generated token ids (no EOS)."
+    )
+    logprobs: list[TokenLogprob] | None = Field(
+        default=None, description="/v1/generate with logprobs: one per generated token."
     )
 
 
@@ -179,6 +231,9 @@ class ErrorBody(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
+    kind: Literal["translation", "generation"] = Field(
+        description="translation: encoder-decoder (/v1/translate); generation: language model"
+    )
     default: bool
     backend: str
     variant: str | None

@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     # beside it) while there are fewer than `max_cohorts`, else wait (engine/scheduler.py).
     max_join_padding: int = Field(default=64, ge=0)
     max_cohorts: int = Field(default=1, ge=1)
+    # Language models: their requests join a running batch at any age (a padding column costs
+    # a row little next to its weights: docs/BENCHMARKS.md), and prompts longer than
+    # `prefill_chunk` tokens are prefilled a chunk per step between decoding steps.
+    lm_max_join_padding: int = Field(default=1 << 30, ge=0)
+    prefill_chunk: int = Field(default=512, ge=0)
 
     # Request limits.
     default_timeout_ms: int = Field(default=30_000, ge=1)
@@ -64,6 +69,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=64)
     max_texts_per_request: int = Field(default=64, ge=1)
     max_input_tokens: int = Field(default=512, ge=1, description="capped by the model's")
+    max_prompt_tokens: int = Field(
+        default=4096, ge=1, description="language models; capped by the context"
+    )
     max_new_tokens_limit: int = Field(default=512, ge=1, description="capped by the model's")
     max_beam_size: int = Field(default=8, ge=1)
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a 429")

@@ -152,10 +152,10 @@ def test_a_failing_request_fails_alone(
 ) -> None:
     """One request's search raises mid-batch: it gets a 500 with its id, the others finish."""
 
-    def make(options: DecodingOptions, spec: ModelSpec) -> Search:
+    def make(options: DecodingOptions, spec: ModelSpec, **kwargs: Any) -> Search:
         if options.seed == 13:
-            return ExplodingSearch(options, spec)
-        return make_search(options, spec)
+            return ExplodingSearch(options, spec, **kwargs)
+        return make_search(options, spec, **kwargs)
 
     monkeypatch.setattr(scheduler_module, "make_search", make)
     solo = httpx.post(slow.url + "/v1/generate", json=long_request(8), timeout=60).json()

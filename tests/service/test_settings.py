@@ -45,7 +45,7 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     [
         (["--model", "/x/same,/y/same"], "share the name same"),
         (["--default-timeout-ms", "9", "--max-timeout-ms", "5"], "default_timeout_ms"),
-        (["--variant", "int4"], "variant"),
+        (["--variant", "int2"], "variant"),
     ],
 )
 def test_invalid_settings(flags: list[str], message: str) -> None:

@@ -1,0 +1,241 @@
+"""Language-model requests of /v1/generate: prompts or chat messages in, completions out.
+
+The same admission, deadline, cancellation and metrics path as translation (decoding.py); what
+differs is the input (a prompt, a list of prompts, or chat messages rendered by the model's
+chat template), the options (min_p, presence and frequency penalties, logprobs, n samples,
+stop strings) and the output (finish reasons of stop strings, logprobs, samples).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from starlette.concurrency import run_in_threadpool
+
+from attnserve.engine.generator import (
+    PromptTooLong,
+    StopStrings,
+    check_stop_strings,
+    fit_to_context,
+)
+from attnserve.engine.options import DecodingOptions, InvalidOption
+from attnserve.engine.scheduler import Request, lm_request
+from attnserve.engine.search import Hypothesis as EngineHypothesis
+from attnserve.service.decoding import GENERATE_OPTIONS, _score, next_serial
+from attnserve.service.errors import ApiError
+from attnserve.service.models import ServedModel
+from attnserve.service.schemas import (
+    GenerateRequest,
+    Hypothesis,
+    TokenLogprob,
+    TopLogprob,
+    TranslateRequest,
+    Translation,
+)
+from attnserve.service.state import ServiceState
+
+# Fields only a language model takes (a translation model answers 422 naming them).
+LM_ONLY = ("messages", "min_p", "presence_penalty", "frequency_penalty", "logprobs", "n", "stop")
+LM_OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "logprobs")
+_INLINE_CHARS = 8192
+
+
+def check_kind(body: TranslateRequest, model: ServedModel) -> None:
+    """422 when the endpoint or the fields do not fit the model's kind."""
+    if model.generates and not isinstance(body, GenerateRequest):
+        raise ApiError(
+            422,
+            f"model {model.name} is a language model: use /v1/generate or /v1/chat/completions",
+            param="model",
+        )
+    if not model.generates and isinstance(body, GenerateRequest):
+        for name in LM_ONLY:
+            if getattr(body, name) is not None:
+                raise ApiError(
+                    422,
+                    f"{name} is for language models; model {model.name} translates",
+                    param=name,
+                )
+        if body.text is None:
+            raise ApiError(422, "text: give a text or a non-empty list of texts", param="text")
+
+
+def stop_strings(body: GenerateRequest) -> list[str]:
+    if body.stop is None:
+        return []
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop)
+
+
+def lm_options(body: GenerateRequest, model: ServedModel, service: ServiceState) -> DecodingOptions:
+    """The request's options over the model's (greedy unless sampling or a beam is asked for),
+    validated: 422 naming the param."""
+    given: dict[str, Any] = {
+        name: getattr(body, name)
+        for name in (*GENERATE_OPTIONS, *LM_OPTIONS)
+        if getattr(body, name) is not None
+    }
+    if body.n is not None:
+        given["num_samples"] = body.n
+    base = model.defaults.replace(beam_size=1, num_hypotheses=1, sampling=body.sampling)
+    options = base.replace(**given)
+    if "num_hypotheses" not in given:
+        options = options.replace(num_hypotheses=1)
+    if body.stream and options.beam_size != 1:
+        raise ApiError(422, "stream needs beam_size 1 (greedy or sampling)", param="beam_size")
+    if body.stream and options.num_samples != 1:
+        raise ApiError(422, "stream needs n = 1", param="n")
+    try:
+        options.validate(
+            max_beam_size=service.settings.beam_limit, max_new_tokens_limit=model.max_new_tokens
+        )
+        check_stop_strings(stop_strings(body), options)
+    except InvalidOption as exc:
+        raise ApiError(422, f"{exc.param} {exc.message}", param=exc.param) from exc
+    return options
+
+
+async def prompts_of(
+    body: GenerateRequest, model: ServedModel, service: ServiceState
+) -> list[list[int]]:
+    """Token ids of the prompt(s) or of the rendered chat; 422 for what cannot be decoded."""
+    if body.messages is not None and body.text is not None:
+        raise ApiError(422, "give text or messages, not both", param="messages")
+    if body.messages is None and body.text is None:
+        raise ApiError(422, "give a prompt (text) or chat messages", param="text")
+    if body.messages is not None:
+        messages = [m.model_dump() for m in body.messages]
+        try:
+            prompts = [model.tokenizer.encode_chat(messages)]
+        except ValueError as exc:  # the template refused them (raise_exception, bad roles)
+            raise ApiError(422, f"messages: {exc}", param="messages") from exc
+        where = ["messages"]
+    else:
+        texts = [body.text] if isinstance(body.text, str) else list(body.text or [])
+        limit = min(service.settings.max_texts_per_request, service.settings.max_waiting)
+        if not texts or len(texts) > limit:
+            raise ApiError(422, f"text: give 1 to {limit} prompts", param="text")
+        if body.stream and len(texts) != 1:
+            raise ApiError(422, "stream needs a single text, not a list", param="stream")
+        for i, text in enumerate(texts):
+            where_i = "text" if isinstance(body.text, str) else f"text[{i}]"
+            if not text:
+                raise ApiError(422, f"{where_i} is empty", param="text")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ApiError(422, f"{where_i} is not valid Unicode", param="text") from exc
+
+        def encode_all() -> list[list[int]]:
+            return [model.encode(t, None) for t in texts]
+
+        chars = sum(len(t) for t in texts)
+        prompts = await run_in_threadpool(encode_all) if chars > _INLINE_CHARS else encode_all()
+        where = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
+    for name, ids in zip(where, prompts, strict=True):
+        if not ids:
+            raise ApiError(422, f"{name} has no tokens", param=where[0].split("[")[0])
+        if len(ids) > model.max_input_tokens:
+            raise ApiError(
+                422,
+                f"{name} has {len(ids)} tokens; the limit is {model.max_input_tokens}",
+                param=name.split("[")[0],
+            )
+    return prompts
+
+
+def lm_requests(
+    request_id: str,
+    prompts: Sequence[Sequence[int]],
+    options: DecodingOptions,
+    model: ServedModel,
+    timeout: float,
+    *,
+    stream: bool,
+    stopper: StopStrings | None,
+) -> list[Request]:
+    deadline = time.monotonic() + timeout
+    serial = next_serial()
+    requests = []
+    for i, prompt in enumerate(prompts):
+        try:
+            fitted = fit_to_context(prompt, options, model.backend.spec.max_positions)
+        except PromptTooLong as exc:
+            raise ApiError(422, str(exc), param="text") from exc
+        requests.append(
+            lm_request(
+                f"{request_id}#{serial}/{i}",
+                prompt,
+                fitted,
+                deadline=deadline,
+                stream=stream,
+                stopper=stopper,
+            )
+        )
+    return requests
+
+
+def text_of(model: ServedModel, hyp: EngineHypothesis, stopper: StopStrings | None) -> str:
+    text = str(model.tokenizer.decode(hyp.tokens))
+    return stopper.truncate(text) if hyp.stopped and stopper is not None else text
+
+
+def _logprobs(model: ServedModel, hyp: EngineHypothesis) -> list[TokenLogprob] | None:
+    if hyp.logprobs is None:
+        return None
+    piece = model.tokenizer.id_to_token
+    return [
+        TokenLogprob(
+            token_id=e.token,
+            text=str(piece(e.token)),
+            logprob=e.logprob,
+            top_logprobs=[TopLogprob(token_id=t, logprob=lp) for t, lp in e.top],
+        )
+        for e in hyp.logprobs
+    ]
+
+
+def completion(
+    model: ServedModel, request: Request, stopper: StopStrings | None, *, return_scores: bool
+) -> Translation:
+    """The answer for one finished language-model request."""
+    hyps = request.hypotheses
+    if not hyps:
+        return Translation(text="", output_tokens=0, finish_reason="length", token_ids=[])
+    best = hyps[0]
+    alternatives = None
+    if len(hyps) > 1:  # the n-best list of a beam, or n samples
+        alternatives = [
+            Hypothesis(text=text_of(model, h, stopper), score=_score(h.score)) for h in hyps
+        ]
+    reason: Literal["stop", "length"] = "stop" if best.finish_reason == "stop" else "length"
+    return Translation(
+        text=text_of(model, best, stopper),
+        score=_score(best.score) if return_scores else None,
+        hypotheses=alternatives,
+        output_tokens=request.output_tokens,
+        finish_reason=reason,
+        token_ids=list(best.tokens),
+        logprobs=_logprobs(model, best),
+    )
+
+
+def prompt_tokens(request: Request) -> int:
+    """Input tokens of a request: a language model's whole prompt, or the source."""
+    return len(request.prefix) if request.prefix else len(request.source)
+
+
+def visible(text: str, stopper: StopStrings | None) -> str:
+    """What a stream may show of `text`: up to a stop string, and without a tail that could
+    still become one (it is shown once the next tokens rule that out)."""
+    if stopper is None:
+        return text
+    text = stopper.truncate(text)
+    hold = 0
+    for stop in stopper.stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                hold = max(hold, k)
+                break
+    return text[: len(text) - hold]
