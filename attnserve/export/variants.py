@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,7 @@ def quantize_int8(
     float_output: bool,
     scales: str = "row",
     names: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
+    keep_float: Callable[[onnx.ModelProto], list[str]] | None = None,
 ) -> dict[str, Any]:
     """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used.
 
@@ -120,6 +121,10 @@ def quantize_int8(
         if name == DECODER_NAME and float_output:
             exclude = output_projection_nodes(model)
             excluded += exclude
+        if keep_float is not None:
+            chosen = keep_float(model)
+            exclude += chosen
+            excluded += chosen
         if scales == "row":
             quantize_rows(model, exclude)
             onnx.checker.check_model(model)
