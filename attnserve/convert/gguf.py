@@ -7,11 +7,13 @@ formats it implements), dequantized to float32. GGUF lists a tensor's dimensions
 order. llama.cpp's converter permutes the rows of attn_q / attn_k so that each head's rotary
 pairs are interleaved (GPT-J style); our rotary embeddings rotate halves (as Hugging Face's), so
 `unpermute_rows` undoes that, as transformers' GGUF loader does. No `output` tensor means the
-output projection is the embedding. The tokenizer and chat template in the file are not read yet.
+output projection is the embedding. The tokenizer and chat template become tokenizer.json and
+tokenizer_config.json (convert/gguf_tokenizer.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -32,6 +34,7 @@ from attnserve.model.decoder_only import DecoderOnly
 logger = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+GENERATION_CONFIG = "generation_config.json"
 # GGUF tensor name (without ".weight") -> ours; {i} is the layer index.
 _GLOBAL_NAMES = {
     "token_embd": "embed_tokens.weight",
@@ -235,11 +238,47 @@ def convert_gguf(path: str | Path) -> DecoderOnly:
         raise GGUFImportError(f"{path}: {exc}") from exc
 
 
+def tokenizer_fields(reader: GGUFReader) -> dict[str, Any]:
+    """Every `tokenizer.*` metadata value, arrays (vocabulary, merges, types) in full."""
+    return {
+        key: field.contents()
+        for key, field in reader.fields.items()
+        if key.startswith("tokenizer.") and field.types
+    }
+
+
+def generation_config(config: DecoderConfig, stop_ids: list[int]) -> dict[str, Any]:
+    """generation_config.json of an imported model (Hugging Face's format): greedy, and every
+    token that ends a turn as an eos id."""
+    eos = list(dict.fromkeys([*config.eos_ids, *stop_ids]))
+    return {
+        "bos_token_id": config.bos_id,
+        "eos_token_id": eos if len(eos) > 1 else eos[0],
+        "pad_token_id": config.pad_id,
+        "do_sample": False,
+    }
+
+
 def import_gguf(path: str | Path, out_dir: str | Path) -> Path:
-    """A GGUF file -> a decoder-only model directory (config.json, model.safetensors)."""
+    """A GGUF file -> a decoder-only model directory: config.json, model.safetensors,
+    tokenizer.json + tokenizer_config.json (with the chat template), generation_config.json."""
+    from attnserve.convert.gguf_tokenizer import GGUFTokenizerError, gguf_text_tokenizer
+
     path = Path(path)
     if not is_gguf_file(path):
         raise ModelFileInvalidError(f"{path} is not a GGUF file (no GGUF magic)")
+    tokenizer = None
+    try:
+        tokenizer = gguf_text_tokenizer(tokenizer_fields(open_gguf(path)))
+    except GGUFTokenizerError as exc:  # the weights are still usable with token ids
+        logger.warning("%s: the tokenizer is not imported (%s): generate needs one", path, exc)
     model = convert_gguf(path)
     logger.info("imported %s (%d parameters)", path, model.num_parameters())
-    return save_decoder_dir(model, out_dir, {"source": str(path), "format": "gguf"})
+    out = save_decoder_dir(model, out_dir, {"source": str(path), "format": "gguf"})
+    stop_ids: list[int] = []
+    if tokenizer is not None:
+        tokenizer.save(out)
+        stop_ids = tokenizer.stop_ids
+    text = json.dumps(generation_config(model.config, stop_ids), indent=2)
+    (out / GENERATION_CONFIG).write_text(text + "\n", encoding="utf-8")
+    return out

@@ -4,7 +4,8 @@ Never imports transformers. Our parameter names are Hugging Face's without the `
 and Hugging Face stores q/k projections in the rotate-half order our rotary embeddings use, so
 the weights are renamed, not permuted (GGUF files store them interleaved: convert/gguf.py undoes
 that). Weights are converted to float32. `import_llama` writes the weights and config of a
-Hugging Face directory as a model directory (tokenizer and chat template: not yet).
+Hugging Face directory as a model directory, with its tokenizer.json, tokenizer_config.json (chat
+template) and generation_config.json.
 """
 
 from __future__ import annotations
@@ -206,4 +207,27 @@ def import_llama(hf_dir: str | Path, out_dir: str | Path) -> Path:
     hf_dir = Path(hf_dir)
     config = llama_config_from_hf(read_json_object(hf_dir, "config.json"))
     model = build_llama(config, convert_llama_state_dict(load_hf_state_dict(hf_dir), config))
-    return save_decoder_dir(model, out_dir, {"source": str(hf_dir), "format": "huggingface"})
+    out = save_decoder_dir(model, out_dir, {"source": str(hf_dir), "format": "huggingface"})
+    copy_tokenizer_files(hf_dir, out)
+    return out
+
+
+# The tokenizer and generation files of a Hugging Face directory that a model directory keeps.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def copy_tokenizer_files(hf_dir: Path, out: Path) -> None:
+    """tokenizer.json, tokenizer_config.json (with the chat template of chat_template.jinja
+    folded in, where transformers 5 keeps it apart) and generation_config.json, when present."""
+    import json
+    import shutil
+
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, out / name)
+    template = hf_dir / "chat_template.jinja"
+    config_path = out / "tokenizer_config.json"
+    if template.is_file():
+        config = read_json_object(out, "tokenizer_config.json") if config_path.is_file() else {}
+        config.setdefault("chat_template", template.read_text(encoding="utf-8"))
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", "utf-8")

@@ -2,8 +2,9 @@
 
 A decoder-only directory's config.json carries a top-level ``"family"`` key (``"llama"``);
 an encoder-decoder directory's (a ModelConfig) has none: `directory_family` tells them apart.
-The tied output projection is not stored (it is the embedding). Tokenizer files and the chat
-template are not written here yet.
+The tied output projection is not stored (it is the embedding). The tokenizer (tokenizer.json,
+tokenizer_config.json with the chat template: model/text_tokenizer.py) and generation_config.json
+are written by the importers.
 
 Importing this module does not import torch; saving and loading do, lazily.
 """

@@ -1,0 +1,217 @@
+"""A language model's tokenizer: Hugging Face `tokenizers` (tokenizer.json) and its chat template.
+
+A decoder-only model directory holds ``tokenizer.json`` (any model the `tokenizers` library
+runs: byte-level BPE, SentencePiece-style BPE, Unigram) and ``tokenizer_config.json`` in Hugging
+Face's format (``bos_token``, ``eos_token``, ``pad_token``, ``unk_token``, ``add_bos_token``,
+``chat_template``). Special tokens added at encode time come from tokenizer.json's
+post-processor, as in transformers' fast tokenizers.
+
+The chat template is Jinja, rendered as transformers renders it (`apply_chat_template`): a
+sandboxed, immutable environment (a template cannot reach Python attributes or change its
+inputs), `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, `raise_exception`,
+`strftime_now` and transformers' `tojson`. Bad messages and templates that refuse them raise
+`ChatTemplateError` (a ValueError: the service answers 422).
+
+Imports no torch: the service runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+# Special tokens that end an assistant turn in chat templates (the ones that appear in the
+# model's template count; EOS always does).
+END_OF_TURN = re.compile(r"end|eot|eos|</s>", re.IGNORECASE)
+
+
+class ChatTemplateError(ValueError):
+    """Messages the chat template cannot render, or a template that refuses them."""
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> Any:
+    """The template compiled in transformers' sandboxed environment."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        # transformers' filter: unlike jinja's own, it does not escape HTML characters
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(template)
+    except TemplateError as exc:
+        raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
+
+
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """A list of {"role": str, "content": str} dicts (other keys kept), or ChatTemplateError."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+        raise ChatTemplateError("messages must be a non-empty list of {role, content} objects")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ChatTemplateError(f"messages[{i}] is not an object")
+        if not isinstance(message.get("role"), str) or not message["role"]:
+            raise ChatTemplateError(f"messages[{i}].role must be a non-empty string")
+        if not isinstance(message.get("content"), str):
+            raise ChatTemplateError(f"messages[{i}].content must be a string")
+        checked.append(dict(message))
+    return checked
+
+
+class TextTokenizer:
+    """Encode, decode and render chats for a language model."""
+
+    def __init__(self, tokenizer: HFTokenizer, config: Mapping[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.config = dict(config or {})
+        self.special = {name: _token_content(self.config.get(name)) for name in SPECIAL_NAMES}
+        self.chat_template: str | None = self.config.get("chat_template") or None
+
+    # -- files -------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, directory: str | Path) -> TextTokenizer:
+        """tokenizer.json and tokenizer_config.json of a model directory (FileNotFoundError
+        naming the missing file)."""
+        directory = Path(directory)
+        path = directory / TOKENIZER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the model has no language-model tokenizer")
+        config: dict[str, Any] = {}
+        config_path = directory / TOKENIZER_CONFIG_FILE
+        if config_path.is_file():
+            loaded = json.loads(config_path.read_text(encoding="utf-8"))
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{config_path} is not a JSON object")
+            config = loaded
+        template = directory / "chat_template.jinja"  # transformers 5 keeps it apart
+        if not config.get("chat_template") and template.is_file():
+            config["chat_template"] = template.read_text(encoding="utf-8")
+        return cls(HFTokenizer.from_file(str(path)), config)
+
+    def save(self, directory: str | Path) -> list[Path]:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(directory / TOKENIZER_FILE))
+        config_path = directory / TOKENIZER_CONFIG_FILE
+        text = json.dumps(self.config, indent=2, ensure_ascii=False, sort_keys=True)
+        config_path.write_text(text + "\n", encoding="utf-8")
+        return [directory / TOKENIZER_FILE, config_path]
+
+    # -- ids ---------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def token_to_id(self, token: str | None) -> int | None:
+        return None if token is None else self.tokenizer.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The text a token id stands for (decoded, special tokens included)."""
+        return str(self.tokenizer.decode([int(token_id)], skip_special_tokens=False))
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.token_to_id(self.special["bos_token"])
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.token_to_id(self.special["eos_token"])
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.token_to_id(self.special["pad_token"])
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """EOS, and the special tokens the chat template writes that end a turn (e.g.
+        `<|im_end|>`, `<|eot_id|>`): generation stops at any of them."""
+        ids: list[int | None] = [self.eos_id]
+        template = self.chat_template or ""
+        for added in self.tokenizer.get_added_tokens_decoder().values():
+            content = added.content
+            if added.special and content in template and END_OF_TURN.search(content):
+                ids.append(self.token_to_id(content))
+        return sorted({i for i in ids if i is not None})
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; `add_special_tokens`: what the tokenizer adds around a text (BOS)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    # -- chat --------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The chat rendered as the model's template writes it (transformers' rendering)."""
+        from jinja2.exceptions import TemplateError
+
+        if not self.chat_template:
+            raise ChatTemplateError("the model has no chat template: send a prompt (text)")
+        checked = check_messages(messages)
+        variables = {name: value for name, value in self.special.items() if value is not None}
+        try:
+            return str(
+                _compile(self.chat_template).render(
+                    messages=checked, add_generation_prompt=add_generation_prompt, **variables
+                )
+            )
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            # raise_exception(...) in the template, a sandbox stop, or the template's own error
+            raise ChatTemplateError(f"the chat template refused the messages: {exc}") from exc
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of the rendered chat; the template writes its own special tokens, so none
+        are added (as transformers' apply_chat_template(tokenize=True))."""
+        rendered = self.apply_chat_template(messages, add_generation_prompt)
+        return self.encode(rendered, add_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"TextTokenizer(vocab={self.vocab_size}, chat_template={bool(self.chat_template)})"
