@@ -233,3 +233,60 @@ def tiny_onnx_import(tmp_path_factory: pytest.TempPathFactory, tiny_marian_impor
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+# -- a tiny language model directory ---------------------------------------------------------
+
+LM_WORDS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "\n", "system", "user", "assistant",
+    *(f"w{i}" for i in range(60)),
+]  # fmt: skip
+LM_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def write_tiny_lm(out: Path, seed: int = 0) -> Path:
+    """A random tiny Llama model directory with a word-level tokenizer over LM_WORDS (words
+    separated by spaces), a chat template with <|im_start|>/<|im_end|>, and generation
+    defaults: what `attnserve import` writes for a real model."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from attnserve.model.decoder_checkpoint import save_decoder_dir
+    from attnserve.model.decoder_config import DecoderConfig
+    from attnserve.model.decoder_only import DecoderOnly
+    from attnserve.model.text_tokenizer import TextTokenizer
+
+    config = DecoderConfig.preset(
+        "tiny", vocab_size=len(LM_WORDS), eos_ids=(2,), pad_id=2, bos_id=1, max_positions=128
+    )
+    torch.manual_seed(seed)
+    model = DecoderOnly(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    save_decoder_dir(model, out, {"source": "tests", "format": "random"})
+    vocab = {w: i for i, w in enumerate(LM_WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.add_tokens(["\n"])
+    config_json = {
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>",
+        "chat_template": LM_TEMPLATE,
+    }
+    TextTokenizer(tok, config_json).save(out)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_lm(tmp_path_factory.mktemp("tiny-lm") / "tiny-lm")

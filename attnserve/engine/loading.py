@@ -30,7 +30,7 @@ def load_backend(
     from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
 
     if directory_family(model_dir) != ENCODER_DECODER:
-        return _load_lm_backend(model_dir, kind, variant, threads=threads, **kwargs)
+        return _load_lm_backend(model_dir, backend, threads=threads, **kwargs)
     if kind == "torch" and variant is None:
         from attnserve.engine.torch_backend import TorchBackend
 
@@ -45,9 +45,10 @@ def load_backend(
 
 
 def _load_lm_backend(
-    model_dir: str | Path, kind: str, variant: str | None, *, threads: int | None, **kwargs: Any
+    model_dir: str | Path, backend: str, *, threads: int | None, **kwargs: Any
 ) -> Backend[Any]:
     """A decoder-only model's backend; `stop_ids`: its tokenizer's end-of-turn tokens."""
+    kind, variant = parse_backend_name(backend)
     stop_ids = kwargs.get("stop_ids", ())
     if kind == "torch" and variant is None:
         from attnserve.engine.torch_lm import TorchLMBackend
