@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "export": {"engine", "model"},
     "convert": {"model"},
     "training": {"engine", "model"},
-    "service": {"engine", "model", "export"},
+    "service": {"engine", "model", "export", "convert"},
     "bench": {"engine", "model", "export", "convert", "training", "service", "loadtest"},
     "loadtest": {"engine", "model", "service", "training"},
     "cli": {
