@@ -41,7 +41,7 @@ from attnserve.engine.onnx.layout import (
 )
 from attnserve.export import variants as build
 from attnserve.export.lm_step import LMStepGraph
-from attnserve.export.onnx_export import write_manifest
+from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
 from attnserve.export.smooth import activation_maxima, smooth
 from attnserve.export.verify import random_prompts
@@ -224,13 +224,7 @@ def export_lm_variants(
                 elif variant == "int4":
                     check_int8(parity, root / variant, INT4_GATE, "int4")
             write_manifest(out, variant, opset, options, parity, files=LM_GRAPHS)
-            final = root / variant
-            if final.exists():
-                shutil.rmtree(final)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(out, final)
-            written[variant] = final
-            log.info("wrote %s", final)
+            written[variant] = move_into_place(out, root / variant)
     return written
 
 

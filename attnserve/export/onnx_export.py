@@ -287,14 +287,18 @@ def export_variants(
             if reference is not None and variant == "int8":
                 check_int8(parity, root / variant)
             write_manifest(out, variant, opset, options, parity)
-            final = root / variant
-            if final.exists():
-                shutil.rmtree(final)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(out, final)
-            written[variant] = final
-            log.info("wrote %s", final)
+            written[variant] = move_into_place(out, root / variant)
     return written
+
+
+def move_into_place(staged: Path, final: Path) -> Path:
+    """Replace `final` (a variant's directory) with the verified `staged` one."""
+    if final.exists():
+        shutil.rmtree(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(staged, final)
+    log.info("wrote %s", final)
+    return final
 
 
 def export_model(
