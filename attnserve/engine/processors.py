@@ -43,7 +43,9 @@ class LogProbProcessor:
     def __call__(self, log_probs: FloatArray, histories: Sequence[Sequence[int]]) -> FloatArray:
         """log_probs (R, V), histories: R lists of generated tokens (equal lengths)."""
         opts = self.options
-        seen = [[*self.prefix, *h] for h in histories] if self.prefix else histories
+        seen = histories
+        if self.prefix and (opts.repetition_penalty != 1.0 or opts.no_repeat_ngram_size > 0):
+            seen = [[*self.prefix, *h] for h in histories]  # only when a rule reads it
         if opts.repetition_penalty != 1.0:
             for row, history in zip(log_probs, seen, strict=True):
                 apply_repetition_penalty(row, history, opts.repetition_penalty)

@@ -18,6 +18,7 @@ from attnserve.engine.generator import Generator, PromptTooLong, StopStrings
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.model.decoder_only import DecoderOnly
+from tests.model.test_decoder_only import randomize
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,16 +40,6 @@ class CharTokenizer:
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         return [BOS] + [t for m in messages for t in self.encode(m["content"])]
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.15)
-            else:
-                p.copy_(0.5 + torch.rand(p.shape, generator=generator))
 
 
 @pytest.fixture(scope="module")
