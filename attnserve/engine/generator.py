@@ -18,11 +18,10 @@ from typing import Any, Protocol
 from attnserve.engine.backend import Backend
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.search import Hypothesis, Search, Stopper, TokenLogprob, make_search
-from attnserve.engine.translator import decode_batch, length_sorted_batches
+from attnserve.engine.translator import MAX_BATCH_ROWS, decode_batch, length_sorted_batches
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH_ROWS = 64
 MAX_STOP_STRINGS = 16
 
 

@@ -40,7 +40,7 @@ GENERATE_OPTIONS = (
     "early_stopping",
 )
 # Tokenize on a worker thread when the texts are long enough to hold up the event loop.
-_INLINE_CHARS = 8192
+INLINE_CHARS = 8192
 
 
 def resolve_model(service: ServiceState, name: str | None) -> ServedModel:
@@ -151,7 +151,7 @@ async def tokenize(
     def encode_all() -> list[list[int]]:
         return [model.encode(text, target) for text in texts]
 
-    if sum(len(t) for t in texts) > _INLINE_CHARS:
+    if sum(len(t) for t in texts) > INLINE_CHARS:
         sources = await run_in_threadpool(encode_all)
     else:
         sources = encode_all()

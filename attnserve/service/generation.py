@@ -23,7 +23,7 @@ from attnserve.engine.generator import (
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.scheduler import Request, lm_request
 from attnserve.engine.search import Hypothesis as EngineHypothesis
-from attnserve.service.decoding import GENERATE_OPTIONS, _score, next_serial
+from attnserve.service.decoding import GENERATE_OPTIONS, INLINE_CHARS, _score, next_serial
 from attnserve.service.errors import ApiError
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import (
@@ -39,7 +39,6 @@ from attnserve.service.state import ServiceState
 # Fields only a language model takes (a translation model answers 422 naming them).
 LM_ONLY = ("messages", "min_p", "presence_penalty", "frequency_penalty", "logprobs", "n", "stop")
 LM_OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "logprobs")
-_INLINE_CHARS = 8192
 
 
 def check_kind(body: TranslateRequest, model: ServedModel) -> None:
@@ -131,7 +130,7 @@ async def prompts_of(
             return [model.encode(t, None) for t in texts]
 
         chars = sum(len(t) for t in texts)
-        prompts = await run_in_threadpool(encode_all) if chars > _INLINE_CHARS else encode_all()
+        prompts = await run_in_threadpool(encode_all) if chars > INLINE_CHARS else encode_all()
         where = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
     for name, ids in zip(where, prompts, strict=True):
         if not ids:
