@@ -60,3 +60,8 @@ def default_lm_dir() -> Path:
     if (checkout / "pyproject.toml").is_file():
         return checkout / "models" / DEFAULT_LM_NAME
     return Path("models") / DEFAULT_LM_NAME
+
+
+def is_default_lm(directory: str | Path) -> bool:
+    """Whether `directory` is the default language model's (however it is spelled)."""
+    return Path(directory).resolve() == default_lm_dir().resolve()

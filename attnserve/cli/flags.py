@@ -11,8 +11,8 @@ from attnserve.defaults import (
     DEFAULT_VARIANT,
     PROVIDERS,
     VARIANTS,
-    default_lm_dir,
     default_model_dir,
+    is_default_lm,
 )
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
     """The Generator (decoder-only model) that --model and the runtime flags describe."""
     from attnserve.engine.generator import Generator
 
-    if Path(args.model) == default_lm_dir():  # imported from its wheel on first use
+    if is_default_lm(args.model):  # imported from its wheel on first use
         from attnserve.convert.packaged import ensure_default_lm
 
         ensure_default_lm(args.model)

@@ -9,7 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from attnserve.cli.flags import add_model_flag, add_runtime_flags, load_translator
+from attnserve.cli.flags import add_model_flag, add_runtime_flags, load_generator, load_translator
+from attnserve.defaults import is_default_lm
 from attnserve.training import data
 from attnserve.training.config import add_train_arguments, config_from_args
 
@@ -27,7 +28,11 @@ def register(sub: Any) -> None:
     add_train_arguments(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="sacreBLEU and chrF on the test books, both directions")
+    p = sub.add_parser(
+        "eval",
+        help="translation model: sacreBLEU and chrF on the test books, both directions; "
+        "language model: perplexity on held-out English text",
+    )
     add_model_flag(p)
     add_runtime_flags(p)
     p.add_argument("--data-dir", type=Path, default=Path("data"))
@@ -36,6 +41,12 @@ def register(sub: Any) -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--hypotheses-dir", type=Path, default=None, help="write the translations")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="language model: cut each held-out document to N tokens (default: its context)",
+    )
     p.set_defaults(func=cmd_eval)
 
 
@@ -52,6 +63,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from attnserve.engine.options import DecodingOptions
+    from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
+
+    if is_default_lm(args.model) or directory_family(args.model) != ENCODER_DECODER:
+        return eval_perplexity(args)  # a language model (the default one is imported first)
     from attnserve.training.evaluate import evaluate
 
     translator = load_translator(args)
@@ -75,6 +90,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "split": args.split,
         "beam_size": args.beam_size,
         "scores": [asdict(s) for s in scores],
+    }
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def eval_perplexity(args: argparse.Namespace) -> int:
+    """`attnserve eval` of a language model: perplexity on held-out English text."""
+    from attnserve.training.perplexity import held_out_chapters, perplexity
+
+    generator = load_generator(args)
+    result = perplexity(
+        generator.backend,
+        generator.tokenizer.encode,
+        held_out_chapters(),
+        max_tokens=args.max_tokens,
+    )
+    report: dict[str, Any] = {
+        "model": str(args.model),
+        "backend": args.backend,
+        "variant": args.variant if args.backend == "onnx" else None,
+        **asdict(result),
     }
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     return 0

@@ -6,9 +6,10 @@ build). Variants, from the fp32 graphs:
 
 * ``int8``: per-row dynamic activation scales, int8 weights per output column (the
   encoder-decoder's scheme, export/quantize.py), after ORT's basic offline optimizations.
-* ``int4``: weight-only, block-wise (blocks of `INT4_BLOCK` along the input dimension, symmetric)
-  through ONNX Runtime's `MatMulNBitsQuantizer`; `accuracy_level` 4 lets its CPU kernel compute
-  in int8 with activations quantized per block of a row. The embedding (Gather) stays float.
+* ``int4``: weight-only, block-wise, as llama.cpp's Q4_1 files store weights (export/blockwise.py:
+  4-bit affine blocks of 32, the output projection 8-bit), in ONNX Runtime's MatMulNBits with
+  `accuracy_level` 4 (int8 compute, activations quantized per block of a row). A model imported
+  from a Q4_1 GGUF keeps its file's weights exactly. The embedding (Gather) stays float.
 * ``fp16``: for the CUDA provider, norms and softmax in float32, logits float32.
 
 Parity with the torch model is measured on prompts (teacher-forced along torch's greedy path,
@@ -40,6 +41,7 @@ from attnserve.engine.onnx.layout import (
     lm_past_names,
 )
 from attnserve.export import variants as build
+from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
 from attnserve.export.lm_step import LMStepGraph
 from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
@@ -51,8 +53,6 @@ log = logging.getLogger(__name__)
 
 LM_VARIANTS = ("fp32", "int8", "int4", "fp16")
 LM_GRAPHS = (PREFILL_NAME, DECODE_NAME)
-INT4_BLOCK = 32
-INT4_ACCURACY_LEVEL = 4  # int8 compute on the CPU (MatMulNBits' accuracy_level)
 # int8: keep the MLP down projections in float. Their input, silu(gate) * up, has the widest
 # outliers of the model, which smoothing alone leaves too coarse a row scale for: on
 # SmolLM2-135M-Instruct's chat prompts, all-int8 (smoothed, alpha 0.5) reaches top-1 0.914 / KL
@@ -120,31 +120,24 @@ def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, *, opset: int = OPSE
     return out
 
 
-def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path) -> dict[str, Any]:
-    """int4 prefill/decode graphs (MatMulNBits) from the fp32 graphs in `src_dir`."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
+def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int) -> dict[str, Any]:
+    """int4 prefill/decode graphs (MatMulNBits, export/blockwise.py) from the fp32 graphs."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
     for name in LM_GRAPHS:
-        optimized = build.optimize_offline(src_dir / name, work_dir / name)
-        with build.quiet_logging():
-            quantizer = MatMulNBitsQuantizer(
-                onnx.load(str(optimized)),
-                bits=4,
-                block_size=INT4_BLOCK,
-                is_symmetric=True,
-                accuracy_level=INT4_ACCURACY_LEVEL,
-            )
-            quantizer.process()
-        quantizer.model.save_model_to_file(str(out_dir / name), use_external_data_format=False)
+        optimized = onnx.load(str(build.optimize_offline(src_dir / name, work_dir / name)))
+        counts = quantize_blockwise(optimized, vocab_size)
+        onnx.save(optimized, str(out_dir / name))
     return {
         "offline_optimization": "ORT_ENABLE_BASIC",
         "quantization": (
-            f"int4 weights, symmetric, blocks of {INT4_BLOCK} along the input dimension "
-            f"(MatMulNBits, accuracy_level {INT4_ACCURACY_LEVEL}); float activations"
+            f"weight-only, blocks of {BLOCK} along the input dimension (MatMulNBits, "
+            f"accuracy_level {ACCURACY_LEVEL}): projections 4-bit affine (Q4_1-style: scale and "
+            "minimum per block), the output projection 8-bit symmetric (Q8_0-style)"
         ),
-        "block_size": INT4_BLOCK,
-        "accuracy_level": INT4_ACCURACY_LEVEL,
+        "block_size": BLOCK,
+        "accuracy_level": ACCURACY_LEVEL,
+        "matmuls": counts,
     }
 
 
@@ -208,7 +201,9 @@ def export_lm_variants(
                 options["smoothquant"] = smoothed
                 options["float_down_projections"] = INT8_FLOAT_DOWN
             elif variant == "int4":
-                options = quantize_int4(fp32_dir, out, Path(tmp) / "int4-opt")
+                options = quantize_int4(
+                    fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
+                )
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             parity: dict[str, Any] = {}

@@ -60,12 +60,12 @@ def _served_model(host: str) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             RECORD.count("/v1/models", response.status)
-            models = json.load(response)["models"]
+            models = json.load(response)["data"]
     except urllib.error.HTTPError as exc:
         RECORD.count("/v1/models", exc.code)
         raise
     for model in models:
-        if model["name"] == CONFIG.model or (CONFIG.model is None and model["default"]):
+        if model["id"] == CONFIG.model or (CONFIG.model is None and model["default"]):
             return dict(model)
     raise ValueError(f"the server does not serve model {CONFIG.model!r}")
 
@@ -82,7 +82,7 @@ def _on_start(environment: Any, **_: Any) -> None:
         environment.process_exit_code = 2
         environment.runner.quit()
         raise
-    log.info("model %s, directions %s", model["name"], directions)
+    log.info("model %s, directions %s", model["id"], directions)
     _traffic[:] = [Traffic(CONFIG, pools, directions)]
 
 

@@ -165,7 +165,7 @@ def _meta(args: argparse.Namespace, url: str, command: list[str] | None) -> dict
 
     from attnserve.loadtest.report import machine
 
-    models = json.loads(_get(url + "/v1/models")[1]).get("models", [])
+    models = json.loads(_get(url + "/v1/models")[1]).get("data", [])
     default = next((m for m in models if m.get("default")), models[0] if models else {})
     title = args.title or (
         f"{default.get('name')} ({default.get('backend')} {default.get('variant') or ''}, "

@@ -24,6 +24,7 @@ from attnserve.service.errors import install_error_handlers
 from attnserve.service.middleware import ServiceMiddleware
 from attnserve.service.models import BackendFactory, default_backend_factory, load_model, warm_up
 from attnserve.service.models import wait_idle as wait_models_idle
+from attnserve.service.openai_api import router as openai_router
 from attnserve.service.routes import router
 from attnserve.service.schemas import FinalEvent, TokenEvent
 from attnserve.service.settings import Settings
@@ -68,6 +69,7 @@ def create_app(
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(openai_router)
     known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
     app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
     if settings.cors_origins:

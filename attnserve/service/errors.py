@@ -1,4 +1,10 @@
-"""Error answers: every error is JSON `{"error": {"type", "message", "param", "request_id"}}`."""
+"""Error answers: every error is JSON `{"error": {"message", "type", "param", "code",
+"request_id"}}`, OpenAI's shape with the request id beside.
+
+On the OpenAI routes an invalid request is a 400 (the native routes answer 422), and a 500 or
+504 carries `x-should-retry: false`: the openai client retries 5xx answers by default, and a
+request that failed or ran out of time must not run again behind its caller's back.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +34,12 @@ ERROR_TYPES: dict[int, str] = {
 }
 
 
+# The OpenAI-compatible routes (service/openai_api.py).
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+
+
 class ApiError(Exception):
     """An error answer raised by a route (or a helper it calls)."""
 
@@ -51,19 +63,40 @@ class ApiError(Exception):
 def error_body(
     status: int, message: str, *, param: str | None = None, type: str | None = None
 ) -> dict[str, Any]:
+    kind = type or ERROR_TYPES.get(status, "error")
     return {
         "error": {
-            "type": type or ERROR_TYPES.get(status, "error"),
             "message": message,
+            "type": kind,
             "param": param,
+            "code": kind if status != 422 and status != 400 else None,
             "request_id": request_id_var.get(),
         }
     }
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    body = error_body(error.status, error.message, param=error.param, type=error.type)
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+def error_response(error: ApiError, request: Request | None = None) -> JSONResponse:
+    status, headers = error.status, dict(error.headers)
+    param, kind = error.param, error.type
+    if request is not None and request.url.path in OPENAI_PATHS:
+        if status == 422:
+            status = 400
+        if status in (500, 504):
+            headers["x-should-retry"] = "false"
+        param = OPENAI_PARAMS.get(param or "", param)
+    body = error_body(status, error.message, param=param, type=kind)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# Native parameter names -> the OpenAI routes' names, for an error's `param`.
+OPENAI_PARAMS = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "num_samples": "n",
+    "num_hypotheses": "n",
+    "beam_size": "best_of",
+    "text": "prompt",
+}
 
 
 def _param(loc: Sequence[Any]) -> str | None:
@@ -100,7 +133,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     message = "; ".join(dict.fromkeys(_describe(e) for e in errors[:3])) or "invalid request"
     if len(errors) > 3:
         message += f" (and {len(errors) - 3} more)"
-    return error_response(ApiError(422, message, param=_param(first.get("loc", ()))))
+    return error_response(ApiError(422, message, param=_param(first.get("loc", ()))), request)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -116,12 +149,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         # (over 4300 digits), both land here.
         message = "request body could not be read as JSON (not UTF-8, or a number too long)"
     headers = dict(exc.headers or {})
-    return error_response(ApiError(status, message, param=param, headers=headers))
+    return error_response(ApiError(status, message, param=param, headers=headers), request)
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error_response(exc)
+    return error_response(exc, request)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -46,7 +46,7 @@ def check_kind(body: TranslateRequest, model: ServedModel) -> None:
     if model.generates and not isinstance(body, GenerateRequest):
         raise ApiError(
             422,
-            f"model {model.name} is a language model: use /v1/generate",
+            f"model {model.name} is a language model: use /v1/generate or /v1/chat/completions",
             param="model",
         )
     if not model.generates and isinstance(body, GenerateRequest):

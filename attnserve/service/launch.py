@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from attnserve.defaults import (
     DEFAULT_MODEL_ENV,
     DEFAULT_MODEL_NAME,
-    default_lm_dir,
     default_model_dir,
+    is_default_lm,
 )
 from attnserve.service.settings import Settings
 
@@ -108,7 +108,7 @@ def check_models(settings: Settings) -> None:
     """Fail early, naming the directory and how to get a model; import the default language
     model from its wheel and export ONNX when missing."""
     for directory in settings.model_dirs:
-        if directory.resolve() == default_lm_dir().resolve() and settings.auto_export:
+        if is_default_lm(directory) and settings.auto_export:
             _ensure_default_lm(directory)
         if not directory.is_dir():
             hint = (

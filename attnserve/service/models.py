@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ class ServedModel:
     max_input_tokens: int  # min(settings.max_input_tokens, the model's max positions)
     max_new_tokens: int  # min(settings.max_new_tokens_limit, the model's max positions)
     kind: str = "translation"
+    created: int = field(default_factory=lambda: int(time.time()))  # loaded at (Unix time)
 
     @property
     def generates(self) -> bool:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -42,12 +43,11 @@ from attnserve.service.generation import (
 )
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
+from attnserve.service.openai_schemas import OpenAIModel, OpenAIModelList
 from attnserve.service.schemas import (
     ErrorBody,
     FinalEvent,
     GenerateRequest,
-    ModelInfo,
-    ModelList,
     Status,
     TokenEvent,
     TranslateRequest,
@@ -59,9 +59,10 @@ from attnserve.service.state import Service
 log = logging.getLogger(__name__)
 
 router = APIRouter()
+OWNED_BY = "attnserve"
 STREAM_DEADLINE_GRACE = 1.0  # seconds
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in {
         401: "API key missing or wrong (only when the server has one)",
@@ -109,7 +110,7 @@ _SSE_DOC = {
     "/v1/translate",
     response_model=TranslateResponse,
     response_model_exclude_none=True,
-    responses=_ERRORS,
+    responses=ERROR_RESPONSES,
     summary="Translate one text or a list of texts",
 )
 async def translate(body: TranslateRequest, request: Request, service: Service) -> Any:
@@ -120,7 +121,10 @@ async def translate(body: TranslateRequest, request: Request, service: Service) 
     "/v1/generate",
     response_model=TranslateResponse,
     response_model_exclude_none=True,
-    responses={**_ERRORS, 200: {"content": _SSE_DOC, "description": "JSON, or SSE with stream"}},
+    responses={
+        **ERROR_RESPONSES,
+        200: {"content": _SSE_DOC, "description": "JSON, or SSE with stream"},
+    },
     summary="Decode with full control (sampling, penalties); stream tokens with stream=true",
 )
 async def generate(body: GenerateRequest, request: Request, service: Service) -> Any:
@@ -150,7 +154,7 @@ async def _decode(body: TranslateRequest, request: Request, service: Service) ->
             cleanup=lambda: model.engine.cancel(engine_request.id),
         )
     outcome = await wait_all(model, engine_requests, futures, timeout, request.receive)
-    _raise_for(outcome, engine_requests, timeout, request_id)
+    raise_for(outcome, engine_requests, timeout, request_id)
     if outcome is Outcome.CANCELLED:
         return Response(status_code=499)  # nobody reads it; logged and counted as 499
     generate = isinstance(body, GenerateRequest)
@@ -189,7 +193,7 @@ async def _generate(
             cleanup=lambda: model.engine.cancel(engine_request.id),
         )
     outcome = await wait_all(model, engine_requests, futures, timeout, request.receive)
-    _raise_for(outcome, engine_requests, timeout, request_id)
+    raise_for(outcome, engine_requests, timeout, request_id)
     if outcome is Outcome.CANCELLED:
         return Response(status_code=499)
     results = [f.result() for f in futures]
@@ -205,7 +209,7 @@ async def _generate(
     )
 
 
-def _raise_for(
+def raise_for(
     outcome: Outcome, requests: list[EngineRequest], timeout: float, request_id: str
 ) -> None:
     """The error answer of a request that did not end DONE (CANCELLED: the caller's 499)."""
@@ -241,7 +245,7 @@ class EventStream(StreamingResponse):
             self._cleanup()
 
 
-def _sse(data: dict[str, Any] | str) -> bytes:
+def sse(data: dict[str, Any] | str) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n".encode()
 
@@ -253,19 +257,38 @@ def _delta(full: str, emitted: str) -> tuple[str, str]:
     return full[len(emitted) :], full
 
 
-async def _events(
+@dataclass(frozen=True)
+class Delta:
+    """A streamed token and the text it adds (empty while held back)."""
+
+    index: int
+    token: int
+    text: str
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The end of a stream: the finished request (None: cancelled, the client is gone), or
+    an error (status, error body)."""
+
+    request: EngineRequest | None
+    error: tuple[int, dict[str, Any]] | None = None
+
+
+async def token_deltas(
     model: ServedModel,
     request: EngineRequest,
     future: asyncio.Future[EngineRequest],
     timeout: float,
     stopper: StopStrings | None = None,
-) -> AsyncIterator[bytes]:
-    """One event per token, a final event (or an error event), then [DONE]. With stop
-    strings, text that may turn out to start one is held back until it does not."""
+) -> AsyncIterator[Delta | StreamEnd]:
+    """One Delta per token, then a StreamEnd. With stop strings, text that may turn out to
+    start one is held back until it does not."""
     loop = asyncio.get_running_loop()
     # The scheduler ends the request at its deadline; this later one only guards against an
     # engine that stopped stepping.
     end = loop.time() + timeout + STREAM_DEADLINE_GRACE
+    deadline = f"deadline of {timeout * 1000:.0f} ms exceeded"
     tokens: list[int] = []
     emitted = ""
     chunks = model.engine.tokens(request)
@@ -276,44 +299,68 @@ async def _events(
             break
         except TimeoutError:
             model.engine.cancel(request.id)
-            message = f"deadline of {timeout * 1000:.0f} ms exceeded"
-            yield _sse(error_body(504, message, param="timeout_ms"))
-            yield _sse("[DONE]")
+            yield StreamEnd(None, (504, error_body(504, deadline, param="timeout_ms")))
             return
         for token in chunk:
             tokens.append(token)
             delta, emitted = _delta(visible(model.tokenizer.decode(tokens), stopper), emitted)
-            event = TokenEvent(index=len(tokens) - 1, token_id=token, text=delta)
-            yield _sse(event.model_dump())
+            yield Delta(len(tokens) - 1, token, delta)
     done = await future
     if done.outcome is Outcome.DONE and done.hypotheses:
-        best = done.hypotheses[0]
-        final = FinalEvent(
-            finish_reason=finish_reason(done),
-            text=text_of(model, best, stopper),
-            output_tokens=done.output_tokens,
-            usage=Usage(input_tokens=prompt_tokens(done), output_tokens=done.output_tokens),
-        )
-        yield _sse(final.model_dump())
+        yield StreamEnd(done)
     elif done.outcome is Outcome.CANCELLED:
-        return  # the client is gone
+        yield StreamEnd(None)
     elif done.outcome is Outcome.DEADLINE:
-        message = f"deadline of {timeout * 1000:.0f} ms exceeded"
-        yield _sse(error_body(504, message, param="timeout_ms"))
+        yield StreamEnd(None, (504, error_body(504, deadline, param="timeout_ms")))
     else:
         _log_failure([done])
         message = f"decoding failed; quote request id {request_id_var.get()} when reporting it"
-        yield _sse(error_body(500, message))
-    yield _sse("[DONE]")
+        yield StreamEnd(None, (500, error_body(500, message)))
 
 
-@router.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401]})
-async def models(service: Service) -> ModelList:
+async def _events(
+    model: ServedModel,
+    request: EngineRequest,
+    future: asyncio.Future[EngineRequest],
+    timeout: float,
+    stopper: StopStrings | None = None,
+) -> AsyncIterator[bytes]:
+    """The native stream: one event per token, a final event (or an error event), [DONE]."""
+    async for item in token_deltas(model, request, future, timeout, stopper):
+        if isinstance(item, Delta):
+            event = TokenEvent(index=item.index, token_id=item.token, text=item.text)
+            yield sse(event.model_dump())
+            continue
+        if item.error is not None:
+            yield sse(item.error[1])
+        elif item.request is None:
+            return  # the client is gone
+        else:
+            done = item.request
+            final = FinalEvent(
+                finish_reason=finish_reason(done),
+                text=text_of(model, done.hypotheses[0], stopper),
+                output_tokens=done.output_tokens,
+                usage=Usage(input_tokens=prompt_tokens(done), output_tokens=done.output_tokens),
+            )
+            yield sse(final.model_dump())
+    yield sse("[DONE]")
+
+
+@router.get(
+    "/v1/models",
+    response_model=OpenAIModelList,
+    responses={401: ERROR_RESPONSES[401]},
+    summary="The served models, in OpenAI's shape with attnserve's fields beside",
+)
+async def models(service: Service) -> OpenAIModelList:
     default = service.registry.default
-    return ModelList(
-        models=[
-            ModelInfo(
-                name=m.name,
+    return OpenAIModelList(
+        data=[
+            OpenAIModel(
+                id=m.name,
+                created=m.created,
+                owned_by=OWNED_BY,
                 kind="generation" if m.generates else "translation",
                 default=m is default,
                 backend=m.backend_name,
@@ -324,6 +371,7 @@ async def models(service: Service) -> ModelList:
                 target_languages=[] if m.generates else m.tokenizer.target_languages,
                 max_input_tokens=m.max_input_tokens,
                 max_new_tokens=m.max_new_tokens,
+                context_length=m.backend.spec.max_positions,
                 beam_size=m.defaults.beam_size,
             )
             for m in service.registry

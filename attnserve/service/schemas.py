@@ -219,35 +219,15 @@ class FinalEvent(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    type: str
     message: str
+    type: str
     param: str | None = None
+    code: str | None = Field(default=None, description="The type, except for invalid requests")
     request_id: str | None = None
 
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
-
-
-class ModelInfo(BaseModel):
-    name: str
-    kind: Literal["translation", "generation"] = Field(
-        description="translation: encoder-decoder (/v1/translate); generation: language model"
-    )
-    default: bool
-    backend: str
-    variant: str | None
-    provider: str | None
-    source_lang: str | None
-    target_lang: str | None
-    target_languages: list[str]
-    max_input_tokens: int
-    max_new_tokens: int
-    beam_size: int = Field(description="Default beam size (the model's generation config).")
-
-
-class ModelList(BaseModel):
-    models: list[ModelInfo]
 
 
 class Status(BaseModel):

@@ -46,8 +46,8 @@ def test_the_image_command_serves_the_staged_model(runtime_server: RuntimeServer
     assert not (runtime_server.model_dir / "model.safetensors").exists()
     ready = httpx.get(runtime_server.url + "/readyz", timeout=5)
     assert ready.status_code == 200, ready.text
-    models = httpx.get(runtime_server.url + "/v1/models", timeout=5).json()["models"]
-    assert [(m["name"], m["variant"], m["provider"]) for m in models] == [
+    models = httpx.get(runtime_server.url + "/v1/models", timeout=5).json()["data"]
+    assert [(m["id"], m["variant"], m["provider"]) for m in models] == [
         (runtime_server.model_dir.name, "int8", "CPUExecutionProvider")
     ]
     body = {"text": "kamaru tesino", "target_lang": "de"}

@@ -41,7 +41,7 @@ def test_ladder_against_a_started_server_has_no_failures(
         assert stage["latency_ms"]["p50"] is not None
     assert sum(s["ttft_ms"]["streams"] for s in summary["stages"]) > 0
     assert (
-        summary["models"][0]["name"] == "opus-mt-tiny"
+        summary["models"][0]["id"] == "opus-mt-tiny"
         and "--variant fp32" in (summary["server_command"])
     )
     for name in (

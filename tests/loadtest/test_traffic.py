@@ -55,11 +55,11 @@ def test_config_from_env_round_trips_and_rejects_nonsense(tmp_path: Path) -> Non
 
 
 def test_directions_follow_the_served_model() -> None:
-    multi = {"name": "ende", "source_lang": None, "target_languages": ["de", "en"]}
+    multi = {"id": "ende", "source_lang": None, "target_languages": ["de", "en"]}
     assert directions_for(multi, ["en", "de"]) == [Direction("en", "de"), Direction("de", "en")]
-    tiny = {"name": "tiny", "source_lang": "en", "target_languages": ["de", "nl"]}
+    tiny = {"id": "tiny", "source_lang": "en", "target_languages": ["de", "nl"]}
     assert directions_for(tiny, ["en", "de"]) == [Direction("en", "de"), Direction("en", "nl")]
-    single = {"name": "opus", "source_lang": "en", "target_lang": "de", "target_languages": []}
+    single = {"id": "opus", "source_lang": "en", "target_lang": "de", "target_languages": []}
     assert directions_for(single, ["en", "de"]) == [Direction("en", None)]
     with pytest.raises(ValueError, match="the sentences are in de"):
         directions_for(single, ["de"])

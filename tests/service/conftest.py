@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,5 +34,24 @@ def live(model_dir: Path) -> Iterator[LiveServer]:
         max_beam_size=MAX_BEAM,
         max_timeout_ms=MAX_TIMEOUT_MS,
     )
+    with LiveServer(settings) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def lm_model(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny language model, exported to int8 by the server's first start."""
+    out = tmp_path_factory.mktemp("served") / "tiny-lm"
+    shutil.copytree(tiny_lm_dir, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def both(lm_model: Path, model_dir: Path) -> Iterator[LiveServer]:
+    """The tiny translation model (the default) and the tiny language model, int8."""
+    from attnserve.service.launch import check_models
+
+    settings = make_settings(model_dir, models=[str(model_dir), str(lm_model)], variant="int8")
+    check_models(settings)  # exports the language model's int8 graphs (as `attnserve serve`)
     with LiveServer(settings) as server:
         yield server

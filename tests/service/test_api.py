@@ -171,8 +171,12 @@ def test_n_best_list(live: LiveServer) -> None:
 
 
 def test_models_health_and_readiness(live: LiveServer, model_dir: Path) -> None:
-    models = httpx.get(live.url + "/v1/models").json()["models"]
-    assert [m["name"] for m in models] == [model_dir.name]
+    listing = httpx.get(live.url + "/v1/models").json()
+    assert listing["object"] == "list"
+    models = listing["data"]
+    assert [(m["id"], m["object"], m["owned_by"]) for m in models] == [
+        (model_dir.name, "model", "attnserve")
+    ]
     assert models[0]["default"] and models[0]["variant"] == "fp32"
     assert models[0]["target_languages"] == ["de", "nl"]
     assert httpx.get(live.url + "/healthz").json() == {"status": "ok", "detail": None}
@@ -219,8 +223,8 @@ def test_two_models_are_served_and_chosen_by_name(model_dir: Path, tmp_path: Pat
     settings = settings.model_copy(update={"models": [str(model_dir), str(second)]})
     body = {"text": TEXTS[0], "target_lang": "de", "beam_size": 1}
     with LiveServer(settings) as server:
-        models = httpx.get(server.url + "/v1/models").json()["models"]
-        assert [(m["name"], m["default"]) for m in models] == [
+        models = httpx.get(server.url + "/v1/models").json()["data"]
+        assert [(m["id"], m["default"]) for m in models] == [
             (model_dir.name, True),
             ("second-model", False),
         ]

@@ -187,7 +187,7 @@ def check_error(response: httpx.Response, status: int, param: str | None) -> Non
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
-    assert set(error) == {"type", "message", "param", "request_id"}
+    assert set(error) == {"type", "message", "param", "code", "request_id"}
     assert error["message"] and error["type"]
     assert error["param"] == param, error
 

@@ -5,8 +5,6 @@ logprobs, concurrency (each request as alone), and the 4xx answers."""
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,25 +14,7 @@ import pytest
 
 from attnserve.engine.generator import Generator, StopStrings
 from attnserve.engine.options import DecodingOptions
-from tests.service.helpers import LiveServer, make_settings
-
-
-@pytest.fixture(scope="module")
-def lm_model(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny language model, exported to int8 by the server's first start."""
-    out = tmp_path_factory.mktemp("served") / "tiny-lm"
-    shutil.copytree(tiny_lm_dir, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def both(lm_model: Path, model_dir: Path) -> Iterator[LiveServer]:
-    from attnserve.service.launch import check_models
-
-    settings = make_settings(model_dir, models=[str(model_dir), str(lm_model)], variant="int8")
-    check_models(settings)  # exports the language model's int8 graphs (as `attnserve serve`)
-    with LiveServer(settings) as server:
-        yield server
+from tests.service.helpers import LiveServer
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +27,8 @@ def generate(server: LiveServer, **body: Any) -> httpx.Response:
 
 
 def test_models_lists_both_kinds(both: LiveServer, model_dir: Path) -> None:
-    models = httpx.get(both.url + "/v1/models").json()["models"]
-    kinds = {m["name"]: m["kind"] for m in models}
+    models = httpx.get(both.url + "/v1/models").json()["data"]
+    kinds = {m["id"]: m["kind"] for m in models}
     assert kinds == {model_dir.name: "translation", "tiny-lm": "generation"}
     assert models[0]["default"] and models[0]["kind"] == "translation"
 
@@ -151,8 +131,8 @@ def test_kinds_do_not_mix(both: LiveServer) -> None:
     assert translate.status_code == 422
     assert translate.json()["error"]["param"] == "model"
     name = next(
-        m["name"]
-        for m in httpx.get(both.url + "/v1/models").json()["models"]
+        m["id"]
+        for m in httpx.get(both.url + "/v1/models").json()["data"]
         if m["kind"] == "translation"
     )
     chat = httpx.post(

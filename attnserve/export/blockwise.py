@@ -1,0 +1,193 @@
+"""Block-wise weight-only quantization of a graph's MatMuls into ONNX Runtime's MatMulNBits.
+
+A language model's int4 variant. Each constant MatMul weight W (K, N) is cut into blocks of
+`block` values along K (per output column), and each block is stored as llama.cpp stores it:
+
+* **4-bit affine** (llama.cpp's Q4_1): `w = d * q + m`, q in 0..15, d = (max - min) / 15 and
+  m = min of the block. MatMulNBits has no float minimum, so the graph computes
+  `x @ W = MatMulNBits(x; d, q - 8) + blocksums(x) @ (m + 8 d)`: the kernel's symmetric
+  4-bit product (implicit zero point 8), plus a small float product of the activations' sums
+  over each block (`x @ S`, S a 0/1 (K, K/block) matrix, shared by the products that read
+  `x`) with the blocks' offsets (K/block, N). A weight that already lies on such a grid (a
+  Q4_1 file, dequantized by `attnserve import`) is stored exactly: its blocks' minimum and
+  maximum are grid points (q = 0 and q = 15), so d, m and every q are recovered.
+* **8-bit symmetric** (llama.cpp's Q8_0), for the output projection (N = vocabulary), which
+  llama.cpp's 4-bit files keep at 8 bits too: `w = d * q`, q in -127..127, d = max|w| / 127;
+  MatMulNBits with 8 bits (implicit zero point 128). Exact for a Q8_0 source.
+
+With `accuracy_level` 4 the CPU kernel quantizes each block of an activation row to int8 on
+the fly and multiplies in integers: a row's result depends on that row alone, so batching
+does not change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+BLOCK = 32
+ACCURACY_LEVEL = 4  # int8 compute on the CPU
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A weight in MatMulNBits' layout: packed (N, K/block, block*bits/8), scales (N*K/block,)
+    and, for the affine 4-bit form, the offsets (K/block, N) of the correction product."""
+
+    bits: int
+    packed: np.ndarray
+    scales: np.ndarray
+    offsets: np.ndarray | None
+
+
+def _blocks(weight: np.ndarray, block: int) -> np.ndarray:
+    """(K, N) -> (N, K/block, block) float64."""
+    k, n = weight.shape
+    if k % block:
+        raise ValueError(f"K={k} is not a multiple of the block size {block}")
+    return np.ascontiguousarray(weight.T, dtype=np.float64).reshape(n, k // block, block)
+
+
+def affine4(weight: np.ndarray, block: int = BLOCK) -> Blocks:
+    """Q4_1-style blocks of a (K, N) weight: w ~ d * q + m (exact on a Q4_1 grid)."""
+    w = _blocks(weight, block)
+    low, high = w.min(axis=-1), w.max(axis=-1)
+    d = (high - low) / 15.0
+    safe = np.where(d > 0, d, 1.0)
+    q = np.where(d[..., None] > 0, np.rint((w - low[..., None]) / safe[..., None]), 8.0)
+    q = np.clip(q, 0, 15).astype(np.uint8)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    offsets = (low + 8.0 * d).T  # (K/block, N): w = d * (q - 8) + (m + 8 d)
+    return Blocks(
+        4,
+        packed,
+        d.astype(np.float32).reshape(-1),
+        np.ascontiguousarray(offsets, dtype=np.float32),
+    )
+
+
+def symmetric8(weight: np.ndarray, block: int = BLOCK) -> Blocks:
+    """Q8_0-style blocks of a (K, N) weight: w ~ d * q, q in -127..127 (exact on a Q8_0 grid)."""
+    w = _blocks(weight, block)
+    d = np.abs(w).max(axis=-1) / 127.0
+    safe = np.where(d > 0, d, 1.0)
+    q = np.clip(np.rint(w / safe[..., None]), -127, 127) + 128  # unsigned, zero point 128
+    return Blocks(8, q.astype(np.uint8), d.astype(np.float32).reshape(-1), None)
+
+
+def dequantize(blocks: Blocks, block: int = BLOCK) -> np.ndarray:
+    """The (K, N) float32 weight that `blocks` stand for (what the graph multiplies by)."""
+    n, nb = blocks.packed.shape[:2]
+    if blocks.bits == 4:
+        q = np.empty((n, nb, block), dtype=np.float64)
+        q[..., 0::2] = blocks.packed & 0x0F
+        q[..., 1::2] = blocks.packed >> 4
+        w = (q - 8.0) * blocks.scales.reshape(n, nb, 1).astype(np.float64)
+        assert blocks.offsets is not None
+        w += blocks.offsets.T.astype(np.float64)[..., None]
+    else:
+        w = (blocks.packed.astype(np.float64) - 128.0) * blocks.scales.reshape(n, nb, 1)
+    return np.ascontiguousarray(w.reshape(n, nb * block).T, dtype=np.float32)
+
+
+def block_sum_matrix(k: int, block: int = BLOCK) -> np.ndarray:
+    """S (K, K/block): x @ S sums each block of x's last axis."""
+    s = np.zeros((k, k // block), dtype=np.float32)
+    s[np.arange(k), np.arange(k) // block] = 1.0
+    return s
+
+
+def quantize_blockwise(
+    model: onnx.ModelProto,
+    vocab_size: int,
+    *,
+    block: int = BLOCK,
+    accuracy_level: int = ACCURACY_LEVEL,
+) -> dict[str, Any]:
+    """Rewrite, in place, every MatMul of `model` with a constant 2-D weight whose K is a
+    multiple of `block`: 8-bit symmetric blocks where N == `vocab_size` (the output
+    projection), 4-bit affine blocks elsewhere. Returns counts for the manifest."""
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    nodes: list[onnx.NodeProto] = []
+    new_inits: list[onnx.TensorProto] = []
+    block_sums: dict[str, str] = {}  # activation -> its block sums' name
+    sum_matrices: dict[int, str] = {}  # K -> the 0/1 matrix
+    dropped: set[str] = set()
+    counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0}
+    for node in graph.node:
+        weight = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None or len(weight.dims) != 2 or weight.dims[0] % block:
+            if node.op_type == "MatMul":
+                counts["float"] += 1
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(weight).astype(np.float32)
+        k, n = w.shape
+        x, out, base = node.input[0], node.output[0], node.name or node.output[0]
+        blocks = symmetric8(w, block) if n == vocab_size else affine4(w, block)
+        counts["int8_symmetric" if blocks.bits == 8 else "int4_affine"] += 1
+        new_inits += [
+            numpy_helper.from_array(blocks.packed, f"{base}.nbits_weight"),
+            numpy_helper.from_array(blocks.scales, f"{base}.nbits_scales"),
+        ]
+        product = out if blocks.offsets is None else f"{base}.nbits_out"
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [x, f"{base}.nbits_weight", f"{base}.nbits_scales"],
+                [product],
+                name=f"{base}.nbits",
+                domain=MS_DOMAIN,
+                K=k,
+                N=n,
+                bits=blocks.bits,
+                block_size=block,
+                accuracy_level=accuracy_level,
+            )
+        )
+        if blocks.offsets is not None:
+            if k not in sum_matrices:
+                sum_matrices[k] = f"block_sums_{k}x{k // block}"
+                new_inits.append(
+                    numpy_helper.from_array(block_sum_matrix(k, block), sum_matrices[k])
+                )
+            if x not in block_sums:
+                block_sums[x] = f"{x}.block_sums"
+                nodes.append(
+                    helper.make_node(
+                        "MatMul", [x, sum_matrices[k]], [block_sums[x]], name=f"{x}.block_sums"
+                    )
+                )
+            new_inits.append(numpy_helper.from_array(blocks.offsets, f"{base}.nbits_offsets"))
+            nodes += [
+                helper.make_node(
+                    "MatMul",
+                    [block_sums[x], f"{base}.nbits_offsets"],
+                    [f"{base}.nbits_offset"],
+                    name=f"{base}.nbits_offset",
+                ),
+                helper.make_node(
+                    "Add", [product, f"{base}.nbits_offset"], [out], name=f"{base}.nbits_add"
+                ),
+            ]
+        uses[weight.name] -= 1
+        if uses[weight.name] == 0:
+            dropped.add(weight.name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [init for init in graph.initializer if init.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    if not any(op.domain == MS_DOMAIN for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return counts

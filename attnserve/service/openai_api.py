@@ -1,0 +1,460 @@
+"""The OpenAI-compatible API: /v1/chat/completions, /v1/completions (and /v1/models in
+routes.py), answered in the shapes the official `openai` client parses.
+
+An OpenAI request is translated into the native GenerateRequest and decoded by the same code
+as /v1/generate and /v1/translate (options, validation, admission, deadlines, cancellation,
+metrics); only the shapes in and out differ. OpenAI's defaults apply: `temperature` 1
+(sampling) unless given, 0 = greedy; a translation model decodes with its own defaults (beam
+search) unless a temperature above 0 asks for sampling, and `n` is then its n-best list.
+Errors are OpenAI's: `{"error": {"message", "type", "param", "code"}}`, 400 for an invalid
+request (the native API's 422), and `x-should-retry: false` on 500 and 504, so that the client
+does not run a request that failed or timed out a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from attnserve.engine.generator import StopStrings
+from attnserve.engine.scheduler import Outcome
+from attnserve.engine.scheduler import Request as EngineRequest
+from attnserve.engine.search import Hypothesis as EngineHypothesis
+from attnserve.service.decoding import (
+    deadline_seconds,
+    decoding_options,
+    new_requests,
+    resolve_model,
+    submit_all,
+    texts_of,
+    tokenize,
+    wait_all,
+)
+from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
+from attnserve.service.generation import (
+    lm_options,
+    lm_requests,
+    prompt_tokens,
+    prompts_of,
+    stop_strings,
+    text_of,
+)
+from attnserve.service.logs import request_id_var
+from attnserve.service.models import ServedModel
+from attnserve.service.openai_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionUsage,
+    LogprobEntry,
+    TopLogprobEntry,
+    chunk_json,
+)
+from attnserve.service.routes import (
+    ERROR_RESPONSES,
+    EventStream,
+    StreamEnd,
+    raise_for,
+    sse,
+    token_deltas,
+)
+from attnserve.service.schemas import ChatMessage, GenerateRequest
+from attnserve.service.state import Service
+
+router = APIRouter()
+
+# Fields that would change the answer and that attnserve does not implement: refused (400),
+# never silently ignored.
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "suffix")
+_RESPONSES = {k: v for k, v in ERROR_RESPONSES.items() if k != 422}
+_RESPONSES[400] = {**ERROR_RESPONSES[422], "description": "Invalid request (`param` names it)"}
+
+
+@dataclass
+class _Run:
+    """A request on its way through the engine."""
+
+    model: ServedModel
+    requests: list[EngineRequest]
+    futures: list[asyncio.Future[EngineRequest]]
+    stopper: StopStrings | None
+    timeout: float
+
+
+def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    extra = body.model_extra or {}
+    for name in UNSUPPORTED:
+        value = extra.get(name) if name in extra else getattr(body, name, None)
+        if value not in (None, {}, []):
+            raise ApiError(400, f"{name} is not supported by this server", param=name)
+    response_format = extra.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        raise ApiError(400, "response_format: only text is supported", param="response_format")
+
+
+def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel) -> dict[str, Any]:
+    """The GenerateRequest fields that `body`'s options stand for (OpenAI's defaults)."""
+    given = body.temperature
+    if not model.generates and given is None:
+        given = 0.0  # a translation model: its own defaults (beam search) unless asked
+    temperature = 1.0 if given is None else given
+    beam = body.use_beam_search or (not model.generates and temperature == 0 and not body.stream)
+    sampling = temperature > 0 and not body.use_beam_search
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    fields: dict[str, Any] = {
+        "model": body.model,
+        "stream": body.stream,
+        "sampling": sampling,
+        "max_new_tokens": max_tokens,
+        "seed": body.seed,
+        "repetition_penalty": body.repetition_penalty,
+        "min_new_tokens": body.min_tokens,
+        "length_penalty": body.length_penalty,
+        "timeout_ms": body.timeout_ms,
+    }
+    n = body.n or 1
+    if sampling:
+        fields.update(temperature=temperature, top_p=body.top_p, min_p=body.min_p)
+        fields["top_k"] = None if body.top_k is None else max(body.top_k, 0)
+    if model.generates:
+        fields.update(
+            stop=body.stop,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+        )
+    if beam:
+        width = body.best_of or (model.defaults.beam_size if not body.use_beam_search else n)
+        fields.update(beam_size=max(width, n), num_hypotheses=n)
+    elif sampling and n > 1:
+        fields["n"] = n
+    elif n > 1:
+        raise ApiError(400, "n > 1 needs sampling (a temperature above 0)", param="n")
+    if not model.generates and sampling and n > 1:
+        raise ApiError(400, "a translation model returns n > 1 from beam search", param="n")
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _generate_request(fields: dict[str, Any]) -> GenerateRequest:
+    try:
+        return GenerateRequest.model_validate(fields)
+    except ValueError as exc:  # a combination the native schema refuses
+        raise ApiError(400, str(exc).splitlines()[0]) from exc
+
+
+def _chat_messages(messages: Sequence[ChatCompletionMessage]) -> list[ChatMessage]:
+    out = []
+    for i, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise ApiError(
+                        400,
+                        f"messages[{i}]: only text content parts are supported, not {part.type!r}",
+                        param="messages",
+                    )
+                parts.append(part.text)
+            content = "".join(parts)
+        role = "system" if message.role == "developer" else message.role
+        out.append(ChatMessage(role=role, content=content or ""))
+    return out
+
+
+async def _start_lm(body: GenerateRequest, service: Service, model: ServedModel) -> _Run:
+    options = lm_options(body, model, service)
+    timeout = deadline_seconds(body, service)
+    prompts = await prompts_of(body, model, service)
+    stops = stop_strings(body)
+    stopper = StopStrings(model.tokenizer, stops) if stops else None
+    request_id = request_id_var.get() or "request"
+    requests = lm_requests(
+        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
+    )
+    return _Run(model, requests, submit_all(service, model, requests), stopper, timeout)
+
+
+async def _start_translation(body: GenerateRequest, service: Service, model: ServedModel) -> _Run:
+    texts = texts_of(body, service)
+    options = decoding_options(body, model, service)
+    timeout = deadline_seconds(body, service)
+    sources = await tokenize(body, texts, model)
+    request_id = request_id_var.get() or "request"
+    requests = new_requests(request_id, sources, options, timeout, stream=body.stream)
+    return _Run(model, requests, submit_all(service, model, requests), None, timeout)
+
+
+async def _finish(run: _Run, request: Request) -> list[EngineRequest] | Response:
+    """The finished requests, or the error (raised) / 499 of a run that did not end DONE."""
+    outcome = await wait_all(run.model, run.requests, run.futures, run.timeout, request.receive)
+    raise_for(outcome, run.requests, run.timeout, request_id_var.get() or "request")
+    if outcome is Outcome.CANCELLED:
+        return Response(status_code=499)
+    return [f.result() for f in run.futures]
+
+
+def _usage(requests: Sequence[EngineRequest]) -> CompletionUsage:
+    prompt = sum(prompt_tokens(r) for r in requests)
+    completion = sum(r.output_tokens for r in requests)
+    return CompletionUsage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def _finish_reason(hyp: EngineHypothesis, request: EngineRequest) -> Literal["stop", "length"]:
+    if request.options.num_samples > 1 or request.prefix:
+        return "stop" if hyp.finish_reason == "stop" else "length"
+    # translation: a forced end at the limit is a length
+    at_limit = len(hyp.tokens) + int(hyp.ended_with_eos) >= request.options.max_new_tokens
+    forced = hyp.ended_with_eos and request.options.forced_eos and at_limit
+    return "stop" if (hyp.ended_with_eos and not forced) or hyp.stopped else "length"
+
+
+def _text(model: ServedModel, hyp: EngineHypothesis, stopper: StopStrings | None) -> str:
+    if model.generates:
+        return text_of(model, hyp, stopper)
+    return str(model.tokenizer.decode(hyp.tokens))
+
+
+class _Pieces:
+    """The text each token adds after the tokens before it (decoded in context, so word-level
+    and SentencePiece tokenizers keep their spaces), for logprobs."""
+
+    def __init__(self, model: ServedModel, tokens: Sequence[int]) -> None:
+        self.decode = model.tokenizer.decode
+        self.tokens = list(tokens)
+        self.prefixes = [str(self.decode(self.tokens[:i])) for i in range(len(self.tokens) + 1)]
+
+    def piece(self, i: int, token: int | None = None) -> str:
+        """What token i (or `token` in its place) adds to the text before it."""
+        before = self.prefixes[i]
+        if token is None or token == self.tokens[i]:
+            after = self.prefixes[i + 1]
+        else:
+            after = str(self.decode([*self.tokens[:i], token]))
+        if after.startswith(before):
+            return after[len(before) :]
+        return str(self.decode([token if token is not None else self.tokens[i]]))
+
+
+def _chat_logprobs(model: ServedModel, hyp: EngineHypothesis) -> ChoiceLogprobs | None:
+    if hyp.logprobs is None:
+        return None
+    pieces = _Pieces(model, [e.token for e in hyp.logprobs])
+    entries = []
+    for i, e in enumerate(hyp.logprobs):
+        text = pieces.piece(i)
+        top = [
+            TopLogprobEntry(token=alt, logprob=logprob, bytes=list(alt.encode("utf-8")))
+            for alt, logprob in ((pieces.piece(i, t), lp) for t, lp in e.top)
+        ]
+        entries.append(
+            LogprobEntry(
+                token=text, logprob=e.logprob, bytes=list(text.encode("utf-8")), top_logprobs=top
+            )
+        )
+    return ChoiceLogprobs(content=entries)
+
+
+def _completion_logprobs(
+    model: ServedModel, hyp: EngineHypothesis, offset: int
+) -> CompletionLogprobs | None:
+    if hyp.logprobs is None:
+        return None
+    pieces = _Pieces(model, [e.token for e in hyp.logprobs])
+    tokens: list[str] = []
+    offsets: list[int] = []
+    logprobs: list[float | None] = []
+    tops: list[dict[str, float]] = []
+    for i, e in enumerate(hyp.logprobs):
+        text = pieces.piece(i)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        logprobs.append(e.logprob)
+        tops.append({pieces.piece(i, t): lp for t, lp in e.top})
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets
+    )
+
+
+def _ids() -> tuple[str, int]:
+    return uuid.uuid4().hex, int(time.time())
+
+
+@router.post(
+    CHAT_PATH,
+    response_model=ChatCompletion,
+    response_model_exclude_none=False,
+    responses=_RESPONSES,
+    summary="OpenAI chat completion (language models); stream=true for chunks",
+)
+async def chat_completions(body: ChatCompletionRequest, request: Request, service: Service) -> Any:
+    _check_supported(body)
+    model = resolve_model(service, body.model)
+    if not model.generates:
+        raise ApiError(
+            400,
+            f"model {model.name} translates: use /v1/completions (prompt = the source text)",
+            param="model",
+        )
+    if body.logprobs and body.stream:
+        raise ApiError(400, "logprobs are not streamed: use stream=false", param="logprobs")
+    fields = _native(body, model)
+    if body.logprobs:
+        fields["logprobs"] = body.top_logprobs or 0
+    fields["messages"] = _chat_messages(body.messages)
+    run = await _start_lm(_generate_request(fields), service, model)
+    id_, created = "chatcmpl-" + _ids()[0], _ids()[1]
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return _stream(run, "chat.completion.chunk", id_, created, include_usage)
+    done = await _finish(run, request)
+    if isinstance(done, Response):
+        return done
+    (engine_request,) = done
+    choices = [
+        ChatChoice(
+            index=i,
+            message=AssistantMessage(content=text_of(model, hyp, run.stopper)),
+            finish_reason=_finish_reason(hyp, engine_request),
+            logprobs=_chat_logprobs(model, hyp),
+        )
+        for i, hyp in enumerate(engine_request.hypotheses)
+    ]
+    return ChatCompletion(
+        id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
+    )
+
+
+@router.post(
+    COMPLETIONS_PATH,
+    response_model=Completion,
+    responses=_RESPONSES,
+    summary="OpenAI text completion; a translation model translates the prompt",
+)
+async def completions(body: CompletionRequest, request: Request, service: Service) -> Any:
+    _check_supported(body)
+    model = resolve_model(service, body.model)
+    fields = _native(body, model)
+    fields["text"] = body.prompt
+    if model.generates:
+        for name in ("source_lang", "target_lang"):
+            if getattr(body, name) is not None:
+                raise ApiError(400, f"{name} is for translation models", param=name)
+        if body.logprobs is not None:
+            fields["logprobs"] = body.logprobs
+        if body.stream and body.logprobs is not None:
+            raise ApiError(400, "logprobs are not streamed: use stream=false", param="logprobs")
+    else:
+        fields.update(source_lang=body.source_lang, target_lang=body.target_lang)
+        for name in ("logprobs", "echo"):
+            if getattr(body, name):
+                raise ApiError(400, f"{name} is for language models", param=name)
+    fields = {k: v for k, v in fields.items() if v is not None}
+    native = _generate_request(fields)
+    start = _start_lm if model.generates else _start_translation
+    run = await start(native, service, model)
+    id_, created = "cmpl-" + _ids()[0], _ids()[1]
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        echo = body.prompt if body.echo and isinstance(body.prompt, str) else ""
+        return _stream(run, "text_completion", id_, created, include_usage, echo=echo)
+    done = await _finish(run, request)
+    if isinstance(done, Response):
+        return done
+    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    choices: list[CompletionChoice] = []
+    for engine_request, prompt in zip(done, prompts, strict=True):
+        prefix = prompt if body.echo else ""
+        for hyp in engine_request.hypotheses:
+            choices.append(
+                CompletionChoice(
+                    index=len(choices),
+                    text=prefix + _text(model, hyp, run.stopper),
+                    finish_reason=_finish_reason(hyp, engine_request),
+                    logprobs=_completion_logprobs(model, hyp, len(prefix)),
+                )
+            )
+    return Completion(
+        id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
+    )
+
+
+def _stream(
+    run: _Run,
+    kind: Literal["chat.completion.chunk", "text_completion"],
+    id_: str,
+    created: int,
+    include_usage: bool,
+    echo: str = "",
+) -> EventStream:
+    (engine_request,), (future,) = run.requests, run.futures
+    return EventStream(
+        _chunks(run, engine_request, future, kind, id_, created, include_usage, echo),
+        cleanup=lambda: run.model.engine.cancel(engine_request.id),
+    )
+
+
+async def _chunks(
+    run: _Run,
+    engine_request: EngineRequest,
+    future: asyncio.Future[EngineRequest],
+    kind: Literal["chat.completion.chunk", "text_completion"],
+    id_: str,
+    created: int,
+    include_usage: bool,
+    echo: str,
+) -> AsyncIterator[bytes]:
+    """OpenAI's stream: (chat) a role delta first, a chunk per new text, the finish_reason
+    in a last choice chunk, a usage chunk when asked, then [DONE]; an error mid-stream is an
+    `error` event (as OpenAI's), then [DONE]."""
+    name = run.model.name
+    chat = kind == "chat.completion.chunk"
+
+    def choice(text: str | None, finish: str | None) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        return sse(chunk_json(kind, id_, created, name, choices, usage))
+
+    if chat:
+        first = choice("", None)
+        first["delta"] = {"role": "assistant", "content": ""}
+        yield event([first])
+    elif echo:
+        yield event([choice(echo, None)])
+    async for item in token_deltas(run.model, engine_request, future, run.timeout, run.stopper):
+        if isinstance(item, StreamEnd):
+            if item.error is not None:
+                yield sse(item.error[1])
+                break
+            if item.request is None:
+                return  # the client is gone
+            done = item.request
+            hyp = done.hypotheses[0] if done.hypotheses else None
+            finish = _finish_reason(hyp, done) if hyp is not None else "length"
+            yield event([choice(None if chat else "", finish)])
+            if include_usage:
+                yield event([], _usage([done]).model_dump())
+            break
+        if item.text:
+            yield event([choice(item.text, None)])
+    yield sse("[DONE]")

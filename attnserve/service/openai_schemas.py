@@ -1,0 +1,231 @@
+"""Request and response bodies of the OpenAI-compatible API (/v1/chat/completions,
+/v1/completions, /v1/models), in the shapes the official `openai` client parses.
+
+Unlike the native API's, these request bodies ignore fields they do not know: OpenAI clients
+and the tools built on them send fields a server may not use (`user`, `store`, `metadata`,
+...). Fields that would change the answer and are not supported (`tools`, `logit_bias`, a JSON
+`response_format`, ...) are refused with a 400 naming them (openai_api.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_REQUEST_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+MAX_TOP_LOGPROBS = 20
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatCompletionMessage(BaseModel):
+    """A message of the chat: text content (a string or text parts)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1, max_length=64)
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Options both endpoints take (OpenAI's, then the extras clients send in `extra_body`)."""
+
+    model_config = _REQUEST_CONFIG
+
+    model: str | None = Field(default=None, description="A model id of GET /v1/models.")
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=2.0, description="0 = greedy; default 1 (sampling)"
+    )
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1, le=64)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Extras (vLLM's names), sent by the openai client through `extra_body`.
+    top_k: int | None = Field(default=None, ge=-1, description="-1 or 0 = off")
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    use_beam_search: bool = False
+    best_of: int | None = Field(default=None, ge=1, description="with use_beam_search: the beam")
+    length_penalty: float | None = Field(default=None, ge=-10.0, le=10.0)
+    timeout_ms: int | None = Field(default=None, ge=1, description="attnserve's deadline")
+
+
+class ChatCompletionRequest(_Sampling):
+    model_config = ConfigDict(
+        **_REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "smollm2-135m-instruct",
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                    "temperature": 0,
+                    "max_tokens": 32,
+                }
+            ]
+        },
+    )
+
+    messages: list[ChatCompletionMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+class CompletionRequest(_Sampling):
+    model_config = ConfigDict(
+        **_REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [
+                {"model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 16},
+                {"model": "ende-small", "prompt": "Where is the station?", "target_lang": "de"},
+            ]
+        },
+    )
+
+    prompt: str | list[str] = Field(
+        description="A prompt or a list of prompts (translation: the source texts)"
+    )
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    suffix: str | None = None
+    # Translation models (through `extra_body`).
+    source_lang: str | None = Field(default=None, max_length=32)
+    target_lang: str | None = Field(default=None, max_length=32)
+
+
+class TopLogprobEntry(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class LogprobEntry(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprobEntry]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[LogprobEntry] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: ChoiceLogprobs | None = None
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+    system_fingerprint: str | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+    system_fingerprint: str | None = None
+
+
+class OpenAIModel(BaseModel):
+    """A model in OpenAI's shape, with attnserve's own fields beside."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    kind: Literal["translation", "generation"] = Field(
+        description="translation: encoder-decoder; generation: language model"
+    )
+    default: bool
+    backend: str
+    variant: str | None
+    provider: str | None
+    source_lang: str | None
+    target_lang: str | None
+    target_languages: list[str]
+    max_input_tokens: int
+    max_new_tokens: int
+    context_length: int
+    beam_size: int = Field(description="Default beam size (the model's generation config).")
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
+def chunk_json(
+    kind: Literal["chat.completion.chunk", "text_completion"],
+    id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk (a `data:` event)."""
+    chunk: dict[str, Any] = {
+        "id": id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
