@@ -136,22 +136,29 @@ def test_int8_batches_decode_as_each_prompt_alone(exported: tuple[DecoderOnly, P
                 assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
-def test_int4_runs_close_to_fp32_on_weights_it_represents(tmp_path: Path) -> None:
-    """Weights on the 16 levels of one step per block of 32 inputs survive int4 unchanged
-    (symmetric: the step is a block's largest magnitude / 8, and -8 is a level), so the int4
-    graph (MatMulNBits: its layout, blocks and scales) must agree with torch closely; the error
-    left is that of the int8 activations of its accuracy level 4 kernel."""
+def test_int4_keeps_q4_1_weights(tmp_path: Path) -> None:
+    """Weights on a Q4_1 grid (per block of 32 inputs: a scale d, a minimum m, w = d q + m with
+    q in 0..15, as a GGUF Q4_1 file dequantizes to) survive the int4 export unchanged, so the
+    graph (MatMulNBits' layout, scales, the block-sum offsets) must agree with torch closely:
+    the error left is that of the int8 activations of its accuracy level 4 kernel and of the
+    8-bit output projection."""
     model = tiny(seed=1)
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() > 1:  # (out, in): blocks of 32 along `in`
-                levels = torch.randint(-8, 8, p.shape, generator=generator)
-                levels[:, ::32] = -8  # every block reaches the largest magnitude
-                p.copy_(levels * 0.03)
+            if p.dim() > 1 and p.shape[1] % 32 == 0:  # (out, in): blocks of 32 along `in`
+                q = torch.randint(0, 16, p.shape, generator=generator).float()
+                q[:, ::32], q[:, 1::32] = 0, 15  # every block spans its grid
+                blocks = (p.shape[0], p.shape[1] // 32)
+                d = torch.empty(blocks).uniform_(0.005, 0.02, generator=generator)
+                m = torch.empty(blocks).uniform_(-0.2, 0.0, generator=generator)
+                p.copy_(q * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1))
     written = export_lm_variants(model, tmp_path / "onnx", ("int4",))
-    parity = json.loads((written["int4"] / "manifest.json").read_text())["parity"]
+    manifest = json.loads((written["int4"] / "manifest.json").read_text())
+    parity = manifest["parity"]
     assert parity["gate"] == INT4_GATE
+    assert manifest["options"]["matmuls"]["int4_affine"] > 0
+    assert manifest["options"]["matmuls"]["int8_symmetric"] == 1  # the output projection
     assert parity["top1_agreement"] >= 0.95 and parity["mean_kl"] <= 0.01
 
 

@@ -1,0 +1,116 @@
+"""Block-wise weight quantization (export/blockwise.py) against numpy: the grids it recovers
+exactly (Q4_1, Q8_0), MatMulNBits' layout (an ONNX Runtime session at float accuracy gives
+the dequantized product), the rewrite of a graph, and rows that do not depend on each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attnserve.export import blockwise as bw
+
+K, N, V = 64, 48, 96
+
+
+def q4_1_weight(rng: np.random.Generator, k: int = K, n: int = N) -> np.ndarray:
+    """(K, N) float32 on a Q4_1 grid: fp16 scale and minimum per block of 32 inputs."""
+    q = rng.integers(0, 16, size=(n, k // 32, 32)).astype(np.float32)
+    q[..., 0], q[..., 1] = 0, 15  # llama.cpp's quantizer maps a block's min to 0, max to 15
+    d = rng.uniform(0.01, 0.1, size=(n, k // 32, 1)).astype(np.float16).astype(np.float32)
+    m = rng.normal(size=(n, k // 32, 1)).astype(np.float16).astype(np.float32)
+    return np.ascontiguousarray((d * q + m).reshape(n, k).T)
+
+
+def q8_0_weight(rng: np.random.Generator, k: int = K, n: int = N) -> np.ndarray:
+    q = rng.integers(-127, 128, size=(n, k // 32, 32)).astype(np.float32)
+    q[..., 0] = 127
+    d = rng.uniform(0.001, 0.01, size=(n, k // 32, 1)).astype(np.float16).astype(np.float32)
+    return np.ascontiguousarray((d * q).reshape(n, k).T)
+
+
+def test_q4_1_and_q8_0_grids_are_recovered_exactly() -> None:
+    rng = np.random.default_rng(0)
+    w4 = q4_1_weight(rng)
+    np.testing.assert_allclose(bw.dequantize(bw.affine4(w4)), w4, rtol=0, atol=1e-6)
+    w8 = q8_0_weight(rng)
+    np.testing.assert_allclose(bw.dequantize(bw.symmetric8(w8)), w8, rtol=0, atol=1e-7)
+
+
+def test_other_weights_get_round_to_nearest_error() -> None:
+    w = np.random.default_rng(1).normal(size=(K, N)).astype(np.float32)
+    blocks = w.T.reshape(N, K // 32, 32)
+    step4 = (blocks.max(-1) - blocks.min(-1)) / 15
+    error4 = np.abs(bw.dequantize(bw.affine4(w)) - w).T.reshape(N, K // 32, 32).max(-1)
+    assert np.all(error4 <= step4 / 2 + 1e-6)
+    step8 = np.abs(blocks).max(-1) / 127
+    error8 = np.abs(bw.dequantize(bw.symmetric8(w)) - w).T.reshape(N, K // 32, 32).max(-1)
+    assert np.all(error8 <= step8 / 2 + 1e-6)
+
+
+def test_constant_blocks() -> None:
+    w = np.full((K, N), 0.25, dtype=np.float32)
+    np.testing.assert_array_equal(bw.dequantize(bw.affine4(w)), w)
+    zero = np.zeros((K, N), dtype=np.float32)
+    np.testing.assert_array_equal(bw.dequantize(bw.symmetric8(zero)), zero)
+
+
+def graph(w_q: np.ndarray, w_k: np.ndarray, w_head: np.ndarray) -> onnx.ModelProto:
+    """x -> q = x @ Wq, k = x @ Wk (one input, two products), logits = q @ Whead."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", K])
+    outputs = [
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, ["b", "t", N]),
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "t", V]),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        helper.make_node("Pad", ["q", "pads"], ["q64"]),
+        helper.make_node("MatMul", ["q64", "head"], ["logits"], name="head"),
+    ]
+    inits = [
+        numpy_helper.from_array(w_q, "wq"),
+        numpy_helper.from_array(w_k, "wk"),
+        numpy_helper.from_array(w_head, "head"),
+        numpy_helper.from_array(np.array([0, 0, 0, 0, 0, K - N], dtype=np.int64), "pads"),
+    ]
+    g = helper.make_graph(nodes, "g", [x], outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_the_rewritten_graph_multiplies_by_the_dequantized_weights(accuracy_level: int) -> None:
+    rng = np.random.default_rng(2)
+    w_q, w_k, w_head = q4_1_weight(rng), q4_1_weight(rng), q8_0_weight(rng, K, V)
+    model = graph(w_q, w_k, w_head)
+    counts = bw.quantize_blockwise(model, V, accuracy_level=accuracy_level)
+    assert counts == {"int4_affine": 2, "int8_symmetric": 1, "float": 0}
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == 3
+    # x's block sums are computed once for both of its products
+    assert sum(n.name == "x.block_sums" for n in model.graph.node) == 1
+    assert {i.name for i in model.graph.initializer}.isdisjoint({"wq", "wk", "head"})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.normal(size=(3, 5, K)).astype(np.float32)
+    k, logits = session.run(None, {"x": x})
+    q = np.pad(x @ w_q, [(0, 0), (0, 0), (0, K - N)])
+    if accuracy_level == 0:  # float compute: the weights are exact, so is the product
+        np.testing.assert_allclose(k, x @ w_k, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(logits, q @ w_head, rtol=1e-4, atol=1e-4)
+    else:  # int8 activations per block of a row: close, not exact
+        np.testing.assert_allclose(k, x @ w_k, rtol=0.05, atol=0.05 * np.abs(x @ w_k).max())
+    # each row's result is that of the row alone
+    for row in range(x.shape[0]):
+        alone_k, alone_logits = session.run(None, {"x": x[row : row + 1]})
+        np.testing.assert_array_equal(alone_k[0], k[row])
+        np.testing.assert_array_equal(alone_logits[0], logits[row])
+
+
+def test_weights_it_cannot_block_stay_float() -> None:
+    rng = np.random.default_rng(3)
+    model = graph(q4_1_weight(rng), q4_1_weight(rng), q8_0_weight(rng, K, V))
+    counts = bw.quantize_blockwise(model, V, block=128)  # K = 64 is no multiple of 128
+    assert counts == {"int4_affine": 0, "int8_symmetric": 0, "float": 3}
+    assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 0
