@@ -6,11 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from attnserve.defaults import PROVIDERS, default_model_dir
+from attnserve.defaults import PROVIDERS, default_lm_dir, default_model_dir
 
 
 def register(sub: Any) -> None:
     _add_bench(sub)
+    _add_bench_lm(sub)
     _add_bench_http(sub)
     _add_loadtest(sub)
 
@@ -52,6 +53,45 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--name", default="bench", help="file name stem in --output-dir")
     p.add_argument("--title", default=None, help="model description in the report")
     p.set_defaults(func=cmd_bench)
+
+
+def _add_bench_lm(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench-lm",
+        help="a language model's single-stream decode and long-prompt prefill, per ONNX variant",
+    )
+    p.add_argument("--model", type=Path, default=default_lm_dir(), help="language model dir")
+    p.add_argument("--variants", default="fp32,int8,int4", help="comma-separated ONNX variants")
+    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per stream")
+    p.add_argument("--prefill-tokens", type=int, default=500, help="long prompt's tokens")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads")
+    p.add_argument("--output-dir", type=Path, default=None, help="write NAME.json/.md here")
+    p.add_argument("--name", default="bench-lm", help="file name stem in --output-dir")
+    p.set_defaults(func=cmd_bench_lm)
+
+
+def cmd_bench_lm(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnserve.bench.lm import bench_lm, markdown, write_report
+    from attnserve.cli.flags import ensure_default_lm_dir
+    from attnserve.training.perplexity import held_out_chapters
+
+    ensure_default_lm_dir(args.model)
+    results = bench_lm(
+        args.model,
+        [v.strip() for v in args.variants.split(",") if v.strip()],
+        new_tokens=args.new_tokens,
+        prefill_tokens=args.prefill_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+        long_text=" ".join(held_out_chapters()),
+    )
+    sys.stdout.write(markdown(results))
+    if args.output_dir is not None:
+        write_report(results, args.output_dir, args.name)
+    return 0
 
 
 def _add_bench_http(sub: Any) -> None:

@@ -103,14 +103,19 @@ def ensure_onnx(args: argparse.Namespace) -> None:
         ensure_exported(args.model, args.variant, allow=getattr(args, "auto_export", False))
 
 
+def ensure_default_lm_dir(model: Path) -> None:
+    """Import the default language model from its wheel when `model` is it and is missing."""
+    if is_default_lm(model):
+        from attnserve.convert.packaged import ensure_default_lm
+
+        ensure_default_lm(model)
+
+
 def load_generator(args: argparse.Namespace) -> Generator:
     """The Generator (decoder-only model) that --model and the runtime flags describe."""
     from attnserve.engine.generator import Generator
 
-    if is_default_lm(args.model):  # imported from its wheel on first use
-        from attnserve.convert.packaged import ensure_default_lm
-
-        ensure_default_lm(args.model)
+    ensure_default_lm_dir(args.model)
     ensure_onnx(args)
     return Generator.from_model_dir(
         args.model,

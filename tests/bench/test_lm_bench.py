@@ -1,0 +1,48 @@
+"""`attnserve bench-lm` on the tiny language model: every variant decodes exactly the asked
+number of tokens, the report has a row per variant, and the CLI writes it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attnserve.bench.lm import bench_lm, markdown, write_report
+from attnserve.cli import main
+from attnserve.export.lm_export import export_lm_model
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench-lm") / "tiny-lm"
+    shutil.copytree(tiny_lm_dir, out)
+    export_lm_model(out, ("fp32", "int8"), verify=False)
+    return out
+
+
+def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
+    text = " ".join(f"w{i % 40}" for i in range(64))
+    results = bench_lm(
+        lm_dir, ["fp32", "int8"], new_tokens=6, prefill_tokens=24, repeats=2, long_text=text
+    )
+    assert [r.variant for r in results] == ["fp32", "int8"]
+    for r in results:
+        assert r.new_tokens == 6 and r.prefill_tokens == 24
+        assert len(r.decode_runs) == 2 and r.decode_tokens_per_second > 0
+        assert r.prefill_tokens_per_second > 0
+    table = markdown(results)
+    assert table.count("\n") == 4 and "| int8 |" in table
+    write_report(results, tmp_path, "tiny")
+    assert len(json.loads((tmp_path / "tiny.json").read_text())) == 2
+    with pytest.raises(ValueError, match="not 500"):
+        bench_lm(lm_dir, ["fp32"], prefill_tokens=500, long_text=text)
+
+
+def test_bench_lm_cli(lm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench-lm", "--model", str(lm_dir), "--variants", "fp32", "--new-tokens", "4"]
+    args += ["--prefill-tokens", "16", "--repeats", "1", "--output-dir", str(tmp_path)]
+    assert main(args) == 0
+    assert "| fp32 |" in capsys.readouterr().out
+    assert (tmp_path / "bench-lm.md").is_file()
