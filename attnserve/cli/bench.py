@@ -146,7 +146,12 @@ def _add_loadtest(sub: Any) -> None:
         "loadtest", help="HTTP load test with locust: a ladder of user counts, report and plots"
     )
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--model", type=Path, default=default_model_dir(), help="model to serve")
+    target.add_argument(
+        "--model",
+        type=Path,
+        default=default_model_dir(),
+        help="model directories to serve, comma-separated (a language model gets chat traffic)",
+    )
     target.add_argument("--host", default=None, help="a running server, e.g. http://host:8000")
     p.add_argument("--users", default="1,2,4,8,16,32", help="the ladder of concurrent users")
     p.add_argument("--stage-seconds", type=float, default=30.0, help="locust run time per stage")

@@ -2,13 +2,16 @@
 
     locust -f attnserve/loadtest/locustfile.py --host http://127.0.0.1:8000
 
-Shapes (weights: ATTNSERVE_LOADTEST_WEIGHTS, default short=4,long=2,batch=1,stream=3; beams:
-ATTNSERVE_LOADTEST_BEAMS): a short test sentence at beam 1, a long one at beam 4, a batch of
-ATTNSERVE_LOADTEST_BATCH_SIZE sentences in one request at beam 4, and a /v1/generate stream with
-sampling (its time to first token is recorded). With ATTNSERVE_LOADTEST_MIX=requests (default)
+Shapes (weights: ATTNSERVE_LOADTEST_WEIGHTS, default short=4,long=2,batch=1,stream=3,chat=2,
+chat_stream=2; beams: ATTNSERVE_LOADTEST_BEAMS): a short test sentence at beam 1, a long one at
+beam 4, a batch of ATTNSERVE_LOADTEST_BATCH_SIZE sentences in one request at beam 4, and a
+/v1/generate stream with sampling (its time to first token is recorded) to the translation
+model; and, when the server serves a language model, OpenAI chat completions to it, plain and
+streamed (a question about a test sentence, sampled). With ATTNSERVE_LOADTEST_MIX=requests (default)
 the MixedTraffic user draws every request's shape by the weights, so each user count sends the
 same mix; with `users`, the classes ShortTranslation, LongTranslation, BatchTranslation and
-StreamingGeneration each keep one shape and locust splits the users between them by weight.
+StreamingGeneration, Chat and StreamingChat each keep one shape and locust splits the users
+between them by weight (a class whose model the server does not serve draws another shape).
 Sentences: the held-out test books in both languages (or ATTNSERVE_LOADTEST_SENTENCES, a TSV),
 each request in a random direction the model serves. Every answer is checked (status, a
 non-empty text per input, a complete stream); anything else is a locust failure named after
@@ -38,9 +41,12 @@ from attnserve.loadtest.traffic import (
     StreamState,
     Traffic,
     TrafficConfig,
+    chat_problem,
+    chat_usage,
     directions_for,
     http_problem,
     json_problem,
+    pick_models,
     route_of,
 )
 
@@ -54,20 +60,16 @@ if os.environ.get("ATTNSERVE_API_KEY"):
 _traffic: list[Traffic] = []  # set once the served model is known (test_start)
 
 
-def _served_model(host: str) -> dict[str, Any]:
-    """The model the requests go to, from GET /v1/models (counted like every request)."""
+def _served_models(host: str) -> list[dict[str, Any]]:
+    """GET /v1/models (counted like every request)."""
     request = urllib.request.Request(host.rstrip("/") + "/v1/models", headers=HEADERS)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             RECORD.count("/v1/models", response.status)
-            models = json.load(response)["data"]
+            return list(json.load(response)["data"])
     except urllib.error.HTTPError as exc:
         RECORD.count("/v1/models", exc.code)
         raise
-    for model in models:
-        if model["id"] == CONFIG.model or (CONFIG.model is None and model["default"]):
-            return dict(model)
-    raise ValueError(f"the server does not serve model {CONFIG.model!r}")
 
 
 @events.test_start.add_listener
@@ -75,15 +77,19 @@ def _on_start(environment: Any, **_: Any) -> None:
     RECORD.started = time.time()
     pools = load_pools(CONFIG.sentences, CONFIG.max_chars)
     try:
-        model = _served_model(environment.host)
-        directions = directions_for(model, list(pools))
+        model, lm_model = pick_models(
+            _served_models(environment.host), CONFIG.model, CONFIG.lm_model
+        )
+        directions = directions_for(model, list(pools)) if model is not None else []
+        traffic = Traffic(CONFIG, pools, directions, lm_model=lm_model)
     except Exception:
         log.exception("cannot start the load test")
         environment.process_exit_code = 2
         environment.runner.quit()
         raise
-    log.info("model %s, directions %s", model["id"], directions)
-    _traffic[:] = [Traffic(CONFIG, pools, directions)]
+    name = model["id"] if model is not None else None
+    log.info("model %s, directions %s, language model %s", name, directions, lm_model)
+    _traffic[:] = [traffic]
 
 
 @events.request.add_listener
@@ -138,6 +144,8 @@ class TrafficUser(FastHttpUser):
                     self._retry_after = _retry_after(response)
             elif planned.stream:
                 problem = self._read_stream(response, start)
+            elif planned.chat:
+                problem = self._check_chat(response)
             else:
                 problem = self._check_json(response, planned.texts)
             if problem is None:
@@ -153,6 +161,16 @@ class TrafficUser(FastHttpUser):
         problem = json_problem(data, texts, CONFIG.allow_empty)
         if problem is None:
             RECORD.add_usage(data["usage"], texts)
+        return problem
+
+    def _check_chat(self, response: Any) -> str | None:
+        try:
+            data = response.json()
+        except ValueError:
+            return "bad response: not JSON"
+        problem = chat_problem(data, CONFIG.allow_empty)
+        if problem is None:
+            RECORD.add_usage(chat_usage(data["usage"]), 1)
         return problem
 
     def _read_stream(self, response: Any, start: float) -> str | None:
@@ -206,3 +224,5 @@ ShortTranslation = _user("ShortTranslation", "short")
 LongTranslation = _user("LongTranslation", "long")
 BatchTranslation = _user("BatchTranslation", "batch")
 StreamingGeneration = _user("StreamingGeneration", "stream")
+Chat = _user("Chat", "chat")
+StreamingChat = _user("StreamingChat", "chat_stream")

@@ -168,7 +168,7 @@ def _meta(args: argparse.Namespace, url: str, command: list[str] | None) -> dict
     models = json.loads(_get(url + "/v1/models")[1]).get("data", [])
     default = next((m for m in models if m.get("default")), models[0] if models else {})
     title = args.title or (
-        f"{default.get('name')} ({default.get('backend')} {default.get('variant') or ''}, "
+        f"{default.get('id')} ({default.get('backend')} {default.get('variant') or ''}, "
         f"{default.get('provider')}), {args.stage_seconds:g} s per stage"
     )
     versions: dict[str, str | None] = {}
@@ -198,11 +198,12 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     ladder = [int(u) for u in args.users.split(",") if u.strip()]
     if not ladder or min(ladder) < 1:
         raise ValueError("--users: a comma-separated list of positive user counts")
-    if args.host is None and not (args.model / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model directory {args.model} does not exist or has no config.json; pass "
-            "--model DIR (make loadtest LOADTEST_MODEL=DIR) or --host URL of a running server"
-        )
+    for model in [] if args.host is not None else str(args.model).split(","):
+        if not (Path(model) / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model directory {model} does not exist or has no config.json; pass --model "
+                "DIR[,DIR...] (make loadtest LOADTEST_MODEL=DIR) or --host URL of a running server"
+            )
     out: Path = args.out / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=False)
     try:

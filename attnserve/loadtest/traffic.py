@@ -23,8 +23,16 @@ from attnserve.loadtest.sentences import LanguagePool
 
 ENV_PREFIX = "ATTNSERVE_LOADTEST_"
 CLIENT_GRACE_SECONDS = 10.0  # the client waits this much longer than the server's deadline
-DEFAULT_WEIGHTS = {"short": 4, "long": 2, "batch": 1, "stream": 3}
-DEFAULT_BEAMS = {"short": 1, "long": 4, "batch": 4, "stream": 1}
+# chat and chat_stream go to a language model through the OpenAI route; they are sent only
+# when the server serves one (GET /v1/models: kind "generation").
+DEFAULT_WEIGHTS = {"short": 4, "long": 2, "batch": 1, "stream": 3, "chat": 2, "chat_stream": 2}
+DEFAULT_BEAMS = {"short": 1, "long": 4, "batch": 4, "stream": 1, "chat": 1, "chat_stream": 1}
+CHAT_MAX_TOKENS = 48  # a chat answer's max_tokens unless max_new_tokens is set
+CHAT_PROMPTS = (
+    "Explain this sentence in simple words: {}",
+    "Write one sentence that follows this one: {}",
+    "What is the main idea of this sentence? {}",
+)
 MIXES = ("requests", "users")
 SAMPLING = {"sampling": True, "temperature": 0.8, "top_p": 0.95}
 
@@ -37,9 +45,12 @@ class Shape:
     route: str
     pool: str  # "short", "long" or "all" sentences of the source language
     stream: bool = False
+    chat: bool = False  # an OpenAI chat completion to the language model
 
     def label(self, beam: int, texts: int) -> str:
         """The locust request name; its first word is the route (the metrics label)."""
+        if self.chat:
+            return f"{self.route} stream" if self.stream else self.route
         if self.stream:
             return f"{self.route} stream sampling"
         many = f" x{texts}" if texts > 1 else ""
@@ -51,6 +62,8 @@ SHAPES = {
     "long": Shape("long", "/v1/translate", "long"),
     "batch": Shape("batch", "/v1/translate", "all"),
     "stream": Shape("stream", "/v1/generate", "all", stream=True),
+    "chat": Shape("chat", "/v1/chat/completions", "all", chat=True),
+    "chat_stream": Shape("chat_stream", "/v1/chat/completions", "all", stream=True, chat=True),
 }
 
 
@@ -89,6 +102,7 @@ class TrafficConfig:
     deadline_ms: int = 30_000  # sent as timeout_ms; the client gives up CLIENT_GRACE later
     max_new_tokens: int | None = None  # None: the server's default for the model
     model: str | None = None  # None: the server's default model
+    lm_model: str | None = None  # chat shapes' model; None: the first language model served
     sentences: Path | None = None  # TSV with language columns; None: the test books
     max_chars: int = 0  # drop longer sentences (0: keep all)
     wait_seconds: float = 0.0  # think time between a user's requests (uniform 0..wait)
@@ -120,6 +134,7 @@ class TrafficConfig:
             ("deadline_ms", int),
             ("max_new_tokens", int),
             ("model", str),
+            ("lm_model", str),
             ("sentences", Path),
             ("max_chars", int),
             ("wait_seconds", float),
@@ -151,7 +166,7 @@ class TrafficConfig:
             "MIX": self.mix,
             "ALLOW_EMPTY": "1" if self.allow_empty else "0",
         }
-        for name in ("max_new_tokens", "model", "sentences", "record"):
+        for name in ("max_new_tokens", "model", "lm_model", "sentences", "record"):
             value = getattr(self, name)
             if value is not None:
                 env[name.upper()] = str(value)
@@ -183,6 +198,33 @@ def directions_for(model: Mapping[str, Any], languages: Sequence[str]) -> list[D
     return found
 
 
+def pick_models(
+    models: Sequence[Mapping[str, Any]], model: str | None, lm_model: str | None
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The translation model (an entry of GET /v1/models) and the language model's id the
+    traffic goes to: the named ones, else the default translation model (or the first one) and
+    the first language model; None where the server serves no such model."""
+
+    def named(name: str) -> Mapping[str, Any]:
+        for entry in models:
+            if entry["id"] == name:
+                return entry
+        raise ValueError(f"the server does not serve model {name!r}")
+
+    translation = named(model) if model is not None else None
+    if translation is not None and translation.get("kind") == "generation":
+        raise ValueError(f"model {model!r} is a language model: pass it as the LM model")
+    if translation is None and model is None:
+        kinds = [m for m in models if m.get("kind", "translation") == "translation"]
+        translation = next((m for m in kinds if m.get("default")), kinds[0] if kinds else None)
+    if lm_model is not None:
+        if named(lm_model).get("kind") != "generation":
+            raise ValueError(f"model {lm_model!r} is not a language model")
+        return translation, lm_model
+    lm = next((m["id"] for m in models if m.get("kind") == "generation"), None)
+    return translation, lm
+
+
 @dataclass(frozen=True)
 class PlannedRequest:
     name: str  # locust's request name, route first
@@ -190,6 +232,7 @@ class PlannedRequest:
     body: dict[str, Any]
     texts: int
     stream: bool
+    chat: bool = False
 
 
 class Traffic:
@@ -201,20 +244,50 @@ class Traffic:
         pools: Mapping[str, LanguagePool],
         directions: Sequence[Direction],
         rng: random.Random | None = None,
+        lm_model: str | None = None,
     ) -> None:
         self.config = config
         self.pools = pools
         self.directions = list(directions)
         self.rng = rng or random.Random(config.seed)
+        self.lm_model = lm_model
+        self.weights = {
+            name: weight
+            for name, weight in config.weights.items()
+            if (lm_model is not None if SHAPES[name].chat else bool(self.directions))
+        }
+        if not any(self.weights.values()):
+            raise ValueError("no traffic to send: the weighted shapes need a model not served")
 
     def pick_shape(self) -> str:
-        """A shape drawn by the weights (the `requests` mix)."""
-        names = list(self.config.weights)
-        return self.rng.choices(names, weights=[self.config.weights[n] for n in names])[0]
+        """A shape drawn by the weights (the `requests` mix) among those the server can take."""
+        names = list(self.weights)
+        return self.rng.choices(names, weights=[self.weights[n] for n in names])[0]
+
+    def _chat(self, shape: Shape) -> PlannedRequest:
+        pool = self.pools.get("en") or next(iter(self.pools.values()))
+        sentence = self.rng.choice(pool.all)
+        prompt = self.rng.choice(CHAT_PROMPTS).format(sentence)
+        body: dict[str, Any] = {
+            "model": self.lm_model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.config.max_new_tokens or CHAT_MAX_TOKENS,
+            "temperature": SAMPLING["temperature"],
+            "top_p": SAMPLING["top_p"],
+            "seed": self.rng.randrange(2**31),
+            "timeout_ms": self.config.deadline_ms,
+        }
+        if shape.stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+        return PlannedRequest(shape.label(1, 1), shape.route, body, 1, shape.stream, chat=True)
 
     def next(self, shape_name: str | None = None) -> PlannedRequest:
         """A request of `shape_name`, or of a shape drawn by the weights."""
+        if shape_name is not None and not self.weights.get(shape_name):
+            shape_name = None  # a shape the served models cannot take: draw another
         shape = SHAPES[shape_name or self.pick_shape()]
+        if shape.chat:
+            return self._chat(shape)
         config = self.config
         direction = self.rng.choice(self.directions)
         sentences = getattr(self.pools[direction.source], shape.pool)
@@ -262,6 +335,30 @@ def json_problem(data: Any, texts: int, allow_empty: bool = False) -> str | None
     return None
 
 
+def chat_problem(data: Any, allow_empty: bool = False) -> str | None:
+    """What is wrong with a 200 chat completion, or None."""
+    try:
+        (choice,) = data["choices"]
+        content = str(choice["message"]["content"])
+        if choice["finish_reason"] not in ("stop", "length"):
+            return f"bad response: finish_reason {choice['finish_reason']!r}"
+        if not allow_empty and not content.strip():
+            return "bad response: empty answer"
+        if int(data["usage"]["completion_tokens"]) < 1:
+            return "bad response: usage.completion_tokens too small"
+    except (KeyError, TypeError, ValueError):
+        return "bad response: not a chat completion"
+    return None
+
+
+def chat_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+    """OpenAI's usage as the native one (what `Record.add_usage` reads)."""
+    return {
+        "input_tokens": int(usage.get("prompt_tokens", 0)),
+        "output_tokens": int(usage.get("completion_tokens", 0)),
+    }
+
+
 class StreamState:
     """Reads Server-Sent Events: token deltas, the final event or an error."""
 
@@ -301,6 +398,8 @@ class StreamState:
         if "error" in event:
             error = event["error"]
             self.error = f"stream error {error.get('type', '')}".rstrip()
+        elif event.get("object") == "chat.completion.chunk":
+            return self._chat_chunk(event)
         elif "token_id" in event:
             self.tokens += 1
             self.text += event.get("text", "")
@@ -309,16 +408,36 @@ class StreamState:
             self.final = event
         return False
 
+    def _chat_chunk(self, event: Mapping[str, Any]) -> bool:
+        """An OpenAI chat chunk: a delta, the finish_reason, or the usage; True for content."""
+        if event.get("usage"):
+            self.final = {**(self.final or {}), "usage": chat_usage(event["usage"])}
+        for choice in event.get("choices") or []:
+            if choice.get("finish_reason") is not None:
+                self.final = {**(self.final or {}), "finish_reason": choice["finish_reason"]}
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                self.tokens += 1
+                self.text += content
+                return True
+        return False
+
     @property
     def output_tokens(self) -> int:
-        return int(self.final["output_tokens"]) if self.final else 0
+        if not self.final:
+            return 0
+        if "output_tokens" in self.final:
+            return int(self.final["output_tokens"])
+        return int(self.final.get("usage", {}).get("output_tokens", 0))
 
     def problem(self, allow_empty: bool = False) -> str | None:
         if self.error is not None:
             return self.error
         if self.final is None or not self.done:
             return "stream: ended without a final event and [DONE]"
-        if self.final.get("text") != self.text:
+        if "finish_reason" not in self.final or "usage" not in self.final:
+            return "stream: no finish_reason or no usage"
+        if "text" in self.final and self.final["text"] != self.text:
             return "stream: the deltas do not add up to the final text"
         if not allow_empty and not self.text.strip():
             return "bad response: empty translation"

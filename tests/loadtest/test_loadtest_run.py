@@ -7,6 +7,7 @@ at most 64 tokens (`--max-chars 55`: the test-book sentences that fit).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,16 @@ def _results(out: Path) -> tuple[Path, dict[str, Any]]:
 
 
 def test_ladder_against_a_started_server_has_no_failures(
-    tiny_onnx_import: Path, tmp_path: Path
+    tiny_onnx_import: Path, tiny_lm_dir: Path, tmp_path: Path
 ) -> None:
+    lm = tmp_path / "models" / "tiny-lm"  # served beside the translation model: chat traffic
+    shutil.copytree(tiny_lm_dir, lm)
+    out = tmp_path / "out"
     code = main(
-        ["loadtest", "--model", str(tiny_onnx_import), "--variant", "fp32", "--threads", "1"]
-        + ["--users", "2,4", "--out", str(tmp_path), *TINY_MODEL_FLAGS]
+        ["loadtest", "--model", f"{tiny_onnx_import},{lm}", "--variant", "fp32"]
+        + ["--threads", "1", "--users", "2,4", "--out", str(out), *TINY_MODEL_FLAGS]
     )
-    run, summary = _results(tmp_path)
+    run, summary = _results(out)
     assert code == 0, summary["verdict"]
     assert summary["verdict"]["unexpected_failures"] == 0 and summary["verdict"]["counters_match"]
     for stage, users in zip(summary["stages"], (2, 4), strict=True):
@@ -40,6 +44,13 @@ def test_ladder_against_a_started_server_has_no_failures(
         assert stage["record_matches_locust"] and stage["output_tokens"] > 0
         assert stage["latency_ms"]["p50"] is not None
     assert sum(s["ttft_ms"]["streams"] for s in summary["stages"]) > 0
+    record = json.loads((run / "u004_record.json").read_text())
+    assert set(record["latency_ms"]) >= {
+        "/v1/chat/completions",
+        "/v1/chat/completions stream",
+        "/v1/translate short beam1",
+    }
+    assert [m["id"] for m in summary["models"]] == ["opus-mt-tiny", "tiny-lm"]
     assert (
         summary["models"][0]["id"] == "opus-mt-tiny"
         and "--variant fp32" in (summary["server_command"])

@@ -12,15 +12,19 @@ import pytest
 from attnserve.loadtest.sentences import LanguagePool
 from attnserve.loadtest.traffic import (
     DEFAULT_WEIGHTS,
+    SHAPES,
     Direction,
     Record,
     StreamState,
     Traffic,
     TrafficConfig,
+    chat_problem,
+    chat_usage,
     directions_for,
     http_problem,
     json_problem,
     parse_mapping,
+    pick_models,
     route_of,
 )
 
@@ -42,7 +46,7 @@ def test_config_from_env_round_trips_and_rejects_nonsense(tmp_path: Path) -> Non
         allow_empty=True,
         record=tmp_path / "r.json",
     )
-    assert config.weights == {"short": 4, "long": 2, "batch": 0, "stream": 5}
+    assert config.weights == {**DEFAULT_WEIGHTS, "batch": 0, "stream": 5}
     assert TrafficConfig.from_env(config.to_env()) == config
     assert TrafficConfig.from_env({}) == TrafficConfig()
     assert TrafficConfig().client_timeout == 40.0  # 30 s deadline + the client's grace
@@ -171,3 +175,84 @@ def test_record_round_trips(tmp_path: Path) -> None:
     assert loaded.latency_ms == {"/v1/translate short beam1": [12.35]}
     assert (loaded.started, loaded.ended, loaded.output_tokens, loaded.texts) == (1.0, 2.5, 7, 2)
     assert loaded.ttft_ms == [3.21]
+
+
+MODELS = [
+    {"id": "ende", "kind": "translation", "default": True, "target_languages": ["de", "en"]},
+    {"id": "lm", "kind": "generation", "default": False, "target_languages": []},
+]
+
+
+def test_pick_models_finds_the_translation_and_the_language_model() -> None:
+    translation, lm = pick_models(MODELS, None, None)
+    assert translation is not None and translation["id"] == "ende" and lm == "lm"
+    assert pick_models(MODELS[:1], None, None)[1] is None
+    assert pick_models(MODELS[1:], None, None) == (None, "lm")
+    with pytest.raises(ValueError, match="is a language model"):
+        pick_models(MODELS, "lm", None)
+    with pytest.raises(ValueError, match="not a language model"):
+        pick_models(MODELS, None, "ende")
+    with pytest.raises(ValueError, match="does not serve"):
+        pick_models(MODELS, "other", None)
+
+
+def test_chat_shapes_build_openai_requests() -> None:
+    config = TrafficConfig(max_new_tokens=20)
+    traffic = Traffic(config, POOLS, [Direction("en", "de")], random.Random(2), lm_model="lm")
+    chat = traffic.next("chat")
+    assert chat.route == "/v1/chat/completions" and chat.name == "/v1/chat/completions"
+    assert chat.chat and not chat.stream and chat.body["model"] == "lm"
+    assert chat.body["max_tokens"] == 20 and chat.body["messages"][0]["role"] == "user"
+    assert any(s in chat.body["messages"][0]["content"] for s in POOLS["en"].all)
+    stream = traffic.next("chat_stream")
+    assert stream.name == "/v1/chat/completions stream" and stream.stream
+    assert stream.body["stream_options"] == {"include_usage": True}
+    # The server's OpenAI schema takes them.
+    from attnserve.service.openai_schemas import ChatCompletionRequest
+
+    for planned in (chat, stream):
+        request = ChatCompletionRequest.model_validate(planned.body)
+        assert not request.model_extra
+    # without a language model the chat shapes are never drawn, and a chat user draws another
+    alone = Traffic(config, POOLS, [Direction("en", "de")], random.Random(3))
+    assert not any(SHAPES[alone.pick_shape()].chat for _ in range(200))
+    assert not alone.next("chat").chat
+    with pytest.raises(ValueError, match="no traffic"):
+        Traffic(config, POOLS, [], random.Random(3))
+    only_lm = Traffic(config, POOLS, [], random.Random(4), lm_model="lm")
+    assert all(SHAPES[only_lm.pick_shape()].chat for _ in range(200))
+
+
+def test_chat_answers_are_checked() -> None:
+    ok = {
+        "choices": [{"message": {"content": "Yes."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+    }
+    assert chat_problem(ok) is None
+    assert chat_usage(ok["usage"]) == {"input_tokens": 7, "output_tokens": 3}
+    empty = {**ok, "choices": [{"message": {"content": ""}, "finish_reason": "stop"}]}
+    assert chat_problem(empty) == "bad response: empty answer"
+    assert chat_problem(empty, allow_empty=True) is None
+    assert chat_problem({"translations": []}) == "bad response: not a chat completion"
+    body = _events(
+        {"object": "chat.completion.chunk", "choices": [{"delta": {"role": "assistant"}}]},
+        {"object": "chat.completion.chunk", "choices": [{"delta": {"content": "Grüß"}}]},
+        {"object": "chat.completion.chunk", "choices": [{"delta": {"content": " dich"}}]},
+        {"object": "chat.completion.chunk", "choices": [{"delta": {}, "finish_reason": "stop"}]},
+        {
+            "object": "chat.completion.chunk",
+            "choices": [],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+        },
+        "[DONE]",
+    )
+    for size in (1, 3, len(body)):
+        state = StreamState()
+        tokens = sum(state.feed_bytes(body[i : i + size]) for i in range(0, len(body), size))
+        state.close()
+        assert tokens == 2 and state.text == "Grüß dich" and state.output_tokens == 2
+        assert state.problem() is None
+    cut = body[: body.index(b'"usage"') - 60]  # no usage chunk, no [DONE]
+    state = StreamState()
+    state.feed_bytes(cut)
+    assert state.problem() is not None
