@@ -11,10 +11,9 @@ import logging
 from pathlib import Path
 
 from attnserve.engine.onnx.layout import (
-    DECODE_NAME,
     DECODER_NAME,
     ENCODER_NAME,
-    PREFILL_NAME,
+    LM_STEP_NAME,
     variant_dir,
 )
 from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
@@ -28,9 +27,9 @@ class NotExportedError(FileNotFoundError):
 
 def is_exported(directory: Path, variant: str) -> bool:
     graphs = variant_dir(directory, variant)
-    names = (ENCODER_NAME, DECODER_NAME)
+    names: tuple[str, ...] = (ENCODER_NAME, DECODER_NAME)
     if directory_family(directory) != ENCODER_DECODER:
-        names = (PREFILL_NAME, DECODE_NAME)
+        names = (LM_STEP_NAME,)
     return all((graphs / name).is_file() for name in names)
 
 

@@ -1,8 +1,9 @@
-"""Export a decoder-only language model to ONNX: prefill.onnx and decode.onnx, and variants.
+"""Export a decoder-only language model to ONNX: step.onnx, and variants.
 
-Both graphs are `LMStepGraph` (export/lm_step.py): prefill.onnx takes a chunk of any length T,
-decode.onnx is exported with T = 1 (the exporter specializes it: no mask over new tokens to
-build). Variants, from the fp32 graphs:
+The graph is `LMStepGraph` (export/lm_step.py): T new tokens per row after the cached ones, T
+dynamic, so one graph prefills prompt chunks and decodes (T = 1). A second graph exported with
+T = 1 was measured no faster at one row or 16 (docs/BENCHMARKS.md) and held a second copy of the
+weights in memory. Variants, from the fp32 graph:
 
 * ``int8``: per-row dynamic activation scales, int8 weights per output column (the
   encoder-decoder's scheme, export/quantize.py), after ORT's basic offline optimizations.
@@ -32,11 +33,10 @@ import torch
 
 from attnserve.defaults import OPSET
 from attnserve.engine.onnx.layout import (
-    DECODE_NAME,
     LM_INPUTS,
+    LM_STEP_NAME,
     LOGITS,
     ONNX_DIR,
-    PREFILL_NAME,
     lm_new_names,
     lm_past_names,
 )
@@ -52,7 +52,7 @@ from attnserve.model.decoder_only import DecoderOnly
 log = logging.getLogger(__name__)
 
 LM_VARIANTS = ("fp32", "int8", "int4", "fp16")
-LM_GRAPHS = (PREFILL_NAME, DECODE_NAME)
+LM_GRAPHS = (LM_STEP_NAME,)
 # int8: keep the MLP down projections in float. Their input, silu(gate) * up, has the widest
 # outliers of the model, which smoothing alone leaves too coarse a row scale for: on
 # SmolLM2-135M-Instruct's chat prompts, all-int8 (smoothed, alpha 0.5) reaches top-1 0.914 / KL
@@ -85,7 +85,7 @@ def down_projections(model: onnx.ModelProto, intermediate_size: int) -> list[str
 
 
 def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, *, opset: int = OPSET) -> Path:
-    """Write prefill.onnx and decode.onnx (fp32, self-contained) into `out_dir`."""
+    """Write step.onnx (fp32, self-contained) into `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = model.eval().float()
@@ -101,22 +101,19 @@ def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, *, opset: int = OPSE
     }
     with warnings.catch_warnings(), torch.no_grad(), build.quiet_logging():
         warnings.simplefilter("ignore")
-        for name, new, axes in (
-            (PREFILL_NAME, 3, {0: batch, 1: chunk}),
-            (DECODE_NAME, 1, {0: batch}),
-        ):
-            torch.onnx.export(
-                LMStepGraph(model),
-                _example(model, rows=2, new=new, past=5),
-                str(out / name),
-                dynamic_shapes={
-                    "input_ids": axes,
-                    "attention_mask": axes,
-                    "past_mask": {0: batch, 1: past},
-                    "past": [{0: batch, 2: past}] * (2 * n),
-                },
-                **names,
-            )
+        axes = {0: batch, 1: chunk}
+        torch.onnx.export(
+            LMStepGraph(model),
+            _example(model, rows=2, new=3, past=5),
+            str(out / LM_STEP_NAME),
+            dynamic_shapes={
+                "input_ids": axes,
+                "attention_mask": axes,
+                "past_mask": {0: batch, 1: past},
+                "past": [{0: batch, 2: past}] * (2 * n),
+            },
+            **names,
+        )
     return out
 
 

@@ -93,7 +93,7 @@ def test_onnx_is_exported_on_first_use(
     flags = ["--model", str(model), "--max-new-tokens", "6"]
     code, records, summary = run(monkeypatch, capsys, "w1 w2 w3\n", *flags, "--variant", "fp32")
     assert code == 0 and summary["backend"] == "onnx" and summary["variant"] == "fp32"
-    assert (model / "onnx" / "fp32" / "decode.onnx").is_file()
+    assert (model / "onnx" / "fp32" / "step.onnx").is_file()
     _, reference, _ = run(monkeypatch, capsys, "w1 w2 w3\n", *flags, "--backend", "torch")
     assert records == reference  # fp32 graphs decode exactly as torch
     code, _, _ = run(monkeypatch, capsys, "w1\n", *flags, "--variant", "int8", "--no-auto-export")

@@ -1,4 +1,4 @@
-"""A tiny random language model exported to ONNX (prefill.onnx, decode.onnx): the graphs against
+"""A tiny random language model exported to ONNX (step.onnx): the graph against
 the torch model, the ONNX backend's row operations, batch invariance of int8, and the gates."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_manifests_record_parity_and_the_gate(exported: tuple[DecoderOnly, Path]
     _, root = exported
     fp32 = json.loads((root / "fp32" / "manifest.json").read_text())
     int8 = json.loads((root / "int8" / "manifest.json").read_text())
-    assert set(fp32["files"]) == {"prefill.onnx", "decode.onnx"}
+    assert set(fp32["files"]) == {"step.onnx"}
     assert fp32["parity"]["max_abs_log_prob_diff"] < 1e-4
     assert fp32["parity"]["greedy_exact_match"] == fp32["parity"]["beam4_exact_match"] == 1.0
     assert int8["parity"]["gate"] == {"top1_agreement": 0.9, "mean_kl": 0.02}

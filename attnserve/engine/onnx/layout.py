@@ -14,8 +14,8 @@ their source): ``input_ids`` (B,) int64, ``encoder_attention_mask`` (N, S) int64
 ``new.{i}.self.key`` / ``.value`` (B, H, 1, D), the step's column of the cache (the runtime
 appends it). T may be 0.
 
-A decoder-only language model's directory holds ``prefill.onnx`` and ``decode.onnx`` instead: the
-same step over ``T`` new tokens per row (a prompt chunk; decode.onnx: T = 1) after a past of
+A decoder-only language model's directory holds ``step.onnx`` instead: one step over ``T`` new
+tokens per row (a prompt chunk, or T = 1 while decoding: the same graph) after a past of
 ``W`` columns: ``input_ids`` (B, T) int64, ``attention_mask`` (B, T) int64 (1 = a real token; a
 chunk is left-padded), ``past_mask`` (B, W) int64, ``past.{i}.key`` / ``.value``
 (B, Hkv, W, D) -> ``logits`` (B, V) float32 of each row's last position and ``new.{i}.key`` /
@@ -42,8 +42,7 @@ ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
 LOG_PROBS = "log_probs"
 
-PREFILL_NAME = "prefill.onnx"
-DECODE_NAME = "decode.onnx"
+LM_STEP_NAME = "step.onnx"
 LM_INPUTS = ("input_ids", "attention_mask", "past_mask")
 LOGITS = "logits"
 

@@ -1,8 +1,8 @@
-"""ONNX Runtime running a decoder-only language model: prefill.onnx for prompts, decode.onnx for
-steps, behind the Backend protocol.
+"""ONNX Runtime running a decoder-only language model: step.onnx for prompt chunks and decoding
+steps alike, behind the Backend protocol.
 
 The state is the self-attention cache of every row (left-padded, `past_mask` marks real columns)
-in buffers with spare columns: both graphs return only the K/V of their new tokens, which
+in buffers with spare columns: the graph returns only the K/V of its new tokens, which
 `HostRowOps.append` writes after the columns in use, in place when there is room. Prompts longer
 than `prefill_chunk` tokens are prefilled in chunks, so one call's activations stay bounded.
 Rows move (beams, requests joining and leaving) as in the encoder-decoder backend.
@@ -27,10 +27,9 @@ from attnserve.engine.onnx.backend import (
     session_options,
 )
 from attnserve.engine.onnx.layout import (
-    DECODE_NAME,
     LM_INPUTS,
+    LM_STEP_NAME,
     LOGITS,
-    PREFILL_NAME,
     lm_new_names,
     lm_past_names,
     read_manifest,
@@ -60,7 +59,8 @@ class LMState:
 
 
 class OnnxLMBackend:
-    """prefill.onnx + decode.onnx of one exported variant of a language model (CPU provider)."""
+    """step.onnx of one exported variant of a language model (CPU provider): prompt chunks and
+    decoding steps run the same graph."""
 
     def __init__(
         self,
@@ -86,14 +86,11 @@ class OnnxLMBackend:
         providers = choose_providers(provider)
         disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
         inputs, outputs = [*LM_INPUTS, *self._past], [LOGITS, *self._new]
-        self.prefill = open_session(
-            require_graph(directory, PREFILL_NAME), options, providers, inputs, outputs, disabled
+        self.session = open_session(
+            require_graph(directory, LM_STEP_NAME), options, providers, inputs, outputs, disabled
         )
-        self.decode = open_session(
-            require_graph(directory, DECODE_NAME), options, providers, inputs, outputs, disabled
-        )
-        self.provider = self.decode.get_providers()[0]
-        kind = next(i.type for i in self.decode.get_inputs() if i.name == self._past[0])
+        self.provider = self.session.get_providers()[0]
+        kind = next(i.type for i in self.session.get_inputs() if i.name == self._past[0])
         self.kv_dtype = np.dtype(np.float16) if kind == "tensor(float16)" else np.dtype(np.float32)
         self.rows = HostRowOps()
         log.info("onnx %s language model on %s (threads %s)", self.variant, self.provider, threads)
@@ -137,10 +134,7 @@ class OnnxLMBackend:
     def extend(self, state: LMState, ids: IntArray, mask: IntArray) -> tuple[FloatArray, LMState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
         returns the logits of each row's last position (B, V) and the grown state."""
-        if ids.shape[1] == 1:
-            logits, new = self._run(self.decode, ids, mask, state)
-        else:
-            logits, new = self._run(self.prefill, ids, mask, state)
+        logits, new = self._run(self.session, ids, mask, state)
         return logits, self._grow(state, new, mask)
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
