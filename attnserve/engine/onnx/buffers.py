@@ -39,15 +39,22 @@ class BufferPool:
     # again), and after a peak the memory is given back under a lighter load.
     HIGH_DECAY = 0.995
 
-    def __init__(self) -> None:
+    def __init__(self, room: float = ROOM, rows: int = ROWS, keep: float = 1.0) -> None:
+        """`room` and `rows` override ROOM and ROWS; free buffers are kept up to `keep` times
+        the high-water mark. A language model's cache (~46 KB a token per row for SmolLM2,
+        against ~4 KB for the translation model) takes less of all three."""
+        self.room_factor = room
+        self.row_quantum = rows
+        self.keep = keep
         self._buffers: list[np.ndarray] = []  # flat
         self._claimed: list[int] = []  # elements of each buffer the last view handed out holds
         self._high = 0.0  # decaying high-water mark of the bytes in use
 
-    @classmethod
-    def capacity(cls, rows: int) -> int:
-        """Rows allocated for a request of `rows`: a quarter and ROWS more, rounded up."""
-        return -(-(rows + rows // 4 + cls.ROWS) // cls.ROWS) * cls.ROWS
+    def capacity(self, rows: int) -> int:
+        """Rows allocated for a request of `rows`: a quarter and `rows` (ROWS) more, rounded
+        up to a multiple of it."""
+        q = self.row_quantum
+        return -(-(rows + rows // 4 + q) // q) * q
 
     def _free(self, i: int) -> bool:
         return sys.getrefcount(self._buffers[i]) <= self.FREE
@@ -70,7 +77,7 @@ class BufferPool:
             view = self._buffers[best][:need].reshape(shape)
         else:
             row = int(np.prod(shape[1:]))
-            size = self.capacity(shape[0]) * row * self.ROOM
+            size = int(self.capacity(shape[0]) * row * self.room_factor)
             self._buffers.append(np.zeros(size, dtype=dtype))
             self._claimed.append(need)
             view = self._buffers[-1][:need].reshape(shape)
@@ -86,7 +93,7 @@ class BufferPool:
         self._high = max(float(busy_bytes), self._high * self.HIGH_DECAY)
         dropped = set()
         for i in sorted(free, key=lambda i: -self._buffers[i].nbytes):
-            if free_bytes <= self._high:
+            if free_bytes <= self._high * self.keep:
                 break
             dropped.add(i)
             free_bytes -= self._buffers[i].nbytes

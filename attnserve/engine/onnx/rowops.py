@@ -73,10 +73,9 @@ def first_used_column(mask: IntArray) -> int:
 class HostRowOps:
     """numpy tensors with spare columns: in-place appends, one copy per reorder."""
 
-    spare = SPARE
-
-    def __init__(self) -> None:
-        self.pool = BufferPool()
+    def __init__(self, spare: int = SPARE, pool: BufferPool | None = None) -> None:
+        self.spare = spare
+        self.pool = pool if pool is not None else BufferPool()
 
     def select(self, tensors: Sequence[Tensor], rows: IntArray, start: int) -> list[Tensor]:
         """tensors[j][rows][:, :, start:] (all columns), one contiguous copy each."""

@@ -43,7 +43,7 @@ def test_buffer_pool_reuses_only_what_nobody_holds() -> None:
     e = pool.get((4000, 3), f32)  # larger than any buffer: a new one; the small free ones stay
     sizes = [x.size for x in pool._buffers]
     assert len({bases["a"], bases["b"], bases["c"]}) == 3 and bases["d"] == bases["b"]
-    assert e.shape == (4000, 3) and sizes[-1] == BufferPool.capacity(4000) * 3 * BufferPool.ROOM
+    assert e.shape == (4000, 3) and sizes[-1] == BufferPool().capacity(4000) * 3 * BufferPool.ROOM
     assert len(sizes) == 4
 
 
