@@ -127,3 +127,98 @@ def write_report(results: Sequence[LMBenchResult], out_dir: Path, name: str) -> 
     rows: list[dict[str, Any]] = [asdict(r) for r in results]
     (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out_dir / f"{name}.md").write_text(markdown(results))
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    mode: str
+    clients: int
+    seconds: float
+    requests: int
+    output_tokens: int
+    tokens_per_second: float
+    ttft_p50: float
+    ttft_p99: float
+
+
+def mixed_workload(
+    model_dir: str | Path,
+    mode: str,
+    clients: int,
+    *,
+    variant: str = "int8",
+    seconds: float = 60.0,
+    threads: int | None = 1,
+    seed: int = 0,
+    long_share: float = 0.3,
+) -> WorkloadResult:
+    """A closed loop of `clients` streaming requests through the service's scheduler (its
+    limits for `mode`: continuous, request or static batching), in process, no HTTP: a share
+    `long_share` of prompts are long (200-400 tokens, else 10-40) and, independently, of
+    outputs (96-160 tokens, else 8-24; exact lengths). Output tokens/s and time to first
+    token (from submission) of the requests that got one."""
+    from attnserve.engine.loading import load_backend
+    from attnserve.engine.scheduler import Scheduler, lm_request
+    from attnserve.service.models import scheduler_limits
+    from attnserve.service.settings import Settings
+
+    backend = load_backend(model_dir, f"onnx-{variant}", threads=threads, provider="cpu")
+    limits = scheduler_limits(Settings.model_validate({"batching": mode}), 256, generation=True)
+    scheduler = Scheduler(backend, limits)
+    rng = np.random.default_rng(seed)
+    vocab = backend.spec.vocab_size
+    submitted: dict[str, float] = {}
+    ttft: list[float] = []
+    count = 0
+
+    def submit() -> None:
+        nonlocal count
+        count += 1
+        length = int(rng.integers(200, 400) if rng.random() < long_share else rng.integers(10, 40))
+        new = int(rng.integers(96, 160) if rng.random() < long_share else rng.integers(8, 24))
+        options = DecodingOptions(max_new_tokens=new, min_new_tokens=new)
+        prompt = rng.integers(10, vocab, length).tolist()
+        request = lm_request(f"w{count}", prompt, options, stream=True)
+        submitted[request.id] = time.perf_counter()
+        scheduler.submit(request)
+
+    for _ in range(clients):
+        submit()
+    tokens = finished = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        events = scheduler.step()
+        now = time.perf_counter()
+        for request, _ in events.new_tokens:
+            if request.id in submitted:
+                ttft.append(now - submitted.pop(request.id))
+        for request in events.ended:
+            tokens += request.output_tokens
+            finished += 1
+            submit()
+    elapsed = time.perf_counter() - start
+    return WorkloadResult(
+        mode=mode,
+        clients=clients,
+        seconds=elapsed,
+        requests=finished,
+        output_tokens=tokens,
+        tokens_per_second=tokens / elapsed,
+        ttft_p50=float(np.percentile(ttft, 50)) if ttft else float("nan"),
+        ttft_p99=float(np.percentile(ttft, 99)) if ttft else float("nan"),
+    )
+
+
+def workload_markdown(results: Sequence[WorkloadResult]) -> str:
+    lines = [
+        "| clients | batching | output tokens/s | x first mode | TTFT p50 s | TTFT p99 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    base: dict[int, float] = {}
+    for r in results:
+        base.setdefault(r.clients, r.tokens_per_second)
+        lines.append(
+            f"| {r.clients} | {r.mode} | {r.tokens_per_second:.1f} | "
+            f"{r.tokens_per_second / base[r.clients]:.2f} | {r.ttft_p50:.2f} | {r.ttft_p99:.2f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -68,6 +68,15 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads")
     p.add_argument("--output-dir", type=Path, default=None, help="write NAME.json/.md here")
     p.add_argument("--name", default="bench-lm", help="file name stem in --output-dir")
+    p.add_argument(
+        "--workload",
+        action="store_true",
+        help="instead: a mixed closed-loop workload through the scheduler per batching mode",
+    )
+    p.add_argument("--modes", default="static,continuous", help="--workload: batching modes")
+    p.add_argument("--clients", default="16,64", help="--workload: concurrent requests")
+    p.add_argument("--seconds", type=float, default=60.0, help="--workload: per setting")
+    p.add_argument("--variant", default="int8", help="--workload: ONNX variant")
     p.set_defaults(func=cmd_bench_lm)
 
 
@@ -79,6 +88,8 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     from attnserve.training.perplexity import held_out_chapters
 
     ensure_default_lm_dir(args.model)
+    if args.workload:
+        return _workload(args)
     results = bench_lm(
         args.model,
         [v.strip() for v in args.variants.split(",") if v.strip()],
@@ -91,6 +102,31 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     sys.stdout.write(markdown(results))
     if args.output_dir is not None:
         write_report(results, args.output_dir, args.name)
+    return 0
+
+
+def _workload(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from dataclasses import asdict
+
+    from attnserve.bench.lm import mixed_workload, workload_markdown
+
+    results = []
+    for clients in (int(c) for c in args.clients.split(",") if c.strip()):
+        for mode in (m.strip() for m in args.modes.split(",") if m.strip()):
+            result = mixed_workload(
+                args.model, mode, clients, variant=args.variant, seconds=args.seconds,
+                threads=args.threads,
+            )  # fmt: skip
+            print(json.dumps(asdict(result)), file=sys.stderr)
+            results.append(result)
+    sys.stdout.write(workload_markdown(results))
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        (args.output_dir / f"{args.name}.md").write_text(workload_markdown(results))
+        rows = [asdict(r) for r in results]
+        (args.output_dir / f"{args.name}.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

@@ -46,3 +46,17 @@ def test_bench_lm_cli(lm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(args) == 0
     assert "| fp32 |" in capsys.readouterr().out
     assert (tmp_path / "bench-lm.md").is_file()
+
+
+def test_mixed_workload_through_the_scheduler(lm_dir: Path) -> None:
+    from attnserve.bench.lm import mixed_workload, workload_markdown
+
+    results = [
+        mixed_workload(lm_dir, mode, 4, variant="fp32", seconds=2.0)
+        for mode in ("static", "continuous")
+    ]
+    for r in results:
+        assert r.requests > 0 and r.output_tokens > 0 and r.tokens_per_second > 0
+        assert 0 < r.ttft_p50 <= r.ttft_p99
+    table = workload_markdown(results)
+    assert "| 4 | static |" in table and "| 4 | continuous |" in table
