@@ -219,6 +219,7 @@ def workload_markdown(results: Sequence[WorkloadResult]) -> str:
         base.setdefault(r.clients, r.tokens_per_second)
         lines.append(
             f"| {r.clients} | {r.mode} | {r.tokens_per_second:.1f} | "
-            f"{r.tokens_per_second / base[r.clients]:.2f} | {r.ttft_p50:.2f} | {r.ttft_p99:.2f} |"
+            f"{r.tokens_per_second / base[r.clients] if base[r.clients] else float('nan'):.2f} | "
+            f"{r.ttft_p50:.2f} | {r.ttft_p99:.2f} |"
         )
     return "\n".join(lines) + "\n"
