@@ -155,10 +155,13 @@ def mixed_workload(
     """A closed loop of `clients` streaming requests through the service's scheduler (its
     limits for `mode`: continuous, request or static batching), in process, no HTTP: a share
     `long_share` of prompts are long (200-400 tokens, else 10-40) and, independently, of
-    outputs (96-160 tokens, else 8-24; exact lengths). Output tokens/s and time to first
-    token (from submission) of the requests that got one."""
+    outputs (96-160 tokens, else 8-24; exact lengths), all cut to the model's context. Output
+    tokens/s counts every token generated in the window (requests still running at its end
+    included); time to first token counts from submission, and a request still waiting for its
+    first token at the end counts with its wait so far."""
+    from attnserve.engine.generator import fit_to_context
     from attnserve.engine.loading import load_backend
-    from attnserve.engine.scheduler import Scheduler, lm_request
+    from attnserve.engine.scheduler import Outcome, Scheduler, lm_request
     from attnserve.service.models import scheduler_limits
     from attnserve.service.settings import Settings
 
@@ -177,8 +180,11 @@ def mixed_workload(
         length = int(rng.integers(200, 400) if rng.random() < long_share else rng.integers(10, 40))
         new = int(rng.integers(96, 160) if rng.random() < long_share else rng.integers(8, 24))
         options = DecodingOptions(max_new_tokens=new, min_new_tokens=new)
-        prompt = rng.integers(10, vocab, length).tolist()
-        request = lm_request(f"w{count}", prompt, options, stream=True)
+        context = backend.spec.max_positions
+        prompt = rng.integers(10, vocab, min(length, context // 2)).tolist()
+        fitted = fit_to_context(prompt, options, context)
+        fitted = fitted.replace(min_new_tokens=min(new, fitted.max_new_tokens))
+        request = lm_request(f"w{count}", prompt, fitted, stream=True)
         submitted[request.id] = time.perf_counter()
         scheduler.submit(request)
 
@@ -189,14 +195,18 @@ def mixed_workload(
     while time.perf_counter() - start < seconds:
         events = scheduler.step()
         now = time.perf_counter()
-        for request, _ in events.new_tokens:
+        for request, new_tokens in events.new_tokens:
+            tokens += len(new_tokens)
             if request.id in submitted:
                 ttft.append(now - submitted.pop(request.id))
         for request in events.ended:
-            tokens += request.output_tokens
+            if request.outcome is not Outcome.DONE:
+                raise RuntimeError(f"request {request.id} ended {request.outcome}")
             finished += 1
             submit()
     elapsed = time.perf_counter() - start
+    end = time.perf_counter()
+    ttft += [end - t for t in submitted.values()]  # still waiting: at least this long
     return WorkloadResult(
         mode=mode,
         clients=clients,

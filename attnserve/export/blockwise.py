@@ -133,7 +133,8 @@ def quantize_blockwise(
             continue
         w = numpy_helper.to_array(weight).astype(np.float32)
         k, n = w.shape
-        x, out, base = node.input[0], node.output[0], node.name or node.output[0]
+        x, out = node.input[0], node.output[0]
+        base = out  # unique (one producer per value); node names need not be
         blocks = symmetric8(w, block) if n == vocab_size else affine4(w, block)
         counts["int8_symmetric" if blocks.bits == 8 else "int4_affine"] += 1
         new_inits += [

@@ -109,6 +109,8 @@ async def prompts_of(
             prompts = [model.tokenizer.encode_chat(messages)]
         except ValueError as exc:  # the template refused them (raise_exception, bad roles)
             raise ApiError(422, f"messages: {exc}", param="messages") from exc
+        except TypeError as exc:  # text the tokenizer cannot take (a lone surrogate)
+            raise ApiError(422, "messages: text is not valid Unicode", param="messages") from exc
         where = ["messages"]
     else:
         texts = [body.text] if isinstance(body.text, str) else list(body.text or [])

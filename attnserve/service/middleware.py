@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnserve.service.errors import error_body
+from attnserve.service.errors import OPENAI_PATHS, error_body
 from attnserve.service.logs import new_request_id, request_id_var
 from attnserve.service.state import ServiceState
 
@@ -112,7 +112,12 @@ class ServiceMiddleware:
             status = 500
             await _send_error(
                 send_with_id,
-                _Reply(500, f"internal error; quote request id {request_id} when reporting it"),
+                _Reply(
+                    500,
+                    f"internal error; quote request id {request_id} when reporting it",
+                    # the openai client retries 5xx by default: not a request that may have run
+                    headers={"x-should-retry": "false"} if path in OPENAI_PATHS else None,
+                ),
             )
         finally:
             if counted:

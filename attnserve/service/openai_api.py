@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
@@ -77,6 +78,8 @@ from attnserve.service.state import Service
 
 router = APIRouter()
 
+# Language-model fields of /v1/completions a translation model refuses (400).
+LM_ONLY = ("stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo")
 # Fields that would change the answer and that attnserve does not implement: refused (400),
 # never silently ignored.
 UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "suffix")
@@ -112,12 +115,14 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
     if not model.generates and given is None:
         given = 0.0  # a translation model: its own defaults (beam search) unless asked
     temperature = 1.0 if given is None else given
-    beam = body.use_beam_search or (not model.generates and temperature == 0 and not body.stream)
-    sampling = temperature > 0 and not body.use_beam_search
+    beam = bool(body.use_beam_search) or (
+        not model.generates and temperature == 0 and not bool(body.stream)
+    )
+    sampling = temperature > 0 and not bool(body.use_beam_search)
     max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
     fields: dict[str, Any] = {
         "model": body.model,
-        "stream": body.stream,
+        "stream": bool(body.stream),
         "sampling": sampling,
         "max_new_tokens": max_tokens,
         "seed": body.seed,
@@ -137,7 +142,7 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
             frequency_penalty=body.frequency_penalty,
         )
     if beam:
-        width = body.best_of or (model.defaults.beam_size if not body.use_beam_search else n)
+        width = body.best_of or (model.defaults.beam_size if not bool(body.use_beam_search) else n)
         fields.update(beam_size=max(width, n), num_hypotheses=n)
     elif sampling and n > 1:
         fields["n"] = n
@@ -171,6 +176,10 @@ def _chat_messages(messages: Sequence[ChatCompletionMessage]) -> list[ChatMessag
                 parts.append(part.text)
             content = "".join(parts)
         role = "system" if message.role == "developer" else message.role
+        try:
+            (content or "").encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON)
+            raise ApiError(400, f"messages[{i}] is not valid Unicode", param="messages") from exc
         out.append(ChatMessage(role=role, content=content or ""))
     return out
 
@@ -207,9 +216,17 @@ async def _finish(run: _Run, request: Request) -> list[EngineRequest] | Response
     return [f.result() for f in run.futures]
 
 
+def _completion_tokens(request: EngineRequest) -> int:
+    """Tokens generated for a request: every sample's with n > 1 (each is its own output),
+    else the answer's (a beam's n-best list shares its steps)."""
+    if request.options.num_samples > 1:
+        return sum(len(h.tokens) + int(h.ended_with_eos) for h in request.hypotheses)
+    return request.output_tokens
+
+
 def _usage(requests: Sequence[EngineRequest]) -> CompletionUsage:
     prompt = sum(prompt_tokens(r) for r in requests)
-    completion = sum(r.output_tokens for r in requests)
+    completion = sum(_completion_tokens(r) for r in requests)
     return CompletionUsage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
     )
@@ -231,21 +248,21 @@ def _text(model: ServedModel, hyp: EngineHypothesis, stopper: StopStrings | None
 
 
 class _Pieces:
-    """The text each token adds after the tokens before it (decoded in context, so word-level
-    and SentencePiece tokenizers keep their spaces), for logprobs."""
+    """The text each token adds after the tokens before it (decoded after a few tokens of
+    context, so word-level and SentencePiece tokenizers keep their spaces and a multi-byte
+    character split over tokens comes out whole), for logprobs."""
+
+    CONTEXT = 8  # tokens decoded before the one whose text is wanted
 
     def __init__(self, model: ServedModel, tokens: Sequence[int]) -> None:
         self.decode = model.tokenizer.decode
         self.tokens = list(tokens)
-        self.prefixes = [str(self.decode(self.tokens[:i])) for i in range(len(self.tokens) + 1)]
 
     def piece(self, i: int, token: int | None = None) -> str:
         """What token i (or `token` in its place) adds to the text before it."""
-        before = self.prefixes[i]
-        if token is None or token == self.tokens[i]:
-            after = self.prefixes[i + 1]
-        else:
-            after = str(self.decode([*self.tokens[:i], token]))
+        context = self.tokens[max(0, i - self.CONTEXT) : i]
+        before = str(self.decode(context))
+        after = str(self.decode([*context, self.tokens[i] if token is None else token]))
         if after.startswith(before):
             return after[len(before) :]
         return str(self.decode([token if token is not None else self.tokens[i]]))
@@ -314,6 +331,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
         )
     if body.logprobs and body.stream:
         raise ApiError(400, "logprobs are not streamed: use stream=false", param="logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     fields = _native(body, model)
     if body.logprobs:
         fields["logprobs"] = body.top_logprobs or 0
@@ -327,15 +346,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     if isinstance(done, Response):
         return done
     (engine_request,) = done
-    choices = [
-        ChatChoice(
-            index=i,
-            message=AssistantMessage(content=text_of(model, hyp, run.stopper)),
-            finish_reason=_finish_reason(hyp, engine_request),
-            logprobs=_chat_logprobs(model, hyp),
-        )
-        for i, hyp in enumerate(engine_request.hypotheses)
-    ]
+
+    def build() -> list[ChatChoice]:
+        return [
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content=text_of(model, hyp, run.stopper)),
+                finish_reason=_finish_reason(hyp, engine_request),
+                logprobs=_chat_logprobs(model, hyp),
+            )
+            for i, hyp in enumerate(engine_request.hypotheses)
+        ]
+
+    # logprobs decode every token and its alternatives: off the event loop
+    choices = await run_in_threadpool(build) if body.logprobs else build()
     return ChatCompletion(
         id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
     )
@@ -362,8 +386,9 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
             raise ApiError(400, "logprobs are not streamed: use stream=false", param="logprobs")
     else:
         fields.update(source_lang=body.source_lang, target_lang=body.target_lang)
-        for name in ("logprobs", "echo"):
-            if getattr(body, name):
+        for name in LM_ONLY:
+            value = getattr(body, name)
+            if value is not None and value is not False:  # logprobs=0 asks for logprobs
                 raise ApiError(400, f"{name} is for language models", param=name)
     fields = {k: v for k, v in fields.items() if v is not None}
     native = _generate_request(fields)
@@ -378,18 +403,23 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     if isinstance(done, Response):
         return done
     prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
-    choices: list[CompletionChoice] = []
-    for engine_request, prompt in zip(done, prompts, strict=True):
-        prefix = prompt if body.echo else ""
-        for hyp in engine_request.hypotheses:
-            choices.append(
-                CompletionChoice(
-                    index=len(choices),
-                    text=prefix + _text(model, hyp, run.stopper),
-                    finish_reason=_finish_reason(hyp, engine_request),
-                    logprobs=_completion_logprobs(model, hyp, len(prefix)),
+
+    def build() -> list[CompletionChoice]:
+        choices: list[CompletionChoice] = []
+        for engine_request, prompt in zip(done, prompts, strict=True):
+            prefix = prompt if body.echo else ""
+            for hyp in engine_request.hypotheses:
+                choices.append(
+                    CompletionChoice(
+                        index=len(choices),
+                        text=prefix + _text(model, hyp, run.stopper),
+                        finish_reason=_finish_reason(hyp, engine_request),
+                        logprobs=_completion_logprobs(model, hyp, len(prefix)),
+                    )
                 )
-            )
+        return choices
+
+    choices = await run_in_threadpool(build) if body.logprobs is not None else build()
     return Completion(
         id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
     )

@@ -56,7 +56,7 @@ class _Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
     # Extras (vLLM's names), sent by the openai client through `extra_body`.
@@ -64,7 +64,7 @@ class _Sampling(BaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
     min_tokens: int | None = Field(default=None, ge=0)
-    use_beam_search: bool = False
+    use_beam_search: bool | None = None
     best_of: int | None = Field(default=None, ge=1, description="with use_beam_search: the beam")
     length_penalty: float | None = Field(default=None, ge=-10.0, le=10.0)
     timeout_ms: int | None = Field(default=None, ge=1, description="attnserve's deadline")
@@ -87,7 +87,7 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatCompletionMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
@@ -105,7 +105,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] = Field(
         description="A prompt or a list of prompts (translation: the source texts)"
     )
-    echo: bool = False
+    echo: bool | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)
     suffix: str | None = None
     # Translation models (through `extra_body`).

@@ -347,6 +347,26 @@ async def _events(
     yield sse("[DONE]")
 
 
+def _model_entry(m: ServedModel, default: bool) -> OpenAIModel:
+    return OpenAIModel(
+        id=m.name,
+        created=m.created,
+        owned_by=OWNED_BY,
+        kind="generation" if m.generates else "translation",
+        default=default,
+        backend=m.backend_name,
+        variant=m.variant,
+        provider=m.provider,
+        source_lang=None if m.generates else m.tokenizer.source_lang,
+        target_lang=None if m.generates else m.tokenizer.target_lang,
+        target_languages=[] if m.generates else m.tokenizer.target_languages,
+        max_input_tokens=m.max_input_tokens,
+        max_new_tokens=m.max_new_tokens,
+        context_length=m.backend.spec.max_positions,
+        beam_size=m.defaults.beam_size,
+    )
+
+
 @router.get(
     "/v1/models",
     response_model=OpenAIModelList,
@@ -355,28 +375,24 @@ async def _events(
 )
 async def models(service: Service) -> OpenAIModelList:
     default = service.registry.default
-    return OpenAIModelList(
-        data=[
-            OpenAIModel(
-                id=m.name,
-                created=m.created,
-                owned_by=OWNED_BY,
-                kind="generation" if m.generates else "translation",
-                default=m is default,
-                backend=m.backend_name,
-                variant=m.variant,
-                provider=m.provider,
-                source_lang=None if m.generates else m.tokenizer.source_lang,
-                target_lang=None if m.generates else m.tokenizer.target_lang,
-                target_languages=[] if m.generates else m.tokenizer.target_languages,
-                max_input_tokens=m.max_input_tokens,
-                max_new_tokens=m.max_new_tokens,
-                context_length=m.backend.spec.max_positions,
-                beam_size=m.defaults.beam_size,
-            )
-            for m in service.registry
-        ]
-    )
+    return OpenAIModelList(data=[_model_entry(m, m is default) for m in service.registry])
+
+
+@router.get(
+    "/v1/models/{model_id}",
+    response_model=OpenAIModel,
+    responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]},
+    summary="One served model (OpenAI's retrieve)",
+)
+async def model(model_id: str, service: Service) -> OpenAIModel:
+    found = service.registry.get(model_id)
+    if found is None:
+        known = ", ".join(m.name for m in service.registry)
+        raise ApiError(
+            404, f"unknown model {model_id!r}; served: {known}", param="model",
+            type="model_not_found",
+        )  # fmt: skip
+    return _model_entry(found, found is service.registry.default)
 
 
 @router.get("/healthz", response_model=Status, summary="Liveness: 200 while the process runs")

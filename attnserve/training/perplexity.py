@@ -96,7 +96,9 @@ def perplexity(
 ) -> Perplexity:
     """Perplexity of `backend` on `texts` (one document each, encoded by `encode`), each
     document cut to the model's context (or `max_tokens`)."""
-    limit = backend.spec.max_positions if max_tokens is None else max_tokens
+    limit = backend.spec.max_positions
+    if max_tokens is not None:
+        limit = min(limit, max_tokens)
     documents = [list(encode(text))[:limit] for text in texts]
     start = time.perf_counter()
     scores = np.concatenate(token_log_likelihoods(backend, documents))

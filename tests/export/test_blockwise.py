@@ -114,3 +114,14 @@ def test_weights_it_cannot_block_stay_float() -> None:
     counts = bw.quantize_blockwise(model, V, block=128)  # K = 64 is no multiple of 128
     assert counts == {"int4_affine": 0, "int8_symmetric": 0, "float": 3}
     assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 0
+
+
+def test_products_with_the_same_node_name_get_their_own_weights() -> None:
+    rng = np.random.default_rng(4)
+    model = graph(q4_1_weight(rng), q4_1_weight(rng), q8_0_weight(rng, K, V))
+    for node in model.graph.node:
+        node.name = "mm"  # node names need not be unique
+    bw.quantize_blockwise(model, V)
+    onnx.checker.check_model(model)
+    names = [i.name for i in model.graph.initializer]
+    assert len(names) == len(set(names))

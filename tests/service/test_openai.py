@@ -46,6 +46,10 @@ def test_models_list(oa: openai.OpenAI, model_dir: Path) -> None:
     assert [e["kind"] for e in extra] == ["translation", "generation"]
     assert extra[0]["default"] and extra[0]["target_languages"]
     assert extra[1]["context_length"] > 0
+    one = oa.models.retrieve("tiny-lm")
+    assert one.id == "tiny-lm" and one.model_dump() == extra[1]
+    with pytest.raises(openai.NotFoundError):
+        oa.models.retrieve("no-such-model")
 
 
 def test_chat_greedy_equals_native_generation(oa: openai.OpenAI, both: LiveServer) -> None:
@@ -111,6 +115,12 @@ def test_completions_prompts_n_and_seed(oa: openai.OpenAI) -> None:
     first = sample(3)
     assert sample(3) == first  # a seed reproduces the samples
     assert any(sample(s) != first for s in (4, 5, 6))
+    # usage counts every sample's tokens (min_tokens: each sample writes exactly 6)
+    three = oa.chat.completions.create(
+        model="tiny-lm", messages=CHAT, n=3, seed=1, max_tokens=6, extra_body={"min_tokens": 6}
+    )
+    assert len(three.choices) == 3 and three.usage is not None
+    assert three.usage.completion_tokens == 18
 
 
 def test_completion_stream_and_echo(oa: openai.OpenAI) -> None:
@@ -174,6 +184,8 @@ def test_extra_body_options(oa: openai.OpenAI) -> None:
         extra_body={"use_beam_search": True, "best_of": 3},
     )
     assert len(beams.choices) == 2
+    texts = [c.text for c in beams.choices]
+    assert len(set(texts)) == 2  # the n-best list: two different answers
     greedy_min = oa.completions.create(
         model="tiny-lm", prompt="w1", temperature=0, max_tokens=6, extra_body={"min_tokens": 6}
     )
@@ -185,7 +197,7 @@ def test_extra_body_options(oa: openai.OpenAI) -> None:
         seed=1,
         extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2},
     )
-    assert sampled.choices[0].text is not None
+    assert len(sampled.choices) == 1 and sampled.choices[0].finish_reason in ("stop", "length")
 
 
 def test_translation_model_behind_completions(
@@ -219,11 +231,14 @@ def test_invalid_requests_are_bad_request_errors(oa: openai.OpenAI, model_dir: P
         {"extra_body": {"tools": [{"type": "function", "function": {"name": "f"}}]}},
         {"logprobs": True, "stream": True},
     ]
+    cases += [
+        {"top_logprobs": 2},  # without logprobs
+    ]
     for extra in cases:
         with pytest.raises(openai.BadRequestError) as caught:
-            oa.chat.completions.create(model="tiny-lm", messages=CHAT, **extra)
+            oa.chat.completions.create(**{"model": "tiny-lm", "messages": CHAT, **extra})
         error = caught.value.body
-        assert isinstance(error, dict) and error["message"] and "param" in error, extra
+        assert isinstance(error, dict) and error["message"] and error["param"], extra
     with pytest.raises(openai.BadRequestError) as caught:
         oa.chat.completions.create(model=model_dir.name, messages=CHAT)
     assert "translates" in str(caught.value)
@@ -232,6 +247,60 @@ def test_invalid_requests_are_bad_request_errors(oa: openai.OpenAI, model_dir: P
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "max_tokens"
     with pytest.raises(openai.NotFoundError):
         oa.chat.completions.create(model="no-such-model", messages=CHAT)
+
+
+def test_text_that_is_not_unicode_is_a_bad_request(both: LiveServer) -> None:
+    # a lone surrogate, escaped in the JSON (the client cannot even encode it)
+    raw = b'{"model": "tiny-lm", "messages": [{"role": "user", "content": "w1\\ud800"}]}'
+    answer = httpx.post(
+        both.url + "/v1/chat/completions",
+        content=raw,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "messages"
+
+
+def test_translation_model_refuses_language_model_options(
+    oa: openai.OpenAI, model_dir: Path
+) -> None:
+    lm_only: list[dict[str, Any]] = [
+        {"stop": ["x"]},
+        {"presence_penalty": 0.5},
+        {"logprobs": 0},
+        {"echo": True},
+        {"extra_body": {"target_lang": "de", "min_p": 0.1}},
+    ]
+    for extra in lm_only:
+        body = {"extra_body": {"target_lang": "de"}, **extra}
+        with pytest.raises(openai.BadRequestError) as caught:
+            oa.completions.create(model=model_dir.name, prompt="ka", **body)
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"], extra
+
+
+def test_null_fields_mean_their_defaults(both: LiveServer) -> None:
+    """The client sends null for a parameter given as None; that is the default, not a 400."""
+    body = {
+        "model": "tiny-lm",
+        "messages": CHAT,
+        "temperature": 0,
+        "max_tokens": 4,
+        "stream": None,
+        "logprobs": None,
+        "top_logprobs": None,
+        "n": None,
+        "stop": None,
+        "seed": None,
+        "user": None,
+        "use_beam_search": None,
+    }
+    answer = httpx.post(both.url + "/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    text = {**body, "prompt": "w1", "echo": None}
+    del text["messages"], text["top_logprobs"]
+    answer = httpx.post(both.url + "/v1/completions", json=text, timeout=60)
+    assert answer.status_code == 200, answer.text
 
 
 def test_authentication_error(model_dir: Path) -> None:
@@ -243,7 +312,7 @@ def test_authentication_error(model_dir: Path) -> None:
         right = client(server, api_key="k3y").completions.create(
             model=model_dir.name, prompt="ka", extra_body={"target_lang": "de"}
         )
-        assert right.choices[0].text is not None
+        assert right.object == "text_completion" and len(right.choices) == 1
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +356,7 @@ def test_queue_full_is_a_rate_limit_error_retried_without_running_twice(
     rejected -= metric_value(before, "attnserve_requests_total", route=route, status="429")
     served = metric_value(after, "attnserve_requests_total", route=route, status="200")
     served -= metric_value(before, "attnserve_requests_total", route=route, status="200")
-    assert retried.choices[0].text is not None
+    assert retried.object == "text_completion" and len(retried.choices) == 1
     assert served == 3  # the busy two and the retried one, each run once
     assert rejected >= 2  # the refused call and at least one of the retried call's attempts
 
