@@ -13,12 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_REQUEST_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+# Types are strict, as OpenAI's are (an int for a float is fine; "4", or false for a number,
+# is a 400); unknown fields are allowed (and ignored unless refused by name).
+_REQUEST_CONFIG = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 MAX_TOP_LOGPROBS = 20
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _REQUEST_CONFIG
 
     type: str
     text: str | None = None
@@ -27,7 +29,7 @@ class ContentPart(BaseModel):
 class ChatCompletionMessage(BaseModel):
     """A message of the chat: text content (a string or text parts)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _REQUEST_CONFIG
 
     role: str = Field(min_length=1, max_length=64)
     content: str | list[ContentPart] | None = None
@@ -35,7 +37,7 @@ class ChatCompletionMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _REQUEST_CONFIG
 
     include_usage: bool = False
 
