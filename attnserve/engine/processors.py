@@ -74,7 +74,12 @@ def apply_repetition_penalty(row: FloatArray, history: Sequence[int], penalty: f
         return
     seen = np.unique(np.asarray(history, dtype=np.int64))
     scores = row[seen]
-    row[seen] = np.where(scores < 0, scores * penalty, scores / penalty)
+    with np.errstate(divide="ignore", over="ignore"):
+        penalized = np.where(scores < 0, scores * penalty, scores / penalty)
+    # a penalty near 0 (any value > 0 is allowed, as in Hugging Face) overflows float32:
+    # keep the scores finite, so the log-softmax after it is not NaN
+    limit = np.finfo(row.dtype).max / 4
+    row[seen] = np.clip(penalized, -limit, limit)
 
 
 def apply_count_penalties(
