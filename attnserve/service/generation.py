@@ -8,8 +8,10 @@ stop strings) and the output (finish reasons of stop strings, logprobs, samples)
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.concurrency import run_in_threadpool
@@ -23,8 +25,16 @@ from attnserve.engine.generator import (
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.scheduler import Request, lm_request
 from attnserve.engine.search import Hypothesis as EngineHypothesis
-from attnserve.service.decoding import GENERATE_OPTIONS, INLINE_CHARS, _score, next_serial
+from attnserve.service.decoding import (
+    GENERATE_OPTIONS,
+    INLINE_CHARS,
+    _score,
+    deadline_seconds,
+    next_serial,
+    submit_all,
+)
 from attnserve.service.errors import ApiError
+from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import (
     GenerateRequest,
@@ -175,6 +185,31 @@ def lm_requests(
             )
         )
     return requests
+
+
+@dataclass
+class EngineRun:
+    """The engine requests of one API request, on their way (language model or translation)."""
+
+    model: ServedModel
+    requests: list[Request]
+    futures: list[asyncio.Future[Request]]
+    stopper: StopStrings | None
+    timeout: float
+
+
+async def start_lm(body: GenerateRequest, service: ServiceState, model: ServedModel) -> EngineRun:
+    """Validate, tokenize and submit a language-model request (4xx before anything queues)."""
+    options = lm_options(body, model, service)
+    timeout = deadline_seconds(body, service)
+    prompts = await prompts_of(body, model, service)
+    stops = stop_strings(body)
+    stopper = StopStrings(model.tokenizer, stops) if stops else None
+    request_id = request_id_var.get() or "request"
+    requests = lm_requests(
+        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
+    )
+    return EngineRun(model, requests, submit_all(service, model, requests), stopper, timeout)
 
 
 def text_of(model: ServedModel, hyp: EngineHypothesis, stopper: StopStrings | None) -> str:

@@ -17,7 +17,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -40,11 +39,9 @@ from attnserve.service.decoding import (
 )
 from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
 from attnserve.service.generation import (
-    lm_options,
-    lm_requests,
+    EngineRun,
     prompt_tokens,
-    prompts_of,
-    stop_strings,
+    start_lm,
     text_of,
 )
 from attnserve.service.logs import request_id_var
@@ -85,17 +82,6 @@ LM_ONLY = ("stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs",
 UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "suffix")
 _RESPONSES = {k: v for k, v in ERROR_RESPONSES.items() if k != 422}
 _RESPONSES[400] = {**ERROR_RESPONSES[422], "description": "Invalid request (`param` names it)"}
-
-
-@dataclass
-class _Run:
-    """A request on its way through the engine."""
-
-    model: ServedModel
-    requests: list[EngineRequest]
-    futures: list[asyncio.Future[EngineRequest]]
-    stopper: StopStrings | None
-    timeout: float
 
 
 def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -184,30 +170,19 @@ def _chat_messages(messages: Sequence[ChatCompletionMessage]) -> list[ChatMessag
     return out
 
 
-async def _start_lm(body: GenerateRequest, service: Service, model: ServedModel) -> _Run:
-    options = lm_options(body, model, service)
-    timeout = deadline_seconds(body, service)
-    prompts = await prompts_of(body, model, service)
-    stops = stop_strings(body)
-    stopper = StopStrings(model.tokenizer, stops) if stops else None
-    request_id = request_id_var.get() or "request"
-    requests = lm_requests(
-        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
-    )
-    return _Run(model, requests, submit_all(service, model, requests), stopper, timeout)
-
-
-async def _start_translation(body: GenerateRequest, service: Service, model: ServedModel) -> _Run:
+async def _start_translation(
+    body: GenerateRequest, service: Service, model: ServedModel
+) -> EngineRun:
     texts = texts_of(body, service)
     options = decoding_options(body, model, service)
     timeout = deadline_seconds(body, service)
     sources = await tokenize(body, texts, model)
     request_id = request_id_var.get() or "request"
     requests = new_requests(request_id, sources, options, timeout, stream=body.stream)
-    return _Run(model, requests, submit_all(service, model, requests), None, timeout)
+    return EngineRun(model, requests, submit_all(service, model, requests), None, timeout)
 
 
-async def _finish(run: _Run, request: Request) -> list[EngineRequest] | Response:
+async def _finish(run: EngineRun, request: Request) -> list[EngineRequest] | Response:
     """The finished requests, or the error (raised) / 499 of a run that did not end DONE."""
     outcome = await wait_all(run.model, run.requests, run.futures, run.timeout, request.receive)
     raise_for(outcome, run.requests, run.timeout, request_id_var.get() or "request")
@@ -309,10 +284,6 @@ def _completion_logprobs(
     )
 
 
-def _ids() -> tuple[str, int]:
-    return uuid.uuid4().hex, int(time.time())
-
-
 @router.post(
     CHAT_PATH,
     response_model=ChatCompletion,
@@ -337,8 +308,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     if body.logprobs:
         fields["logprobs"] = body.top_logprobs or 0
     fields["messages"] = _chat_messages(body.messages)
-    run = await _start_lm(_generate_request(fields), service, model)
-    id_, created = "chatcmpl-" + _ids()[0], _ids()[1]
+    run = await start_lm(_generate_request(fields), service, model)
+    id_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return _stream(run, "chat.completion.chunk", id_, created, include_usage)
@@ -392,9 +363,9 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
                 raise ApiError(400, f"{name} is for language models", param=name)
     fields = {k: v for k, v in fields.items() if v is not None}
     native = _generate_request(fields)
-    start = _start_lm if model.generates else _start_translation
+    start = start_lm if model.generates else _start_translation
     run = await start(native, service, model)
-    id_, created = "cmpl-" + _ids()[0], _ids()[1]
+    id_, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         echo = body.prompt if body.echo and isinstance(body.prompt, str) else ""
@@ -426,7 +397,7 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
 
 
 def _stream(
-    run: _Run,
+    run: EngineRun,
     kind: Literal["chat.completion.chunk", "text_completion"],
     id_: str,
     created: int,
@@ -441,7 +412,7 @@ def _stream(
 
 
 async def _chunks(
-    run: _Run,
+    run: EngineRun,
     engine_request: EngineRequest,
     future: asyncio.Future[EngineRequest],
     kind: Literal["chat.completion.chunk", "text_completion"],

@@ -33,11 +33,8 @@ from attnserve.service.errors import ApiError, error_body
 from attnserve.service.generation import (
     check_kind,
     completion,
-    lm_options,
-    lm_requests,
     prompt_tokens,
-    prompts_of,
-    stop_strings,
+    start_lm,
     text_of,
     visible,
 )
@@ -176,16 +173,9 @@ async def _generate(
     body: GenerateRequest, request: Request, service: Service, model: ServedModel
 ) -> Any:
     """/v1/generate on a language model: prompts or a chat, completions or a stream."""
-    options = lm_options(body, model, service)
-    timeout = deadline_seconds(body, service)
-    prompts = await prompts_of(body, model, service)
-    stops = stop_strings(body)
-    stopper = StopStrings(model.tokenizer, stops) if stops else None
+    run = await start_lm(body, service, model)
+    engine_requests, futures, stopper, timeout = run.requests, run.futures, run.stopper, run.timeout
     request_id = request_id_var.get() or "request"
-    engine_requests = lm_requests(
-        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
-    )
-    futures = submit_all(service, model, engine_requests)
     if body.stream:
         (engine_request,), (future,) = engine_requests, futures
         return EventStream(
