@@ -86,6 +86,10 @@ class DecoderStepGraph(nn.Module):
     def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
         self.model = model
+        # An all-zero final logits bias (Marian's, unless trained) is left out of the graph:
+        # adding it is a pass over the (rows, vocabulary) logits every step and changes nothing.
+        bias = model.logits_bias
+        self.with_bias = bias is not None and bool(bias.detach().any())
 
     def forward(
         self,
@@ -129,5 +133,5 @@ class DecoderStepGraph(nn.Module):
             x = layer.residual(x, layer.self_attn_layer_norm, self_attend)
             x = layer.residual(x, layer.encoder_attn_layer_norm, cross_attend)
             x = layer.residual(x, layer.final_layer_norm, layer.ffn)
-        log_probs = torch.log_softmax(model._logits(x).squeeze(1).float(), dim=-1)  # (B, V)
+        log_probs = torch.log_softmax(model._logits(x, self.with_bias).squeeze(1).float(), dim=-1)  # (B, V)
         return (log_probs, *grown)

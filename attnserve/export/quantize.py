@@ -4,7 +4,7 @@ Every `MatMul` whose second input is a constant 2-D weight `W (K, N)` becomes
 
     s    = max(|x|, over K) / 127                      one scale per row (token position)
     x_q  = QuantizeLinear(x * (1 / s), 1, 128)         round(x / s) + 128 as uint8
-    y    = MatMulIntegerToFloat(x_q, W_q, 1, s_w, 128) / (1 / s)   (+ the bias Add, as before)
+    y    = MatMulIntegerToFloat(x_q, W_q, s, s_w, 128)  (+ the bias Add, as before)
 
 with `W_q` int8, symmetric per output column (`s_w`). A row's scale comes from that row's values
 alone and the integer product is exact, so a row's result does not depend on the other rows of
@@ -14,10 +14,10 @@ is shared by the products that read it (the q/k/v projections of one layer).
 u8 activations with s8 weights is the fast integer path of ONNX Runtime's CPU GEMM on x86 (s8
 activations run several times slower there). `MatMulIntegerToFloat` (ORT's contrib op, the one
 ORT's own dynamic quantization fuses into) applies the per-column weight scale in the GEMM's
-output stage; the per-row activation scale is one `Div` after it (by 1 / s, which the
-quantization computed already). On a decoder step the
-tensors are small, so the cost is the number of nodes: the rewrite uses as few as it can (6 per
-quantized activation, 2 per product).
+output stage. Its activation scale `s` may be a tensor (ONNX Runtime 1.18 and later): the kernel
+then multiplies its output by `s`, broadcast, so the (..., 1) per-row scales need no node of their
+own after the product. On a decoder step the tensors are small, so the cost is the number of
+nodes: the rewrite uses as few as it can (7 per quantized activation, 1 per product).
 """
 
 from __future__ import annotations
@@ -75,8 +75,7 @@ class _Builder:
 
     def node(self, op: str, inputs: list[str], base: str, **attrs: object) -> str:
         out = self.unique(base)
-        domain = MS_DOMAIN if op == "MatMulIntegerToFloat" else ""
-        self.nodes.append(helper.make_node(op, inputs, [out], domain=domain, **attrs))  # type: ignore[arg-type]
+        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))  # type: ignore[arg-type]
         return out
 
 
@@ -117,12 +116,13 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
             amax = b.node("ReduceMax", [b.node("Abs", [x], "rowq_abs"), axis_last], "rowq_amax")
             amax = b.node("Max", [amax, tiny], "rowq_amax_pos")  # (..., 1)
             inverse = b.node("Div", [c127, amax], "rowq_inverse_scale")  # 1 / s
+            scale = b.node("Div", [amax, c127], "rowq_scale")  # s, (..., 1)
             unit = b.node("Mul", [x, inverse], "rowq_unit")
             # round(x / s) + 128 with saturation: per-tensor QuantizeLinear with scale 1 works
             # at any rank, so no reshape to the 2-D view per-axis scales would need.
-            quantized[x] = (b.node("QuantizeLinear", [unit, one, zero_point], "rowq_q"), inverse)
+            quantized[x] = (b.node("QuantizeLinear", [unit, one, zero_point], "rowq_q"), scale)
             report.shared_inputs += 1
-        x_q, inverse = quantized[x]
+        x_q, scale = quantized[x]
         if weight.name not in int8_weights:  # a weight two products share is quantized once
             w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
             int8_weights[weight.name] = (
@@ -130,14 +130,14 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
                 b.const(weight.name + "_scale", w_scale),
             )
         w_q_name, w_scale_name = int8_weights[weight.name]
-        product = b.node(
-            "MatMulIntegerToFloat",
-            [x_q, w_q_name, one, w_scale_name, zero_point],
-            node.output[0] + "_int8",
-            name=b.unique((node.name or node.output[0]) + "_rowq"),
-        )
         b.nodes.append(
-            helper.make_node("Div", [product, inverse], [node.output[0]], name=node.name)
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [x_q, w_q_name, scale, w_scale_name, zero_point],
+                [node.output[0]],
+                name=node.name or b.unique(node.output[0] + "_rowq"),
+                domain=MS_DOMAIN,
+            )
         )
         replaced.add(weight.name)
         report.quantized.append(node.name)

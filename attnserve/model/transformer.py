@@ -62,12 +62,13 @@ class EncoderDecoder(nn.Module):
         """ids, positions (B, T) -> (B, T, C)"""
         return self.dropout(embed(ids) * self.embed_scale + self.positions(positions))
 
-    def _logits(self, h: Tensor) -> Tensor:
-        """Decoder output (B, T, C) -> logits (B, T, V)"""
+    def _logits(self, h: Tensor, with_bias: bool = True) -> Tensor:
+        """Decoder output (B, T, C) -> logits (B, T, V); `with_bias=False` leaves out the final
+        logits bias (for a caller that knows it is all zeros)."""
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
         logits = self.lm_head(h)
-        return logits + self.logits_bias if self.logits_bias is not None else logits
+        return logits + self.logits_bias if with_bias and self.logits_bias is not None else logits
 
     # -- encoder ----------------------------------------------------------------------------
 
