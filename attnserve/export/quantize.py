@@ -3,7 +3,7 @@
 Every `MatMul` whose second input is a constant 2-D weight `W (K, N)` becomes
 
     s    = max(|x|, over K) / 127                      one scale per row (token position)
-    x_q  = QuantizeLinear(x * (1 / s), 1, 128)         round(x / s) + 128 as uint8
+    x_q  = QuantizeLinear(x / s, 1, 128)               round(x / s) + 128 as uint8
     y    = MatMulIntegerToFloat(x_q, W_q, s, s_w, 128)  (+ the bias Add, as before)
 
 with `W_q` int8, symmetric per output column (`s_w`). A row's scale comes from that row's values
@@ -17,7 +17,7 @@ ORT's own dynamic quantization fuses into) applies the per-column weight scale i
 output stage. Its activation scale `s` may be a tensor (ONNX Runtime 1.18 and later): the kernel
 then multiplies its output by `s`, broadcast, so the (..., 1) per-row scales need no node of their
 own after the product. On a decoder step the tensors are small, so the cost is the number of
-nodes: the rewrite uses as few as it can (7 per quantized activation, 1 per product).
+nodes: the rewrite uses as few as it can (6 per quantized activation, 1 per product).
 """
 
 from __future__ import annotations
@@ -115,9 +115,8 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
         if x not in quantized:
             amax = b.node("ReduceMax", [b.node("Abs", [x], "rowq_abs"), axis_last], "rowq_amax")
             amax = b.node("Max", [amax, tiny], "rowq_amax_pos")  # (..., 1)
-            inverse = b.node("Div", [c127, amax], "rowq_inverse_scale")  # 1 / s
             scale = b.node("Div", [amax, c127], "rowq_scale")  # s, (..., 1)
-            unit = b.node("Mul", [x, inverse], "rowq_unit")
+            unit = b.node("Div", [x, scale], "rowq_unit")
             # round(x / s) + 128 with saturation: per-tensor QuantizeLinear with scale 1 works
             # at any rank, so no reshape to the 2-D view per-axis scales would need.
             quantized[x] = (b.node("QuantizeLinear", [unit, one, zero_point], "rowq_q"), scale)
