@@ -109,7 +109,7 @@ class DecoderStepGraph(nn.Module):
         model = self.model
         new = torch.ones_like(input_ids)[:, None]  # (B, 1)
         positions = torch.cat([past_mask, new], dim=1).sum(dim=1, keepdim=True) - 1  # (B, 1)
-        x = model._embed(model.tgt_embed, input_ids[:, None], positions)  # (B, 1, C)
+        x = model._embed(input_ids[:, None], positions, target=True)  # (B, 1, C)
         past_bias = _bias(past_mask, x.dtype)  # (B, 1, 1, T)
         src_bias = _bias(encoder_attention_mask, x.dtype)  # (N, 1, 1, S)
         grown: list[Tensor] = []

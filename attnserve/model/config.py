@@ -9,6 +9,10 @@ from attnserve.model.config_file import ConfigFile
 
 Activation = Literal["relu", "gelu", "swish"]
 NormPlacement = Literal["post", "pre"]
+# Marian's sinusoids (sin in the first half of the channels); fairseq's (M2M100, NLLB: another
+# frequency scale); learned tables, one per stack (BART, mBART).
+PositionKind = Literal["sinusoidal", "sinusoidal_fairseq", "learned"]
+POSITION_KINDS = ("sinusoidal", "sinusoidal_fairseq", "learned")
 
 
 @dataclass(frozen=True)
@@ -16,7 +20,8 @@ class ModelConfig(ConfigFile):
     """Architecture and special token ids.
 
     Defaults follow Marian / OPUS-MT (post-LN, scaled embeddings, sinusoidal positions,
-    shared and tied embeddings, a final logits bias, eos=0, decoder start = pad).
+    shared and tied embeddings, a final logits bias, eos=0, decoder start = pad). Pre-LN models
+    have a final LayerNorm after each stack (M2M100, NLLB, mBART); post-LN ones do not.
     """
 
     vocab_size: int = 8000
@@ -35,6 +40,12 @@ class ModelConfig(ConfigFile):
     # Output projection = decoder input embedding (transposed).
     tied_output: bool = True
     final_logits_bias: bool = True
+    positions: PositionKind = "sinusoidal"
+    # The table row of position 0: fairseq's sinusoids start after the pad row (pad_id + 1),
+    # BART's learned tables at 2. A table has max_positions + position_offset rows.
+    position_offset: int = 0
+    # A LayerNorm on the embeddings + positions, before the first layer (BART, mBART).
+    layernorm_embedding: bool = False
     max_positions: int = 512
     layer_norm_eps: float = 1e-5
     dropout: float = 0.1
@@ -52,6 +63,10 @@ class ModelConfig(ConfigFile):
             raise ValueError(f"unknown activation {self.activation!r}")
         if self.norm_placement not in ("post", "pre"):
             raise ValueError(f"unknown norm_placement {self.norm_placement!r}")
+        if self.positions not in POSITION_KINDS:
+            raise ValueError(f"unknown positions {self.positions!r}; one of {POSITION_KINDS}")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset must be >= 0, got {self.position_offset}")
         if self.shared_embeddings and self.target_vocab_size != self.vocab_size:
             raise ValueError("shared_embeddings needs tgt_vocab_size == vocab_size")
         for name in ("pad_id", "eos_id", "unk_id"):

@@ -30,17 +30,60 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
     return table.float()
 
 
-class SinusoidalPositions(nn.Module):
-    """Fixed position embeddings looked up by explicit position ids."""
+def fairseq_sinusoidal_table(n_positions: int, dim: int, padding_idx: int | None) -> Tensor:
+    """fairseq's table (M2M100, NLLB): frequencies exp(-i log(10000) / (dim/2 - 1)), sin then
+    cos, an odd last channel zero, the padding row zero. (P, dim)"""
+    half = dim // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000) / (half - 1)))
+    angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    table = torch.zeros(n_positions, dim)
+    table[:, :half] = torch.sin(angles)
+    table[:, half : 2 * half] = torch.cos(angles)
+    if padding_idx is not None and padding_idx < n_positions:
+        table[padding_idx] = 0.0
+    return table
 
-    def __init__(self, n_positions: int, dim: int) -> None:
+
+class SinusoidalPositions(nn.Module):
+    """Fixed position embeddings looked up by explicit position ids (+ the table's offset)."""
+
+    def __init__(self, n_positions: int, dim: int, *, table: Tensor | None = None, offset: int = 0):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(n_positions, dim), persistent=False)
+        table = sinusoidal_table(n_positions, dim) if table is None else table
+        self.register_buffer("table", table, persistent=False)
         self.table: Tensor
+        self.offset = offset
 
     def forward(self, positions: Tensor) -> Tensor:
         """positions (B, T) int64 -> (B, T, dim)"""
-        return F.embedding(positions, self.table)
+        return F.embedding(positions + self.offset if self.offset else positions, self.table)
+
+
+class LearnedPositions(nn.Embedding):
+    """A learned table (BART's): position p is row p + offset."""
+
+    def __init__(self, n_positions: int, dim: int, offset: int = 0) -> None:
+        super().__init__(n_positions + offset, dim)
+        self.offset = offset
+
+    def forward(self, positions: Tensor) -> Tensor:  # type: ignore[override]
+        """positions (B, T) int64 -> (B, T, dim)"""
+        return super().forward(positions + self.offset if self.offset else positions)
+
+
+def position_embeddings(cfg: ModelConfig) -> tuple[nn.Module, nn.Module]:
+    """The source and target position modules of a config (one shared module if fixed)."""
+    if cfg.positions == "learned":
+        return (
+            LearnedPositions(cfg.max_positions, cfg.d_model, cfg.position_offset),
+            LearnedPositions(cfg.max_positions, cfg.d_model, cfg.position_offset),
+        )
+    rows = cfg.max_positions + cfg.position_offset
+    table = None
+    if cfg.positions == "sinusoidal_fairseq":
+        table = fairseq_sinusoidal_table(rows, cfg.d_model, cfg.pad_id)
+    shared = SinusoidalPositions(rows, cfg.d_model, table=table, offset=cfg.position_offset)
+    return shared, shared
 
 
 class MultiHeadAttention(nn.Module):

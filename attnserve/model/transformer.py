@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnserve.model.cache import EncoderState, KVCache
 from attnserve.model.config import ModelConfig
-from attnserve.model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions
+from attnserve.model.layers import DecoderLayer, EncoderLayer, position_embeddings
 
 
 class EncoderDecoder(nn.Module):
@@ -28,7 +28,12 @@ class EncoderDecoder(nn.Module):
             if cfg.shared_embeddings
             else nn.Embedding(cfg.target_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         )
-        self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
+        self.src_positions, self.tgt_positions = position_embeddings(cfg)
+        # BART's `layernorm_embedding`, one per stack.
+        self.src_input_norm, self.tgt_input_norm = (
+            (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.layernorm_embedding else None)
+            for _ in range(2)
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -58,9 +63,14 @@ class EncoderDecoder(nn.Module):
 
     # -- embeddings -------------------------------------------------------------------------
 
-    def _embed(self, embed: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids, positions (B, T) -> (B, T, C)"""
-        return self.dropout(embed(ids) * self.embed_scale + self.positions(positions))
+    def _embed(self, ids: Tensor, positions: Tensor, *, target: bool) -> Tensor:
+        """ids, positions (B, T) of the source or the target stack -> (B, T, C)"""
+        if target:
+            embed, table, norm = self.tgt_embed, self.tgt_positions, self.tgt_input_norm
+        else:
+            embed, table, norm = self.src_embed, self.src_positions, self.src_input_norm
+        x = embed(ids) * self.embed_scale + table(positions)
+        return self.dropout(norm(x) if norm is not None else x)
 
     def _logits(self, h: Tensor, with_bias: bool = True) -> Tensor:
         """Decoder output (B, T, C) -> logits (B, T, V); `with_bias=False` leaves out the final
@@ -75,7 +85,7 @@ class EncoderDecoder(nn.Module):
     def encode_hidden(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """src_ids (B, S) int64, src_mask (B, S) bool -> encoder output (B, S, C)"""
         positions = torch.arange(src_ids.shape[1], device=src_ids.device).expand_as(src_ids)
-        x = self._embed(self.src_embed, src_ids, positions)
+        x = self._embed(src_ids, positions, target=False)
         attn_mask = src_mask[:, None, :]  # (B, 1, S)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask)
@@ -114,7 +124,7 @@ class EncoderDecoder(nn.Module):
         tokens, positions (B, T) int64; self_mask (B, T, P+T) bool over past + new columns.
         Returns logits (B, T, V) and the cache grown by T columns (its mask is left to the caller).
         """
-        x = self._embed(self.tgt_embed, tokens, positions)
+        x = self._embed(tokens, positions, target=True)
         cross_mask = state.src_mask[:, None, :]  # (B, 1, S)
         keys, values = [], []
         for i, layer in enumerate(self.decoder_layers):
