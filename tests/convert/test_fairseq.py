@@ -2,7 +2,7 @@
 
 Tiny random models built here, one per family: teacher-forced logits over padded batches,
 step-by-step (cached) logits, and generate() reproduced token for token and score for score by
-our search (greedy, beam 4 with n-best).
+our search (greedy, beam 4 with n-best), through PyTorch and through the ONNX fp32 export.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from attnserve.convert.fairseq import (
     family_model_config,
     read_family_config,
 )
+from attnserve.engine.onnx.backend import OnnxBackend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_backend import TorchBackend
 from attnserve.engine.translator import decode_batch
+from attnserve.export.onnx_export import export_variants
 from attnserve.model.transformer import EncoderDecoder
 
 transformers = pytest.importorskip("transformers")
@@ -138,10 +140,23 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def onnx_backend(pair: tuple, tmp_path_factory: pytest.TempPathFactory) -> OnnxBackend:
+    """Our model exported to ONNX fp32 (verified against itself), run by ONNX Runtime."""
+    _, model, _ = pair
+    out = tmp_path_factory.mktemp("onnx")
+    export_variants(model, out, ["fp32"], verify=True)
+    return OnnxBackend(model.config, out / "fp32", threads=1)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnx"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_search_matches_hf_generate(case: str, pair: tuple) -> None:
+def test_search_matches_hf_generate(
+    case: str, runtime: str, pair: tuple, request: pytest.FixtureRequest
+) -> None:
     hf_model, model, _ = pair
     opts = CASES[case]
+    backend = TorchBackend(model) if runtime == "torch" else request.getfixturevalue("onnx_backend")
     src, src_mask = random_batch(seed=3)
     with torch.no_grad():
         out = hf_model.generate(
@@ -155,7 +170,7 @@ def test_search_matches_hf_generate(case: str, pair: tuple) -> None:
         cut = row.index(EOS) if EOS in row else len(row)
         expected.append(tuple(row[:cut]))
     sources = [row[row != PAD].tolist() for row in src]
-    nbest = decode_batch(TorchBackend(model), sources, [opts] * len(sources))
+    nbest = decode_batch(backend, sources, [opts] * len(sources))
     got = [h.tokens for hyps in nbest for h in hyps]
     assert got == expected
     assert len({len(t) for t in got}) > 1
