@@ -18,6 +18,10 @@ class InvalidOption(ValueError):
         self.message = message
 
 
+def _optional_id(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
     """How to decode one request. Defaults: greedy, up to 256 new tokens."""
@@ -50,6 +54,9 @@ class DecodingOptions:
     # processors, and force EOS as the last allowed token.
     renormalize: bool = False
     forced_eos: bool = False
+    # The first generated token, forced (log-prob 0, as Hugging Face's ForcedBOS processor): the
+    # target language code of NLLB, M2M100 and mBART-50, or a model's forced_bos_token_id.
+    forced_bos_id: int | None = None
 
     @property
     def rows(self) -> int:
@@ -69,6 +76,7 @@ class DecodingOptions:
             max_new_tokens=max(1, min(max_new, max_positions)),
             renormalize=bool(generation.get("renormalize_logits", False)),
             forced_eos=generation.get("forced_eos_token_id") is not None,
+            forced_bos_id=_optional_id(generation.get("forced_bos_token_id")),
         )
 
     def validate(self, *, max_beam_size: int = 64, max_new_tokens_limit: int | None = None) -> None:

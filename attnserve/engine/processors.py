@@ -23,7 +23,7 @@ NEG_INF = np.float32(-np.inf)
 
 class LogProbProcessor:
     """Repetition penalty, no-repeat n-grams, presence and frequency penalties, banned tokens,
-    min length, forced final EOS.
+    min length, forced first token (BOS) and forced final EOS.
 
     `prefix`: the prompt of a decoder-only model, which the repetition penalty and the no-repeat
     n-gram rule see before the generated tokens (as Hugging Face's processors see input_ids);
@@ -60,6 +60,9 @@ class LogProbProcessor:
         generated = len(histories[0])
         if generated < opts.min_new_tokens:
             log_probs[:, self.stops] = NEG_INF
+        if opts.forced_bos_id is not None and generated == 0:
+            log_probs[:] = NEG_INF  # as HF: the forced token alone remains, with log-prob 0
+            log_probs[:, opts.forced_bos_id] = 0.0
         if opts.forced_eos and generated == opts.max_new_tokens - 1:
             log_probs[:] = NEG_INF  # as HF: EOS alone remains, with log-prob 0
             log_probs[:, self.eos_id] = 0.0

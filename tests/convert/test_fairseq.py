@@ -137,6 +137,11 @@ def test_step_by_step_logits_match_hf(pair: tuple) -> None:
 CASES = {
     "greedy": DecodingOptions(max_new_tokens=12, min_new_tokens=3),
     "beam4": DecodingOptions(beam_size=4, num_hypotheses=4, max_new_tokens=12, min_new_tokens=3),
+    # a target language code forced as the first token (NLLB, M2M100, mBART-50)
+    "beam4-forced-bos": DecodingOptions(
+        beam_size=4, num_hypotheses=2, max_new_tokens=12, min_new_tokens=3, forced_bos_id=VOCAB - 1
+    ),
+    "greedy-forced-bos": DecodingOptions(max_new_tokens=12, min_new_tokens=3, forced_bos_id=20),
 }
 
 
@@ -164,6 +169,7 @@ def test_search_matches_hf_generate(
             num_beams=opts.beam_size, num_return_sequences=opts.num_hypotheses,
             max_new_tokens=opts.max_new_tokens, min_new_tokens=opts.min_new_tokens, length_penalty=1.0,
             early_stopping=False, return_dict_in_generate=True, output_scores=True,
+            forced_bos_token_id=opts.forced_bos_id,
         )  # fmt: skip
     expected = []
     for row in out.sequences[:, 1:].tolist():
@@ -174,6 +180,8 @@ def test_search_matches_hf_generate(
     got = [h.tokens for hyps in nbest for h in hyps]
     assert got == expected
     assert len({len(t) for t in got}) > 1
+    if opts.forced_bos_id is not None:
+        assert {t[0] for t in got} == {opts.forced_bos_id}
     if opts.beam_size > 1:
         scores = [h.score for hyps in nbest for h in hyps]
         np.testing.assert_allclose(scores, out.sequences_scores.numpy(), atol=1e-4, rtol=1e-4)
