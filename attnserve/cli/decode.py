@@ -32,8 +32,15 @@ def register(sub: Any) -> None:
         default=MAX_BATCH_ROWS,
         help="decoder rows (sentences x beam size) per batch; the smaller limit wins",
     )
-    p.add_argument("--source-lang", default=None, help="source language (informational)")
-    p.add_argument("--target-lang", default=None, help="target language tag, e.g. de")
+    p.add_argument(
+        "--source-lang",
+        default=None,
+        help="source language: the model's code or ISO 639-1 (NLLB, M2M100, mBART-50 put it in "
+        "the source; default the tokenizer's); informational for Marian",
+    )
+    p.add_argument(
+        "--target-lang", default=None, help="target language, e.g. de (or deu_Latn for NLLB)"
+    )
     add_decoding_flags(p)
     p.set_defaults(func=cmd_translate)
 
@@ -69,6 +76,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         lines,
         options,
         target_lang=args.target_lang,
+        source_lang=args.source_lang if translator.tokenizer.multilingual_source else None,
         max_batch_size=args.max_batch_size,
         max_batch_rows=args.max_batch_rows,
     )

@@ -16,6 +16,9 @@ from attnserve.model.checkpoint import ModelDirError, read_json_object
 HF_IMPORTERS: dict[str, tuple[str, str]] = {
     "marian": ("attnserve.convert.marian", "import_marian"),
     "llama": ("attnserve.convert.llama", "import_llama"),
+    "m2m_100": ("attnserve.convert.fairseq", "import_family"),  # M2M100 and NLLB
+    "mbart": ("attnserve.convert.fairseq", "import_family"),
+    "bart": ("attnserve.convert.fairseq", "import_family"),
 }
 GGUF_IMPORTER = ("attnserve.convert.gguf", "import_gguf")
 GGUF_MAGIC = b"GGUF"

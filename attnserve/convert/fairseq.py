@@ -30,8 +30,16 @@ from attnserve.convert.marian import (
     load_hf_state_dict,
     read_hf_json,
 )
-from attnserve.model.checkpoint import ModelDirError, ModelFileMissingError, alias_names
+from attnserve.model.checkpoint import (
+    ModelDirError,
+    ModelFileInvalidError,
+    ModelFileMissingError,
+    alias_names,
+    check_tokenizer,
+    save_model_dir,
+)
 from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import Tokenizer
 from attnserve.model.transformer import EncoderDecoder
 
 logger = logging.getLogger(__name__)
@@ -90,7 +98,9 @@ _EMBEDDINGS = (
     "lm_head.weight",
     "final_logits_bias",
 )
-_SINUSOID_BUFFERS = re.compile(r"model\.(encoder|decoder)\.embed_positions\.(weights|_float_tensor)")
+_SINUSOID_BUFFERS = re.compile(
+    r"model\.(encoder|decoder)\.embed_positions\.(weights|_float_tensor)"
+)
 
 
 class FairseqImportError(ModelDirError, ValueError):
@@ -181,7 +191,9 @@ def convert_family_state_dict(
         elif key not in _EMBEDDINGS and not _SINUSOID_BUFFERS.fullmatch(key):
             unexpected.append(key)
     if unexpected:
-        raise FairseqImportError(f"unsupported weights in the checkpoint: {sorted(unexpected)[:10]}")
+        raise FairseqImportError(
+            f"unsupported weights in the checkpoint: {sorted(unexpected)[:10]}"
+        )
     embedding = next((hf_state[k] for k in _EMBEDDINGS[:3] if k in hf_state), None)
     if embedding is None:
         raise FairseqImportError(f"the weights have none of {', '.join(_EMBEDDINGS[:3])}")
@@ -192,8 +204,8 @@ def convert_family_state_dict(
         ours["lm_head.weight"] = hf_state["lm_head.weight"]
     if config.final_logits_bias:
         bias = hf_state.get("final_logits_bias")
-        ours["logits_bias"] = bias.reshape(-1) if bias is not None else embedding.new_zeros(
-            config.target_vocab_size
+        ours["logits_bias"] = (
+            bias.reshape(-1) if bias is not None else embedding.new_zeros(config.target_vocab_size)
         )
     return {name: t.float() if t.is_floating_point() else t for name, t in ours.items()}
 
@@ -235,3 +247,47 @@ def family_metadata(hf_dir: Path, hf_config: dict[str, Any]) -> dict[str, Any]:
         },
         "generation": generation_defaults(hf_dir, hf_config),
     }
+
+
+def convert_family(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[str, Any]]:
+    """Our model, tokenizer and metadata from an M2M100 / NLLB / mBART directory (in memory)."""
+    hf_dir = Path(hf_dir)
+    hf_config = read_family_config(hf_dir)
+    family = hf_config.get("model_type")
+    if family == "bart":
+        raise FairseqImportError(
+            f"{hf_dir}: BART's byte-level BPE tokenizer is not supported yet (its weights are: "
+            "M2M100, NLLB and mBART directories import whole)"
+        )
+    try:
+        tokenizer = Tokenizer.from_fairseq(hf_dir)
+    except FileNotFoundError as exc:
+        raise ModelFileMissingError(Path(exc.filename or str(exc)).name, hf_dir) from exc
+    except (ValueError, RuntimeError) as exc:
+        raise ModelFileInvalidError(f"tokenizer files in {hf_dir}: {exc}") from exc
+    model = build_family_model(hf_dir, hf_config, tokenizer.unk_id)
+    try:
+        check_tokenizer(model.config, tokenizer, f"in {hf_dir}")
+    except ModelFileInvalidError as exc:
+        raise FairseqImportError(str(exc)) from exc
+    metadata = family_metadata(hf_dir, hf_config)
+    metadata["languages"] = {
+        "source": tokenizer.source_lang,
+        "target": tokenizer.target_lang,
+        "target_tags": tokenizer.language_tags,
+    }
+    return model, tokenizer, metadata
+
+
+def import_family(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """Convert a HF M2M100 / NLLB / mBART directory into a model directory at `out_dir`."""
+    model, tokenizer, metadata = convert_family(hf_dir)
+    logger.info(
+        "imported %s %s: %d parameters, vocab %d, %d languages",
+        metadata["source"]["format"],
+        hf_dir,
+        model.num_parameters(),
+        model.config.vocab_size,
+        len(tokenizer.languages),
+    )
+    return save_model_dir(model, tokenizer, out_dir, extra_metadata=metadata)

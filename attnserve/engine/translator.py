@@ -90,10 +90,15 @@ class Translator:
         defaults = DecodingOptions.model_defaults(generation, runtime.spec.max_positions)
         return cls(runtime, load_tokenizer(model_dir), defaults)
 
-    def encode(self, text: str, target_lang: str | None = None) -> list[int]:
+    def encode(
+        self, text: str, target_lang: str | None = None, source_lang: str | None = None
+    ) -> list[int]:
         """Source ids, truncated to the model's max positions (documented behaviour)."""
         return self.tokenizer.encode_source(
-            text, target_lang=target_lang, max_length=self.backend.spec.max_positions
+            text,
+            target_lang=target_lang,
+            source_lang=source_lang,
+            max_length=self.backend.spec.max_positions,
         )
 
     def translate(
@@ -102,6 +107,7 @@ class Translator:
         options: DecodingOptions | None = None,
         *,
         target_lang: str | None = None,
+        source_lang: str | None = None,
         max_batch_size: int = 32,
         max_batch_rows: int = MAX_BATCH_ROWS,
     ) -> list[Translation]:
@@ -109,7 +115,10 @@ class Translator:
         `max_batch_rows` decoder rows (sentences x beam size)."""
         options = options or self.defaults
         options.validate(max_new_tokens_limit=self.backend.spec.max_positions)
-        sources = [self.encode(t, target_lang) if t.strip() else [] for t in texts]
+        forced = self.tokenizer.forced_bos_id(target_lang)  # NLLB, M2M100, mBART-50
+        if forced is not None:
+            options = options.replace(forced_bos_id=forced)
+        sources = [self.encode(t, target_lang, source_lang) if t.strip() else [] for t in texts]
         results: list[Translation | None] = [None] * len(texts)
         todo = [i for i, src in enumerate(sources) if src]
         for i in set(range(len(texts))) - set(todo):

@@ -133,5 +133,7 @@ class DecoderStepGraph(nn.Module):
             x = layer.residual(x, layer.self_attn_layer_norm, self_attend)
             x = layer.residual(x, layer.encoder_attn_layer_norm, cross_attend)
             x = layer.residual(x, layer.final_layer_norm, layer.ffn)
-        log_probs = torch.log_softmax(model._logits(x, self.with_bias).squeeze(1).float(), dim=-1)  # (B, V)
+        log_probs = torch.log_softmax(
+            model._logits(x, self.with_bias).squeeze(1).float(), dim=-1
+        )  # (B, V)
         return (log_probs, *grown)

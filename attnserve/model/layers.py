@@ -66,7 +66,7 @@ class LearnedPositions(nn.Embedding):
         super().__init__(n_positions + offset, dim)
         self.offset = offset
 
-    def forward(self, positions: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(self, positions: Tensor) -> Tensor:
         """positions (B, T) int64 -> (B, T, dim)"""
         return super().forward(positions + self.offset if self.offset else positions)
 

@@ -11,6 +11,14 @@ Two layouts, one code path (text -> spm pieces -> ids through a piece -> id voca
   separate. This reproduces Hugging Face's ``MarianTokenizer``: pieces missing from the vocab
   become ``<unk>``, a leading ``>>xx<<`` in the text is one token, ``</s>`` is appended.
 
+* ``fairseq`` (imported NLLB, M2M100 and mBART-50 models): one SentencePiece model and
+  ``vocab.json``: fairseq's ids (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, the spm's pieces
+  shifted by one; M2M100 ships its own vocab.json) and the language codes (``eng_Latn``,
+  ``__en__``, ``en_XX``). A source is ``[source code] + pieces + [</s>]``; the target language
+  is the decoder's forced first token (`forced_bos_id`), as Hugging Face's tokenizers and
+  generate() do. Languages are named by the model's codes or by ISO 639-1 / 639-3 where that
+  is unambiguous (``de`` -> ``deu_Latn``; `attnserve.model.languages`).
+
 Known, deliberate difference from ``MarianTokenizer``: special-token strings typed in the text
 (``</s>``, ``<pad>``, ``<unk>``) are tokenized as plain text, never as control tokens.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +36,11 @@ from typing import Any, Literal
 
 import sentencepiece as spm
 
+from attnserve.model.languages import M2M100_LANGUAGES, resolve_language
+
 logger = logging.getLogger(__name__)
 
-Layout = Literal["joint", "marian"]
+Layout = Literal["joint", "marian", "fairseq"]
 
 CONFIG_NAME = "tokenizer.json"
 FORMAT = "attnserve.tokenizer"
@@ -39,6 +50,13 @@ SPIECE_UNDERLINE = "▁"
 # SentencePieceTrainer.train(...) arguments that give ModelConfig's default special ids.
 JOINT_SPM_SPECIAL_IDS: dict[str, Any] = {"eos_id": 0, "pad_id": 1, "unk_id": 2, "bos_id": -1}
 
+# fairseq's special tokens and the shift of SentencePiece ids (NLLB, mBART-50: spm id i -> i + 1).
+FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+FAIRSEQ_OFFSET = 1
+FAIRSEQ_SPM_NAME = "sentencepiece.bpe.model"
+FAIRSEQ_FAST_NAME = "hf_tokenizer.json"  # HF's tokenizer.json (ours is tokenizer.json)
+# A language code token: NLLB's eng_Latn, M2M100's __en__, mBART-50's en_XX.
+LANGUAGE_CODE = re.compile(r"__[a-z]{2,3}__|[a-z]{2,3}_[A-Z][A-Za-z]{1,3}")
 MARIAN_FILES = {
     "source_spm": "source.spm",
     "target_spm": "target.spm",
@@ -95,16 +113,25 @@ def split_language_code(text: str) -> tuple[str | None, str]:
 
 @dataclass
 class _Side:
-    """One direction's SentencePiece model and piece <-> id vocabulary."""
+    """One direction's SentencePiece model and piece <-> id vocabulary; `fast`: the Hugging
+    Face tokenizer.json of a fairseq-layout model, which segments text where it has one (its
+    whitespace rules differ from the raw spm's, and HF users get its ids)."""
 
     model: bytes
     vocab: dict[str, int]
+    fast: str | None = None
     spm: spm.SentencePieceProcessor = field(init=False, repr=False)
     pieces: dict[int, str] = field(init=False, repr=False)
+    segmenter: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.spm = _load_spm(self.model)
         self.pieces = {i: p for p, i in self.vocab.items()}
+        self.segmenter = None
+        if self.fast is not None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self.segmenter = HFTokenizer.from_str(self.fast)
 
     @classmethod
     def from_spm(cls, model: bytes) -> _Side:
@@ -128,6 +155,7 @@ class Tokenizer:
         pad_token: str = "<pad>",
         source_lang: str | None = None,
         target_lang: str | None = None,
+        languages: Sequence[str] = (),
     ) -> None:
         self.layout: Layout = layout
         self._source = source
@@ -146,7 +174,16 @@ class Tokenizer:
         target_special = {
             target.vocab[t] for t in self.special_tokens.values() if t in target.vocab
         }
-        self.special_ids = frozenset({self.eos_id, self.unk_id, self.pad_id} | target_special)
+        # fairseq: the language codes (they name source and target languages; never text)
+        self.languages = list(languages)
+        missing = [code for code in self.languages if code not in source.vocab]
+        if missing:
+            raise ValueError(f"language codes {missing[:5]} are not in the vocabulary")
+        codes = {source.vocab[code] for code in self.languages}
+        bos = {source.vocab["<s>"]} if layout == "fairseq" and "<s>" in source.vocab else set()
+        self.special_ids = frozenset(
+            {self.eos_id, self.unk_id, self.pad_id} | target_special | codes | bos
+        )
         self._target_unk = target.vocab.get(unk_token, self.unk_id)
 
     # -- constructors -----------------------------------------------------------------------
@@ -204,6 +241,45 @@ class Tokenizer:
             target_lang=hf_config.get("target_lang"),
         )
 
+    @classmethod
+    def from_fairseq(cls, hf_dir: str | Path) -> Tokenizer:
+        """NLLB / M2M100 / mBART-50 tokenizer files: sentencepiece.bpe.model, vocab.json (M2M100)
+        and the added tokens (language codes, with their ids) of tokenizer.json or
+        tokenizer_config.json."""
+        hf_dir = Path(hf_dir)
+        model = _read_bytes(hf_dir / FAIRSEQ_SPM_NAME)
+        config = _read_json_file(hf_dir / "tokenizer_config.json")
+        added = _added_tokens(hf_dir, config)
+        if (hf_dir / "vocab.json").is_file():  # M2M100: its own piece -> id table
+            vocab = _read_vocab(hf_dir / "vocab.json")
+            # M2M100's codes are not stored: __xx__ follows vocab.json in its list's order
+            m2m = M2M100_LANGUAGES.get(str(config.get("language_codes", "m2m100")), [])
+            added.update({len(vocab) + i: f"__{code}__" for i, code in enumerate(m2m)})
+        else:
+            proc = _load_spm(model)
+            vocab = dict(FAIRSEQ_SPECIALS)
+            for i in range(proc.get_piece_size()):
+                if not (proc.is_control(i) or proc.is_unknown(i)):
+                    vocab.setdefault(proc.id_to_piece(i), i + FAIRSEQ_OFFSET)
+        for token_id, content in sorted(added.items()):
+            vocab.setdefault(content, token_id)
+        languages = [c for _, c in sorted(added.items()) if LANGUAGE_CODE.fullmatch(c)]
+        if not languages:
+            raise ValueError(f"{hf_dir}: no language codes among the added tokens")
+        fast_path = hf_dir / CONFIG_NAME
+        side = _Side(model, vocab, fast_path.read_text("utf-8") if fast_path.is_file() else None)
+        return cls(
+            "fairseq",
+            side,
+            side,
+            eos_token=_token_name(config.get("eos_token"), "</s>"),
+            unk_token=_token_name(config.get("unk_token"), "<unk>"),
+            pad_token=_token_name(config.get("pad_token"), "<pad>"),
+            source_lang=_language_setting(config.get("src_lang"), languages),
+            target_lang=_language_setting(config.get("tgt_lang"), languages),
+            languages=languages,
+        )
+
     # -- properties -------------------------------------------------------------------------
 
     @property
@@ -226,19 +302,32 @@ class Tokenizer:
 
     @property
     def language_tags(self) -> list[str]:
-        """Target-language tags (``>>de<<``) in the source vocabulary, in id order."""
+        """Target-language tags (``>>de<<``) in the source vocabulary, in id order; fairseq:
+        the language codes."""
+        if self.layout == "fairseq":
+            return list(self.languages)
         tags = [p for p in self._source.vocab if _is_tag(p)]
         return sorted(tags, key=self._source.vocab.__getitem__)
 
     @property
     def target_languages(self) -> list[str]:
         """The language codes of `language_tags` (``de`` for ``>>de<<``)."""
+        if self.layout == "fairseq":
+            return list(self.languages)
         return [tag[2:-2] for tag in self.language_tags]
+
+    @property
+    def multilingual_source(self) -> bool:
+        """Whether a source names its language (fairseq: the first source token)."""
+        return self.layout == "fairseq"
 
     # -- encoding ---------------------------------------------------------------------------
 
     def language_tag(self, target_lang: str) -> str:
-        """The tag for a language code (``de`` or ``>>de<<``); ValueError if not in the vocab."""
+        """The tag for a language code (``de`` or ``>>de<<``); ValueError if not in the vocab.
+        fairseq: the model's code for a language (``de`` -> ``deu_Latn``)."""
+        if self.layout == "fairseq":
+            return resolve_language(target_lang, self.languages)
         tag = target_lang if _is_tag(target_lang) else f">>{target_lang}<<"
         if tag not in self._source.vocab:
             supported = ", ".join(self.target_languages) or "none (single-target model)"
@@ -262,15 +351,47 @@ class Tokenizer:
         return ids
 
     def encode_source(
-        self, text: str, target_lang: str | None = None, *, max_length: int | None = None
+        self,
+        text: str,
+        target_lang: str | None = None,
+        *,
+        source_lang: str | None = None,
+        max_length: int | None = None,
     ) -> list[int]:
         """Source text -> ids ending in eos; `target_lang` prepends its ``>>xx<<`` tag.
 
         Empty text gives ``[eos]``. `max_length` keeps the first ``max_length - 1`` tokens (the
         tag counts) plus eos, as HF's ``truncation=True, max_length=...``.
+
+        fairseq: ``[source code] + pieces + [eos]`` (`source_lang`, default the tokenizer's);
+        `target_lang` is checked but goes to the decoder (`forced_bos_id`).
         """
+        if self.layout == "fairseq":
+            if target_lang is not None:
+                self.language_tag(target_lang)
+            code = self.language_tag(source_lang or self.source_lang or "")
+            ids = self._segment(text)
+            if max_length is not None:
+                if max_length < 2:
+                    raise ValueError(f"max_length must be >= 2, got {max_length}")
+                ids = ids[: max_length - 2]
+            return [self._source.vocab[code], *ids, self.eos_id]
         tag = self.language_tag(target_lang) if target_lang is not None else None
         return self._encode(self._source, text, tag, max_length)
+
+    def _segment(self, text: str) -> list[int]:
+        """Ids of the text's pieces, no special tokens (fairseq layout)."""
+        side = self._source
+        if side.segmenter is not None:
+            return list(side.segmenter.encode(text, add_special_tokens=False).ids)
+        return [side.vocab.get(p, self.unk_id) for p in side.spm.encode(text, out_type=str)]
+
+    def forced_bos_id(self, target_lang: str | None) -> int | None:
+        """The decoder's forced first token for a target language (fairseq: its code's id);
+        None where the target language is in the source (Marian) or there is none."""
+        if self.layout != "fairseq" or target_lang is None:
+            return None
+        return self._source.vocab[self.language_tag(target_lang)]
 
     def encode_target(self, text: str, *, max_length: int | None = None) -> list[int]:
         """Target text -> label ids ending in eos (HF's ``text_target=``)."""
@@ -284,6 +405,10 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Target ids -> text, skipping special ids (HF's ``skip_special_tokens=True``)."""
+        segmenter = self._target.segmenter
+        if segmenter is not None:
+            kept = [int(i) for i in ids if int(i) not in self.special_ids]
+            return str(segmenter.decode(kept, skip_special_tokens=True))
         pieces: list[str] = []
         for token_id in ids:
             token_id = int(token_id)
@@ -311,6 +436,10 @@ class Tokenizer:
         if self.layout == "joint":
             files = {"source_spm": JOINT_SPM_NAME, "target_spm": JOINT_SPM_NAME, "vocab": None}
             files["target_vocab"] = None
+        elif self.layout == "fairseq":
+            files = {"source_spm": FAIRSEQ_SPM_NAME, "target_spm": FAIRSEQ_SPM_NAME}
+            files |= {"vocab": MARIAN_FILES["vocab"], "target_vocab": None}
+            files["fast"] = FAIRSEQ_FAST_NAME if self._source.fast is not None else None
         else:
             files = dict(MARIAN_FILES)
             if not self.separate_vocabs:
@@ -325,6 +454,7 @@ class Tokenizer:
             "source_lang": self.source_lang,
             "target_lang": self.target_lang,
             "language_tags": self.language_tags,
+            "languages": list(self.languages),
         }
 
     def save(self, directory: str | Path) -> list[Path]:
@@ -347,6 +477,8 @@ class Tokenizer:
             write(files["vocab"], _vocab_json(self._source.vocab))
         if files["target_vocab"] is not None:
             write(files["target_vocab"], _vocab_json(self._target.vocab))
+        if files.get("fast") is not None and self._source.fast is not None:
+            write(files["fast"], self._source.fast.encode("utf-8"))
         write(CONFIG_NAME, (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode())
         return written
 
@@ -374,13 +506,16 @@ class Tokenizer:
             raise ValueError(f"{path} is missing the field {exc}") from exc
         if layout == "joint":
             source = target = _Side.from_spm(_read_bytes(source_spm))
-        elif layout == "marian":
+        elif layout in ("marian", "fairseq"):
             vocab = _read_vocab(directory / files["vocab"])
             target_vocab = vocab
             if files.get("target_vocab"):
                 target_vocab = _read_vocab(directory / files["target_vocab"])
-            source = _Side(_read_bytes(source_spm), vocab)
-            target = _Side(_read_bytes(target_spm), target_vocab)
+            fast = None
+            if files.get("fast"):
+                fast = _read_bytes(directory / files["fast"]).decode("utf-8")
+            source = _Side(_read_bytes(source_spm), vocab, fast)
+            target = source if layout == "fairseq" else _Side(_read_bytes(target_spm), target_vocab)
         else:
             raise ValueError(f"{path}: unknown tokenizer layout {layout!r}")
         return cls(
@@ -392,6 +527,7 @@ class Tokenizer:
             pad_token=pad,
             source_lang=config.get("source_lang"),
             target_lang=config.get("target_lang"),
+            languages=config.get("languages") or (),
         )
 
     def __repr__(self) -> str:
@@ -399,6 +535,45 @@ class Tokenizer:
             f"Tokenizer(layout={self.layout!r}, vocab_size={self.vocab_size}, "
             f"target_vocab_size={self.target_vocab_size}, tags={len(self.language_tags)})"
         )
+
+
+def _read_json_file(path: Path) -> dict[str, Any]:
+    """A JSON object file, {} when absent."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def _added_tokens(hf_dir: Path, config: dict[str, Any]) -> dict[int, str]:
+    """id -> content of the added tokens: tokenizer.json's `added_tokens`, else
+    tokenizer_config.json's `added_tokens_decoder`."""
+    added: dict[int, str] = {}
+    for entry in _read_json_file(hf_dir / "tokenizer.json").get("added_tokens") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), int):
+            added[entry["id"]] = str(entry.get("content"))
+    if not added:
+        for key, entry in (config.get("added_tokens_decoder") or {}).items():
+            content = _token_name(entry, "")
+            if str(key).isdigit() and content:
+                added[int(key)] = content
+    return added
+
+
+def _language_setting(value: Any, languages: Sequence[str]) -> str | None:
+    """A tokenizer_config src_lang / tgt_lang as one of the model's codes (M2M100 writes
+    ``en`` for ``__en__``); None when absent or not one of them."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return resolve_language(value, languages)
+    except ValueError:
+        return None
 
 
 def _vocab_json(vocab: dict[str, int]) -> bytes:

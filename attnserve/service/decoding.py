@@ -70,6 +70,9 @@ def decoding_options(
         if body.stream and given.get("beam_size", 1) != 1:
             raise ApiError(422, "stream needs beam_size 1 (greedy or sampling)", param="beam_size")
     options = base.replace(**given)
+    forced = forced_target(body, model)
+    if forced is not None:
+        options = options.replace(forced_bos_id=forced)
     if "num_hypotheses" not in given:
         options = options.replace(num_hypotheses=1)
     try:
@@ -105,11 +108,28 @@ def texts_of(body: TranslateRequest, service: ServiceState) -> list[str]:
     return texts
 
 
+def _check_source_language(body: TranslateRequest, model: ServedModel) -> str | None:
+    """The source language of a model whose sources name it (NLLB, M2M100, mBART-50): the
+    request's, else the tokenizer's default; 422 when unknown or missing. None for others."""
+    tokenizer = model.tokenizer
+    if not tokenizer.multilingual_source:
+        return None
+    name = body.source_lang or tokenizer.source_lang
+    if name is None:
+        raise ApiError(
+            422, f"model {model.name} needs source_lang (one of its languages)", param="source_lang"
+        )
+    try:
+        return str(tokenizer.language_tag(name))
+    except ValueError as exc:
+        raise ApiError(422, str(exc), param="source_lang") from exc
+
+
 def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
     """The target language to tag sources with (None: no tag); 422 for unsupported ones."""
     tokenizer = model.tokenizer
     source = tokenizer.source_lang or ""
-    declared = source not in ("", "mul", "multi")
+    declared = source not in ("", "mul", "multi") and not tokenizer.multilingual_source
     if body.source_lang is not None and declared and body.source_lang.lower() != source.lower():
         raise ApiError(
             422,
@@ -142,14 +162,23 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
     return target
 
 
+def forced_target(body: TranslateRequest, model: ServedModel) -> int | None:
+    """The decoder's forced first token for the request's target language (NLLB, M2M100,
+    mBART-50: the language code), None for models whose sources carry the target."""
+    if model.generates:
+        return None
+    return model.tokenizer.forced_bos_id(_check_languages(body, model))
+
+
 async def tokenize(
     body: TranslateRequest, texts: Sequence[str], model: ServedModel
 ) -> list[list[int]]:
     """Source ids of every text; 422 for a text over the model's input limit."""
     target = _check_languages(body, model)
+    source = _check_source_language(body, model)
 
     def encode_all() -> list[list[int]]:
-        return [model.encode(text, target) for text in texts]
+        return [model.encode(text, target, source) for text in texts]
 
     if sum(len(t) for t in texts) > INLINE_CHARS:
         sources = await run_in_threadpool(encode_all)

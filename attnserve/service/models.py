@@ -64,11 +64,15 @@ class ServedModel:
     def generates(self) -> bool:
         return self.kind == "generation"
 
-    def encode(self, text: str, target_lang: str | None) -> list[int]:
+    def encode(
+        self, text: str, target_lang: str | None, source_lang: str | None = None
+    ) -> list[int]:
         """Source ids (not truncated: the route rejects sources over max_input_tokens)."""
         if self.generates:
             return list(self.tokenizer.encode(text))
-        return list(self.tokenizer.encode_source(text, target_lang=target_lang))
+        return list(
+            self.tokenizer.encode_source(text, target_lang=target_lang, source_lang=source_lang)
+        )
 
 
 def scheduler_limits(

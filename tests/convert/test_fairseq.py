@@ -167,8 +167,9 @@ def test_search_matches_hf_generate(
         out = hf_model.generate(
             input_ids=src, attention_mask=src_mask.long(), do_sample=False,
             num_beams=opts.beam_size, num_return_sequences=opts.num_hypotheses,
-            max_new_tokens=opts.max_new_tokens, min_new_tokens=opts.min_new_tokens, length_penalty=1.0,
-            early_stopping=False, return_dict_in_generate=True, output_scores=True,
+            max_new_tokens=opts.max_new_tokens, min_new_tokens=opts.min_new_tokens,
+            length_penalty=1.0, early_stopping=False, return_dict_in_generate=True,
+            output_scores=True,
             forced_bos_token_id=opts.forced_bos_id,
         )  # fmt: skip
     expected = []
