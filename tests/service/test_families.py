@@ -1,0 +1,126 @@
+"""An NLLB-style model served beside the Marian one: languages by code or ISO name, one running
+batch decoding into several target languages, each request answered as it is alone.
+
+The NLLB directory is built and imported here (tiny random weights, a tokenizer trained in the
+test, the family's language codes), then exported to int8 by the server's first start.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from attnserve.convert import import_model
+from attnserve.model.tokenizer import Tokenizer
+from tests.conftest import train_spm
+from tests.convert.test_fairseq_tokenizer import hf_tokenizer, tiny_model, training_text
+from tests.service.helpers import LiveServer, make_settings
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+TEXTS = training_text()[:6]
+
+
+@pytest.fixture(scope="module")
+def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny NLLB-style model imported into a model directory named `nllb`."""
+    spm_model = train_spm(
+        training_text(), 400, model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1
+    )
+    hf_dir = tmp_path_factory.mktemp("hf") / "nllb-hf"
+    hf_tokenizer("nllb", hf_dir, spm_model)
+    vocab = max(Tokenizer.from_fairseq(hf_dir).max_ids) + 4
+    tiny_model("nllb", vocab).save_pretrained(hf_dir)
+    out = tmp_path_factory.mktemp("served") / "nllb"
+    import_model(hf_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(
+    nllb_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    from attnserve.service.launch import check_models
+
+    marian = tmp_path_factory.mktemp("served") / "marian"
+    shutil.copytree(model_dir, marian)
+    settings = make_settings(
+        marian, models=[str(marian), str(nllb_dir)], variant="int8", max_batch_rows=64
+    )
+    check_models(settings)  # exports the NLLB model's int8 graphs (as `attnserve serve`)
+    with LiveServer(settings) as live:
+        yield live
+
+
+def translate(server: LiveServer, text: str, **fields: Any) -> httpx.Response:
+    body = {"model": "nllb", "text": text, "beam_size": 3, "return_scores": True} | fields
+    return httpx.post(server.url + "/v1/translate", json=body, timeout=120.0)
+
+
+def ok(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    out: dict[str, Any] = response.json()["translations"][0]
+    return out
+
+
+def test_models_list_the_languages(server: LiveServer) -> None:
+    entries = httpx.get(server.url + "/v1/models").json()["data"]
+    nllb = next(e for e in entries if e["id"] == "nllb")
+    assert {"eng_Latn", "deu_Latn", "zho_Hans"} <= set(nllb["target_languages"])
+    assert nllb["source_lang"] == "eng_Latn"
+
+
+def test_iso_names_and_codes_give_the_same_answer(server: LiveServer) -> None:
+    a = ok(translate(server, TEXTS[0], target_lang="de", source_lang="en"))
+    b = ok(translate(server, TEXTS[0], target_lang="deu_Latn", source_lang="eng_Latn"))
+    c = ok(translate(server, TEXTS[0], target_lang="de"))  # the tokenizer's source: eng_Latn
+    assert a == b == c
+    other = ok(translate(server, TEXTS[0], target_lang="fr"))
+    assert other["text"] != a["text"] or other["score"] != a["score"]
+
+
+def test_one_batch_decodes_into_several_languages(server: LiveServer) -> None:
+    jobs = [(text, lang) for text in TEXTS for lang in ("de", "fr", "zho_Hant")]
+    alone = [ok(translate(server, text, target_lang=lang)) for text, lang in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(lambda j: ok(translate(server, j[0], target_lang=j[1])), jobs))
+    assert [t["text"] for t in together] == [t["text"] for t in alone]
+    for got, want in zip(together, alone, strict=True):
+        assert got["score"] == pytest.approx(
+            want["score"], abs=1e-4 * max(want["output_tokens"], 1)
+        )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"target_lang": "xx"}, "target_lang", "unknown language"),
+        ({"target_lang": "zh"}, "target_lang", "ambiguous"),
+        ({}, "target_lang", "give target_lang"),
+        ({"target_lang": "de", "source_lang": "qq"}, "source_lang", "unknown language"),
+    ],
+)
+def test_bad_languages_are_a_422(
+    server: LiveServer, fields: dict[str, Any], param: str, message: str
+) -> None:
+    response = translate(server, TEXTS[0], **fields)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"]
+
+
+def test_openai_completions_take_the_languages(server: LiveServer) -> None:
+    body = {"model": "nllb", "prompt": TEXTS[1], "target_lang": "de", "source_lang": "en"}
+    body |= {"use_beam_search": True, "best_of": 3}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=120.0)
+    assert response.status_code == 200, response.text
+    assert (
+        response.json()["choices"][0]["text"]
+        == ok(translate(server, TEXTS[1], target_lang="de"))["text"]
+    )
