@@ -254,13 +254,20 @@ def convert_family(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[
     hf_dir = Path(hf_dir)
     hf_config = read_family_config(hf_dir)
     family = hf_config.get("model_type")
-    if family == "bart":
+    tokenizer_class = str(
+        read_hf_json(hf_dir, "tokenizer_config.json", required=False).get("tokenizer_class", "")
+    )
+    if family == "mbart" and not tokenizer_class.startswith("MBart50"):
         raise FairseqImportError(
-            f"{hf_dir}: BART's byte-level BPE tokenizer is not supported yet (its weights are: "
-            "M2M100, NLLB and mBART directories import whole)"
+            f"{hf_dir}: {tokenizer_class or 'this mBART tokenizer'} puts the language code after "
+            "the source and starts the decoder with the target's; mBART-50 directories "
+            "(MBart50Tokenizer) are supported"
         )
     try:
-        tokenizer = Tokenizer.from_fairseq(hf_dir)
+        if family == "bart":  # byte-level BPE: its tokenizer.json, <s> ... </s>
+            tokenizer = Tokenizer.from_hf_json(hf_dir)
+        else:
+            tokenizer = Tokenizer.from_fairseq(hf_dir)
     except FileNotFoundError as exc:
         raise ModelFileMissingError(Path(exc.filename or str(exc)).name, hf_dir) from exc
     except (ValueError, RuntimeError) as exc:

@@ -40,7 +40,7 @@ from attnserve.model.languages import M2M100_LANGUAGES, resolve_language
 
 logger = logging.getLogger(__name__)
 
-Layout = Literal["joint", "marian", "fairseq"]
+Layout = Literal["joint", "marian", "fairseq", "hf"]
 
 CONFIG_NAME = "tokenizer.json"
 FORMAT = "attnserve.tokenizer"
@@ -117,21 +117,29 @@ class _Side:
     Face tokenizer.json of a fairseq-layout model, which segments text where it has one (its
     whitespace rules differ from the raw spm's, and HF users get its ids)."""
 
-    model: bytes
+    model: bytes  # empty: no SentencePiece model (the hf layout)
     vocab: dict[str, int]
     fast: str | None = None
-    spm: spm.SentencePieceProcessor = field(init=False, repr=False)
+    spm: Any = field(init=False, repr=False)
     pieces: dict[int, str] = field(init=False, repr=False)
     segmenter: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.spm = _load_spm(self.model)
+        self.spm = _load_spm(self.model) if self.model else None
         self.pieces = {i: p for p, i in self.vocab.items()}
         self.segmenter = None
         if self.fast is not None:
             from tokenizers import Tokenizer as HFTokenizer
 
             self.segmenter = HFTokenizer.from_str(self.fast)
+
+    @classmethod
+    def from_fast(cls, fast: str) -> _Side:
+        """A Hugging Face tokenizer.json alone (no spm): its vocabulary, added tokens included."""
+        side = cls(b"", {}, fast)
+        side.vocab = dict(side.segmenter.get_vocab(with_added_tokens=True))
+        side.pieces = {i: p for p, i in side.vocab.items()}
+        return side
 
     @classmethod
     def from_spm(cls, model: bytes) -> _Side:
@@ -180,7 +188,8 @@ class Tokenizer:
         if missing:
             raise ValueError(f"language codes {missing[:5]} are not in the vocabulary")
         codes = {source.vocab[code] for code in self.languages}
-        bos = {source.vocab["<s>"]} if layout == "fairseq" and "<s>" in source.vocab else set()
+        with_bos = layout in ("fairseq", "hf") and "<s>" in source.vocab
+        bos = {source.vocab["<s>"]} if with_bos else set()
         self.special_ids = frozenset(
             {self.eos_id, self.unk_id, self.pad_id} | target_special | codes | bos
         )
@@ -239,6 +248,23 @@ class Tokenizer:
             pad_token=_token_name(hf_config.get("pad_token"), "<pad>"),
             source_lang=hf_config.get("source_lang"),
             target_lang=hf_config.get("target_lang"),
+        )
+
+    @classmethod
+    def from_hf_json(cls, hf_dir: str | Path) -> Tokenizer:
+        """A Hugging Face tokenizer.json (BART's byte-level BPE): its own special tokens around
+        a source, as transformers' fast tokenizer adds them; no languages."""
+        hf_dir = Path(hf_dir)
+        fast = _read_bytes(hf_dir / CONFIG_NAME).decode("utf-8")
+        config = _read_json_file(hf_dir / "tokenizer_config.json")
+        side = _Side.from_fast(fast)
+        return cls(
+            "hf",
+            side,
+            side,
+            eos_token=_token_name(config.get("eos_token"), "</s>"),
+            unk_token=_token_name(config.get("unk_token"), "<unk>"),
+            pad_token=_token_name(config.get("pad_token"), "<pad>"),
         )
 
     @classmethod
@@ -366,6 +392,15 @@ class Tokenizer:
         fairseq: ``[source code] + pieces + [eos]`` (`source_lang`, default the tokenizer's);
         `target_lang` is checked but goes to the decoder (`forced_bos_id`).
         """
+        if self.layout == "hf":
+            segmenter = self._source.segmenter
+            encoding = segmenter.encode(text, add_special_tokens=False)
+            if max_length is not None:
+                specials = segmenter.num_special_tokens_to_add(False)
+                if max_length <= specials:
+                    raise ValueError(f"max_length must be > {specials}, got {max_length}")
+                encoding.truncate(max_length - specials)
+            return list(segmenter.post_process(encoding).ids)
         if self.layout == "fairseq":
             if target_lang is not None:
                 self.language_tag(target_lang)
@@ -436,6 +471,9 @@ class Tokenizer:
         if self.layout == "joint":
             files = {"source_spm": JOINT_SPM_NAME, "target_spm": JOINT_SPM_NAME, "vocab": None}
             files["target_vocab"] = None
+        elif self.layout == "hf":
+            files = {"source_spm": None, "target_spm": None, "vocab": None, "target_vocab": None}
+            files["fast"] = FAIRSEQ_FAST_NAME
         elif self.layout == "fairseq":
             files = {"source_spm": FAIRSEQ_SPM_NAME, "target_spm": FAIRSEQ_SPM_NAME}
             files |= {"vocab": MARIAN_FILES["vocab"], "target_vocab": None}
@@ -470,7 +508,8 @@ class Tokenizer:
             path.write_bytes(data)
             written.append(path)
 
-        write(files["source_spm"], self._source.model)
+        if files["source_spm"] is not None:
+            write(files["source_spm"], self._source.model)
         if files["target_spm"] != files["source_spm"]:
             write(files["target_spm"], self._target.model)
         if files["vocab"] is not None:
@@ -500,11 +539,13 @@ class Tokenizer:
         try:
             layout, files, special = config["layout"], config["files"], config["special_tokens"]
             eos, unk, pad = (str(special[role]) for role in ("eos", "unk", "pad"))
-            source_spm = directory / files["source_spm"]
-            target_spm = directory / files["target_spm"]
+            source_spm = directory / (files["source_spm"] or "")
+            target_spm = directory / (files["target_spm"] or "")
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{path} is missing the field {exc}") from exc
-        if layout == "joint":
+        if layout == "hf":
+            source = target = _Side.from_fast(_read_bytes(directory / files["fast"]).decode())
+        elif layout == "joint":
             source = target = _Side.from_spm(_read_bytes(source_spm))
         elif layout in ("marian", "fairseq"):
             vocab = _read_vocab(directory / files["vocab"])

@@ -1,8 +1,10 @@
-"""NLLB, M2M100 and mBART-50 directories import whole: tokenizer ids equal Hugging Face's, and
-`attnserve import` + translate reproduce HF generate() with the target language forced.
+"""NLLB, M2M100, mBART-50 and BART directories import whole: tokenizer ids equal Hugging
+Face's, and `attnserve import` + translate reproduce HF generate() with the target language
+(BART: its BOS) forced.
 
-Every directory is built here: a SentencePiece BPE model trained on test strings, the family's
-HF tokenizer around it (its language codes), and a tiny random model of the family.
+Every directory is built here: a SentencePiece BPE model trained on test strings and the
+family's HF tokenizer around it (its language codes), or BART's byte-level BPE trained with the
+`tokenizers` library; and a tiny random model of the family.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ KINDS = {
     "m2m100": ("m2m_100", "__en__", "__de__"),
     "mbart50": ("mbart", "en_XX", "de_DE"),
 }
+LANGUAGE_KINDS = list(KINDS)
 
 
 def training_text() -> list[str]:
@@ -48,8 +51,34 @@ def spm_model() -> bytes:
     )
 
 
+def bart_tokenizer(directory: Path) -> Any:
+    """A byte-level BPE trained here, with BART's special tokens and <s> ... </s> framing."""
+    from tokenizers import Tokenizer as Fast
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    fast = Fast(models.BPE())
+    fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    fast.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    fast.train_from_iterator(training_text(), trainer)
+    fast.add_special_tokens(["<mask>"])
+    fast.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "BartTokenizer", "mask_token": "<mask>"}
+    config |= {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return transformers.AutoTokenizer.from_pretrained(directory)
+
+
 def hf_tokenizer(kind: str, directory: Path, spm_model: bytes) -> Any:
     """The family's HF tokenizer over `spm_model`, saved into `directory` (with the spm)."""
+    if kind == "bart":
+        return bart_tokenizer(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / FAIRSEQ_SPM_NAME).write_bytes(spm_model)
     _, src, tgt = KINDS[kind]
@@ -80,7 +109,7 @@ def hf_tokenizer(kind: str, directory: Path, spm_model: bytes) -> Any:
     return tok
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
+@pytest.fixture(scope="module", params=[*LANGUAGE_KINDS, "bart"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -91,13 +120,30 @@ def tokenizers(
 ) -> tuple[Any, Tokenizer, Path]:
     directory = tmp_path_factory.mktemp("hf") / kind
     hf = hf_tokenizer(kind, directory, spm_model)
-    return hf, Tokenizer.from_fairseq(directory), directory
+    ours = (
+        Tokenizer.from_hf_json(directory) if kind == "bart" else Tokenizer.from_fairseq(directory)
+    )
+    return hf, ours, directory
+
+
+def languages_only(kind: str) -> None:
+    if kind not in KINDS:
+        pytest.skip(f"{kind} has no languages")
 
 
 def test_source_ids_equal_hf(kind: str, tokenizers: tuple) -> None:
     hf, ours, _ = tokenizers
-    _, src, tgt = KINDS[kind]
     texts = [*training_text()[:200], *strings(500, 7), "", " ", "Zürich € 5 🎉"]
+    if kind == "bart":
+        for text in texts:
+            assert ours.encode_source(text) == hf(text).input_ids, repr(text)
+        long = " ".join(texts[:40])
+        assert (
+            ours.encode_source(long, max_length=16)
+            == hf(long, truncation=True, max_length=16).input_ids
+        )
+        return
+    _, src, tgt = KINDS[kind]
     for text in texts:
         assert ours.encode_source(text, source_lang=src) == hf(text).input_ids, repr(text)
     hf.src_lang = tgt if kind != "m2m100" else tgt[2:-2]
@@ -115,6 +161,11 @@ def hf_text(hf: Any, ours: Tokenizer, ids: list[int]) -> str:
 
 def test_decoding_equals_hf(kind: str, tokenizers: tuple) -> None:
     hf, ours, _ = tokenizers
+    if kind == "bart":
+        for text in [*training_text()[:100], *strings(200, 9)]:
+            ids = ours.encode_source(text)
+            assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), repr(text)
+        return
     _, src, tgt = KINDS[kind]
     forced = ours.forced_bos_id(tgt)
     assert forced == hf.convert_tokens_to_ids(tgt)
@@ -126,6 +177,7 @@ def test_decoding_equals_hf(kind: str, tokenizers: tuple) -> None:
 
 
 def test_languages_by_iso_code(kind: str, tokenizers: tuple) -> None:
+    languages_only(kind)
     _, ours, _ = tokenizers
     _, src, tgt = KINDS[kind]
     assert ours.language_tag("de") == tgt and ours.language_tag("en") == src
@@ -143,9 +195,12 @@ def test_tokenizer_round_trips_through_save(tokenizers: tuple, tmp_path: Path) -
     _, ours, _ = tokenizers
     ours.save(tmp_path)
     again = Tokenizer.load(tmp_path)
-    assert again.languages == ours.languages and again.layout == "fairseq"
+    assert again.languages == ours.languages and again.layout == ours.layout
+    target = "de" if ours.languages else None
     for text in strings(50, 3):
-        assert again.encode_source(text, "de") == ours.encode_source(text, "de")
+        ids = ours.encode_source(text, target)
+        assert again.encode_source(text, target) == ids
+        assert again.decode(ids) == ours.decode(ids)
 
 
 def tiny_model(kind: str, vocab: int) -> Any:
@@ -157,7 +212,10 @@ def tiny_model(kind: str, vocab: int) -> Any:
         activation_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=2,
     )  # fmt: skip
-    if KINDS[kind][0] == "m2m_100":
+    if kind == "bart":
+        model = transformers.BartForConditionalGeneration(transformers.BartConfig(**common))
+        model.generation_config.forced_bos_token_id = 0  # as bart-large's generation config
+    elif KINDS[kind][0] == "m2m_100":
         model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**common))
     else:
         config = transformers.MBartConfig(**common, scale_embedding=True)
@@ -183,32 +241,39 @@ def imported(
     model = tiny_model(kind, max(ours.max_ids) + 4)
     model.save_pretrained(hf_dir)
     out = tmp_path_factory.mktemp("ours") / kind
-    assert import_model(hf_dir, out) == KINDS[kind][0]
+    assert import_model(hf_dir, out) == (KINDS[kind][0] if kind in KINDS else kind)
     return model, hf_tok, out
 
 
 def test_import_translates_as_hf_generate(kind: str, imported: tuple) -> None:
     hf_model, hf_tok, out = imported
-    _, src, tgt = KINDS[kind]
-    hf_tok.src_lang = src if kind != "m2m100" else src[2:-2]
     texts = training_text()[:6]
+    if kind == "bart":  # no languages; generation_config.json's forced_bos_token_id (<s>)
+        forced = 0
+    else:
+        _, src, tgt = KINDS[kind]
+        hf_tok.src_lang = src if kind != "m2m100" else src[2:-2]
+        forced = hf_tok.convert_tokens_to_ids(tgt)
     batch = hf_tok(texts, padding=True, return_tensors="pt")
-    forced = hf_tok.convert_tokens_to_ids(tgt)
+    if kind != "bart":  # (BART: its generation config's, as ours reads it)
+        batch["forced_bos_token_id"] = forced
     with torch.no_grad():
         out_ids = hf_model.generate(
-            **batch, num_beams=4, max_new_tokens=10, forced_bos_token_id=forced,
-            do_sample=False, early_stopping=False, length_penalty=1.0,
+            **batch, num_beams=4, max_new_tokens=10, do_sample=False, early_stopping=False,
+            length_penalty=1.0,
         )  # fmt: skip
     translator = Translator.from_model_dir(out, backend="torch")
     expected = [hf_text(hf_tok, translator.tokenizer, row) for row in out_ids.tolist()]
     options = translator.defaults.replace(beam_size=4, max_new_tokens=10)
-    got = translator.translate(texts, options, target_lang="de", source_lang="en")
+    languages = {} if kind == "bart" else {"target_lang": "de", "source_lang": "en"}
+    got = translator.translate(texts, options, **languages)
     assert [t.text for t in got] == expected
     assert all(row[1] == forced for row in out_ids.tolist())
 
 
 def test_one_batch_mixes_target_languages(kind: str, imported: tuple) -> None:
     """Requests into different target languages share a batch and each gets its own output."""
+    languages_only(kind)
     _, _, out = imported
     model, tokenizer = load_model_dir(out)
     backend = TorchBackend(model)
