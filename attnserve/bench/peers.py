@@ -143,6 +143,67 @@ def write_random_marian(out: str | Path, config: ModelConfig, *, seed: int = 0) 
     return out
 
 
+NLLB_CODES = ["eng_Latn", "deu_Latn", "fra_Latn"]
+
+
+def write_random_m2m100(out: str | Path, config: ModelConfig, *, seed: int = 0) -> Path:
+    """An NLLB-style M2M100ForConditionalGeneration with random weights of `config`'s shape and
+    a small tokenizer (fairseq ids, three language codes; CTranslate2 pads its vocabulary with
+    made-up words to the model's)."""
+    import sentencepiece as spm
+    import torch
+    import transformers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    syllables = [c + v for c in "kmrtsnlpdbzvh" for v in "aeiou"]
+    lines = [" ".join(rng.choice(syllables) * 2 for _ in range(8)) for _ in range(2000)]
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buffer, vocab_size=SPM_VOCAB,
+        hard_vocab_limit=False, model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    (out / "sentencepiece.bpe.model").write_bytes(buffer.getvalue())
+    with quiet_transformers():
+        tokenizer = transformers.NllbTokenizer.from_pretrained(
+            out, extra_special_tokens=NLLB_CODES, src_lang="eng_Latn", tgt_lang="deu_Latn"
+        )
+        tokenizer.save_pretrained(out)
+    hf_config = transformers.M2M100Config(
+        vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.n_heads,
+        decoder_attention_heads=config.n_heads,
+        encoder_ffn_dim=config.ffn_dim,
+        decoder_ffn_dim=config.ffn_dim,
+        activation_function=config.activation,
+        scale_embedding=config.scale_embedding,
+        max_position_embeddings=config.max_positions,
+        pad_token_id=config.pad_id,
+        eos_token_id=config.eos_id,
+        bos_token_id=0,
+        decoder_start_token_id=config.start_id,
+    )
+    torch.manual_seed(seed)
+    model = transformers.M2M100ForConditionalGeneration(hf_config).eval()
+    with quiet_transformers():
+        model.save_pretrained(out)
+    log.info("wrote a random M2M100 model (%d parameters) to %s", model.num_parameters(), out)
+    return out
+
+
+def write_random_peer_model(out: str | Path, config: ModelConfig, *, seed: int = 0) -> Path:
+    """A random Hugging Face model of the preset's family: M2M100 for fairseq's positions,
+    else Marian."""
+    if config.positions == "sinusoidal_fairseq":
+        return write_random_m2m100(out, config, seed=seed)
+    return write_random_marian(out, config, seed=seed)
+
+
 def convert_ct2(hf_dir: str | Path, out: str | Path, quantization: str) -> Path:
     """CTranslate2's own converter on a Marian directory (weights stored as `quantization`)."""
     import ctranslate2
@@ -153,7 +214,7 @@ def convert_ct2(hf_dir: str | Path, out: str | Path, quantization: str) -> Path:
 
 
 class HfRunner:
-    """MarianMTModel.generate (torch, fp32) with a fixed output length."""
+    """Hugging Face generate() (torch, fp32) with a fixed output length."""
 
     def __init__(self, hf_dir: str | Path, *, threads: int | None = None) -> None:
         import torch
@@ -163,7 +224,7 @@ class HfRunner:
             torch.set_num_threads(threads)
         self.dir = Path(hf_dir)
         with quiet_transformers():
-            self.model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).eval()
+            self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(hf_dir)).eval()
         self.pad_id = int(self.model.config.pad_token_id)
         # As attnserve's fixed-length options: pad never generated, no forced final EOS.
         self.model.generation_config.bad_words_ids = [[self.pad_id]]

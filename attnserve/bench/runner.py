@@ -2,10 +2,11 @@
 
 Models: `--model DIR` (an attnserve model directory, exported already for ONNX backends),
 `--preset NAME` (random weights of a preset, exported to a temporary directory) or `--hf-dir DIR`
-(a Hugging Face Marian directory, imported and exported). Peers (hf, ct2-fp32, ct2-int8) need a
-Marian directory: `--hf-dir`, or `--preset` with a peer, which writes a random MarianMTModel of
-the preset's shape first (Marian's conventions: swish, final logits bias) so that every runtime
-decodes the same weights.
+(a Hugging Face directory of a family `attnserve import` reads, imported and exported). Peers
+(hf, ct2-fp32, ct2-int8) need a Hugging Face directory: `--hf-dir`, or `--preset` with a peer,
+which writes a random model of the preset's shape first so that every runtime decodes the same
+weights: an M2M100 (NLLB) model for presets with fairseq's positions (`nllb-600m`), else a
+MarianMTModel (Marian's conventions: swish, final logits bias).
 """
 
 from __future__ import annotations
@@ -59,18 +60,19 @@ def prepare(
     args: argparse.Namespace, names: list[str], workdir: Path
 ) -> tuple[Path, dict[str, Path]]:
     """The attnserve model directory to run, and the directory of every peer."""
-    from attnserve.bench.peers import convert_ct2, write_random_marian
+    from attnserve.bench.peers import convert_ct2, write_random_peer_model
 
     peers = [n for n in names if n in PEERS]
     variants = _onnx_variants(names)
     hf_dir: Path | None = args.hf_dir
     if args.preset and peers:
-        hf_dir = write_random_marian(workdir / "hf", _preset_config(args))
+        hf_dir = write_random_peer_model(workdir / "hf", _preset_config(args))
     model = None
     if hf_dir is not None:
-        from attnserve.convert.marian import import_marian
+        from attnserve.convert import import_model
 
-        model_dir = import_marian(hf_dir, workdir / "attnserve")
+        model_dir = workdir / "attnserve"
+        import_model(hf_dir, model_dir)
     elif args.preset:
         model_dir, model = _random_model_dir(_preset_config(args), workdir / "attnserve")
     else:
@@ -182,7 +184,8 @@ def _describe(args: argparse.Namespace, config: Any, names: Sequence[str]) -> st
         f"ffn {config.ffn_dim}, vocab {config.target_vocab_size}"
     )
     if args.preset and any(n in PEERS for n in names):
-        source = f"random MarianMTModel of the {args.preset} shape ({shape}), imported"
+        family = "M2M100" if config.positions == "sinusoidal_fairseq" else "MarianMTModel"
+        source = f"random {family} of the {args.preset} shape ({shape}), imported"
     elif args.preset:
         source = f"preset {args.preset} ({shape}), random weights"
     else:

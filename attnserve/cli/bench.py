@@ -24,7 +24,12 @@ def _add_bench(sub: Any) -> None:
     model = p.add_mutually_exclusive_group()
     model.add_argument("--model", type=Path, default=default_model_dir(), help="model directory")
     model.add_argument("--preset", default=None, help="random weights of a preset (tiny, small..)")
-    model.add_argument("--hf-dir", type=Path, default=None, help="Hugging Face Marian directory")
+    model.add_argument(
+        "--hf-dir",
+        type=Path,
+        default=None,
+        help="Hugging Face directory (a family attnserve import reads)",
+    )
     p.add_argument(
         "--preset-overrides",
         default=None,

@@ -118,5 +118,24 @@ PRESETS: dict[str, ModelConfig] = {
         ffn_dim=2048,
         max_positions=512,
     ),
+    # NLLB-200-distilled-600M's shape (M2M100 architecture: pre-LN, fairseq's sinusoids, relu,
+    # a 256k vocabulary tied to the output projection), for benchmarks on random weights.
+    "nllb-600m": ModelConfig(
+        vocab_size=256206,
+        d_model=1024,
+        n_heads=16,
+        encoder_layers=12,
+        decoder_layers=12,
+        ffn_dim=4096,
+        norm_placement="pre",
+        final_logits_bias=False,
+        positions="sinusoidal_fairseq",
+        position_offset=2,
+        max_positions=1024,
+        pad_id=1,
+        eos_id=2,
+        unk_id=3,
+        decoder_start_id=2,
+    ),
 }
 ModelConfig.PRESETS = PRESETS
