@@ -72,6 +72,14 @@ def optimize_offline(src: Path, dst: Path, level: str = "basic") -> Path:
     options = ort.SessionOptions()
     options.graph_optimization_level = levels[level]
     options.optimized_model_filepath = str(dst)
+    # Large weights beside the graph: an optimized graph can outgrow protobuf's 2 GB (folded
+    # constants of a 600M-parameter model); onnx.load reads the file back with the graph.
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", dst.name + ".data"
+    )
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", str(1 << 20)
+    )
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
     return dst
 
