@@ -19,6 +19,7 @@ HF_IMPORTERS: dict[str, tuple[str, str]] = {
     "m2m_100": ("attnserve.convert.fairseq", "import_family"),  # M2M100 and NLLB
     "mbart": ("attnserve.convert.fairseq", "import_family"),
     "bart": ("attnserve.convert.fairseq", "import_family"),
+    "t5": ("attnserve.convert.t5", "import_t5"),
 }
 GGUF_IMPORTER = ("attnserve.convert.gguf", "import_gguf")
 GGUF_MAGIC = b"GGUF"

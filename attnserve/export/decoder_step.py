@@ -19,7 +19,6 @@ differently, because the graph's inputs and outputs are what a serving loop copi
 
 from __future__ import annotations
 
-import math
 from typing import Any, cast
 
 import torch
@@ -38,18 +37,24 @@ def _bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def self_attention_step(
-    attn: MultiHeadAttention, h: Tensor, past_k: Tensor, past_v: Tensor, past_bias: Tensor
+    attn: MultiHeadAttention,
+    h: Tensor,
+    past_k: Tensor,
+    past_v: Tensor,
+    past_bias: Tensor,
+    new_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """h (B, 1, C); past_k/v (B, H, T, D); past_bias (B, 1, 1, T).
+    """h (B, 1, C); past_k/v (B, H, T, D); past_bias (B, 1|H, 1, T); new_bias (B, H, 1, 1):
+    T5's position bias of the new column (its past columns' is in past_bias).
 
     Returns the attention output (B, 1, C) and the new key and value (B, H, 1, D).
     """
-    scale = 1.0 / math.sqrt(attn.head_dim)
-    q = attn._heads(attn.q_proj(h)) * scale  # (B, H, 1, D)
+    q = attn._heads(attn.q_proj(h)) * attn.scale  # (B, H, 1, D)
     k, v = attn.project_kv(h)  # (B, H, 1, D) each
-    scores = torch.cat(
-        [q @ past_k.transpose(-1, -2) + past_bias, (q * k).sum(dim=-1, keepdim=True)], dim=-1
-    )  # (B, H, 1, T + 1)
+    own = (q * k).sum(dim=-1, keepdim=True)  # (B, H, 1, 1)
+    if new_bias is not None:
+        own = own + new_bias
+    scores = torch.cat([q @ past_k.transpose(-1, -2) + past_bias, own], dim=-1)  # (B, H, 1, T+1)
     p = torch.softmax(scores, dim=-1)
     out = p[..., :-1] @ past_v + p[..., -1:] * v  # (B, H, 1, D)
     b = h.shape[0]
@@ -70,10 +75,9 @@ def grouped_cross_attention(
     slot_rows (N * G,): the row whose query fills each slot (slots s*G .. s*G+G-1 belong to
     source s; unused slots repeat any row); row_slots (B,): the slot of every row.
     """
-    scale = 1.0 / math.sqrt(attn.head_dim)
     b, n = h.shape[0], keys.shape[0]
     heads, dim = attn.n_heads, attn.head_dim
-    q = attn.q_proj(h).reshape(b, heads * dim) * scale  # (B, C)
+    q = attn.q_proj(h).reshape(b, heads * dim) * attn.scale  # (B, H * D)
     grid = q[slot_rows].reshape(n, -1, heads, dim).transpose(1, 2)  # (N, H, G, D)
     p = torch.softmax(grid @ keys.transpose(-1, -2) + src_bias, dim=-1)  # (N, H, G, S)
     out = (p @ values).transpose(1, 2).reshape(-1, heads * dim)  # (N * G, C)
@@ -112,6 +116,13 @@ class DecoderStepGraph(nn.Module):
         x = model._embed(input_ids[:, None], positions, target=True)  # (B, 1, C)
         past_bias = _bias(past_mask, x.dtype)  # (B, 1, 1, T)
         src_bias = _bias(encoder_attention_mask, x.dtype)  # (N, 1, 1, S)
+        new_bias = None
+        if model.tgt_relative is not None:  # T5: the position bias of the past and new columns
+            past_positions = past_mask.cumsum(dim=1) - 1  # (B, T)
+            keys_at = torch.cat([past_positions, positions], dim=1)  # (B, T + 1)
+            relative = model.tgt_relative(positions, keys_at)  # (B, H, 1, T + 1)
+            past_bias = past_bias + relative[..., :-1]
+            new_bias = relative[..., -1:]
         grown: list[Tensor] = []
         for i, module in enumerate(model.decoder_layers):
             layer = cast(DecoderLayer, module)
@@ -120,7 +131,7 @@ class DecoderStepGraph(nn.Module):
             def self_attend(
                 h: Tensor, layer: Any = layer, pk: Tensor = past_k, pv: Tensor = past_v
             ) -> Tensor:
-                out, k, v = self_attention_step(layer.self_attn, h, pk, pv, past_bias)
+                out, k, v = self_attention_step(layer.self_attn, h, pk, pv, past_bias, new_bias)
                 grown.extend((k, v))
                 return out
 

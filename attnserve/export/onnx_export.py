@@ -75,7 +75,7 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Any:
-    """aten SDPA (4-D, boolean mask, eval) as ONNX ops that ORT fuses well.
+    """aten SDPA (4-D, boolean or additive float mask, eval) as ONNX ops that ORT fuses well.
 
     softmax(q * scale @ k^T + where(mask, 0, min)) @ v with k^T a plain last-two-axes Transpose,
     which ORT folds into FusedMatMul(transB) (torchlib's translation reshapes k to 3-D around
@@ -95,10 +95,12 @@ def attention(
     factor = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     scaled = op.Mul(query, op.Constant(value=ir.tensor(factor, dtype=dtype)))
     scores = op.MatMul(scaled, op.Transpose(key, perm=[0, 1, 3, 2]))  # (B, H, T, S)
-    if attn_mask is not None:
+    if attn_mask is not None and attn_mask.dtype == ir.DataType.BOOL:
         zero = op.Constant(value=ir.tensor(0.0, dtype=dtype))
         lowest = op.Constant(value=ir.tensor(dtype.min, dtype=dtype))
         scores = op.Add(scores, op.Where(attn_mask, zero, lowest))
+    elif attn_mask is not None:  # a float mask: T5's position bias, masked already
+        scores = op.Add(scores, attn_mask)
     return op.MatMul(op.Softmax(scores, axis=-1), value)  # (B, H, T, D)
 
 

@@ -7,12 +7,15 @@ from typing import Literal
 
 from attnserve.model.config_file import ConfigFile
 
-Activation = Literal["relu", "gelu", "swish"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swish"]
+ACTIVATION_NAMES = ("relu", "gelu", "gelu_tanh", "swish")
 NormPlacement = Literal["post", "pre"]
+NormKind = Literal["layernorm", "rmsnorm"]
 # Marian's sinusoids (sin in the first half of the channels); fairseq's (M2M100, NLLB: another
-# frequency scale); learned tables, one per stack (BART, mBART).
-PositionKind = Literal["sinusoidal", "sinusoidal_fairseq", "learned"]
-POSITION_KINDS = ("sinusoidal", "sinusoidal_fairseq", "learned")
+# frequency scale); learned tables, one per stack (BART, mBART); T5's relative position buckets
+# (a learned bias per head added to the self-attention scores, computed once per stack).
+PositionKind = Literal["sinusoidal", "sinusoidal_fairseq", "learned", "relative"]
+POSITION_KINDS = ("sinusoidal", "sinusoidal_fairseq", "learned", "relative")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,18 @@ class ModelConfig(ConfigFile):
     position_offset: int = 0
     # A LayerNorm on the embeddings + positions, before the first layer (BART, mBART).
     layernorm_embedding: bool = False
+    # T5: relative position buckets (bidirectional in the encoder, causal in the decoder).
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # T5's switches: RMSNorm without bias, no biases in the projections, no 1/sqrt(d) in the
+    # attention scores, a gated feed-forward (act(x W0) * x W1), a per-head width other than
+    # d_model / n_heads (d_kv), and the tied output's d_model ** -0.5 rescale.
+    norm: NormKind = "layernorm"
+    linear_bias: bool = True
+    scale_attention: bool = True
+    ffn_gated: bool = False
+    kv_dim: int | None = None
+    scale_decoder_output: bool = False
     max_positions: int = 512
     layer_norm_eps: float = 1e-5
     dropout: float = 0.1
@@ -57,10 +72,12 @@ class ModelConfig(ConfigFile):
     decoder_start_id: int | None = None  # None: the pad id, as in Marian
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.kv_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.activation not in ("relu", "gelu", "swish"):
+        if self.activation not in ACTIVATION_NAMES:
             raise ValueError(f"unknown activation {self.activation!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"unknown norm {self.norm!r}")
         if self.norm_placement not in ("post", "pre"):
             raise ValueError(f"unknown norm_placement {self.norm_placement!r}")
         if self.positions not in POSITION_KINDS:
@@ -79,7 +96,7 @@ class ModelConfig(ConfigFile):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.kv_dim if self.kv_dim is not None else self.d_model // self.n_heads
 
     @property
     def start_id(self) -> int:

@@ -14,7 +14,13 @@ from torch import Tensor, nn
 
 from attnserve.model.cache import EncoderState, KVCache
 from attnserve.model.config import ModelConfig
-from attnserve.model.layers import DecoderLayer, EncoderLayer, position_embeddings
+from attnserve.model.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    RelativePositionBias,
+    make_norm,
+    position_embeddings,
+)
 
 
 class EncoderDecoder(nn.Module):
@@ -29,6 +35,10 @@ class EncoderDecoder(nn.Module):
             else nn.Embedding(cfg.target_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         )
         self.src_positions, self.tgt_positions = position_embeddings(cfg)
+        # T5: one bias table per stack, computed once and added in every layer's self-attention
+        relative = cfg.positions == "relative"
+        self.src_relative = RelativePositionBias(cfg, bidirectional=True) if relative else None
+        self.tgt_relative = RelativePositionBias(cfg, bidirectional=False) if relative else None
         # BART's `layernorm_embedding`, one per stack.
         self.src_input_norm, self.tgt_input_norm = (
             (nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.layernorm_embedding else None)
@@ -38,8 +48,10 @@ class EncoderDecoder(nn.Module):
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         pre = cfg.norm_placement == "pre"
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else None
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else None
+        self.encoder_norm = make_norm(cfg) if pre else None
+        self.decoder_norm = make_norm(cfg) if pre else None
+        # T5 with a tied output projection rescales the decoder output by d_model ** -0.5
+        self.output_scale = cfg.d_model**-0.5 if cfg.scale_decoder_output else 1.0
         self.lm_head = nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
         if cfg.tied_output:
             self.lm_head.weight = self.tgt_embed.weight
@@ -69,7 +81,9 @@ class EncoderDecoder(nn.Module):
             embed, table, norm = self.tgt_embed, self.tgt_positions, self.tgt_input_norm
         else:
             embed, table, norm = self.src_embed, self.src_positions, self.src_input_norm
-        x = embed(ids) * self.embed_scale + table(positions)
+        x = embed(ids) * self.embed_scale
+        if table is not None:
+            x = x + table(positions)
         return self.dropout(norm(x) if norm is not None else x)
 
     def _logits(self, h: Tensor, with_bias: bool = True) -> Tensor:
@@ -77,6 +91,8 @@ class EncoderDecoder(nn.Module):
         logits bias (for a caller that knows it is all zeros)."""
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
+        if self.output_scale != 1.0:
+            h = h * self.output_scale
         logits = self.lm_head(h)
         return logits + self.logits_bias if with_bias and self.logits_bias is not None else logits
 
@@ -87,8 +103,11 @@ class EncoderDecoder(nn.Module):
         positions = torch.arange(src_ids.shape[1], device=src_ids.device).expand_as(src_ids)
         x = self._embed(src_ids, positions, target=False)
         attn_mask = src_mask[:, None, :]  # (B, 1, S)
+        bias = None
+        if self.src_relative is not None:
+            bias = self.src_relative(positions[:1], positions[:1])  # (1, H, S, S)
         for layer in self.encoder_layers:
-            x = layer(x, attn_mask)
+            x = layer(x, attn_mask, bias)
         return self.encoder_norm(x) if self.encoder_norm is not None else x
 
     def encode(self, src_ids: Tensor, src_mask: Tensor) -> EncoderState:
@@ -126,6 +145,11 @@ class EncoderDecoder(nn.Module):
         """
         x = self._embed(tokens, positions, target=True)
         cross_mask = state.src_mask[:, None, :]  # (B, 1, S)
+        bias = None
+        if self.tgt_relative is not None:
+            # a past column's position is the count of real columns before it in its row
+            past = cache.mask.long().cumsum(dim=1) - 1  # (B, P)
+            bias = self.tgt_relative(positions, torch.cat([past, positions], dim=1))
         keys, values = [], []
         for i, layer in enumerate(self.decoder_layers):
             x, k, v = layer(
@@ -136,6 +160,7 @@ class EncoderDecoder(nn.Module):
                 state.cross_keys[i],
                 state.cross_values[i],
                 cross_mask,
+                bias,
             )
             keys.append(k)
             values.append(v)
