@@ -70,9 +70,6 @@ def decoding_options(
         if body.stream and given.get("beam_size", 1) != 1:
             raise ApiError(422, "stream needs beam_size 1 (greedy or sampling)", param="beam_size")
     options = base.replace(**given)
-    forced = forced_target(body, model)
-    if forced is not None:
-        options = options.replace(forced_bos_id=forced)
     if "num_hypotheses" not in given:
         options = options.replace(num_hypotheses=1)
     try:
@@ -162,20 +159,17 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
     return target
 
 
-def forced_target(body: TranslateRequest, model: ServedModel) -> int | None:
-    """The decoder's forced first token for the request's target language (NLLB, M2M100,
-    mBART-50: the language code), None for models whose sources carry the target."""
-    if model.generates:
-        return None
-    return model.tokenizer.forced_bos_id(_check_languages(body, model))
-
-
 async def tokenize(
-    body: TranslateRequest, texts: Sequence[str], model: ServedModel
-) -> list[list[int]]:
-    """Source ids of every text; 422 for a text over the model's input limit."""
+    body: TranslateRequest, texts: Sequence[str], model: ServedModel, options: DecodingOptions
+) -> tuple[list[list[int]], DecodingOptions]:
+    """Source ids of every text and the options with the target language's forced first token
+    (NLLB, M2M100, mBART-50: its code; models whose sources carry the target need none); 422
+    for an unsupported language or a text over the model's input limit."""
     target = _check_languages(body, model)
     source = _check_source_language(body, model)
+    forced = model.tokenizer.forced_bos_id(target)
+    if forced is not None:
+        options = options.replace(forced_bos_id=forced)
 
     def encode_all() -> list[list[int]]:
         return [model.encode(text, target, source) for text in texts]
@@ -191,7 +185,7 @@ async def tokenize(
             raise ApiError(
                 422, f"{where} has {len(ids)} tokens; the limit is {limit}", param="text"
             )
-    return sources
+    return sources, options
 
 
 def deadline_seconds(body: TranslateRequest, service: ServiceState) -> float:

@@ -176,7 +176,7 @@ async def _start_translation(
     texts = texts_of(body, service)
     options = decoding_options(body, model, service)
     timeout = deadline_seconds(body, service)
-    sources = await tokenize(body, texts, model)
+    sources, options = await tokenize(body, texts, model, options)
     request_id = request_id_var.get() or "request"
     requests = new_requests(request_id, sources, options, timeout, stream=body.stream)
     return EngineRun(model, requests, submit_all(service, model, requests), None, timeout)

@@ -137,7 +137,7 @@ async def _decode(body: TranslateRequest, request: Request, service: Service) ->
     texts = texts_of(body, service)
     options = decoding_options(body, model, service)
     timeout = deadline_seconds(body, service)
-    sources = await tokenize(body, texts, model)
+    sources, options = await tokenize(body, texts, model, options)
     request_id = request_id_var.get() or "request"
     stream = isinstance(body, GenerateRequest) and body.stream
     engine_requests = new_requests(request_id, sources, options, timeout, stream=stream)
