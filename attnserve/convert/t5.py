@@ -7,6 +7,8 @@ first layer and shared by the others), no 1/sqrt(d) in the attention scores, a p
 `d_kv` that need not be d_model / heads, ReLU or gated-GELU (tanh approximation) feed-forward,
 no embedding scale, and a tied output projection that rescales the decoder output by
 d_model ** -0.5 (v1.1 and Flan-T5 untie it and do not). The decoder starts from the pad token.
+T5 names the task in the source text: the translation prefixes of `task_specific_params` become
+the tokenizer's prefixes by target language (a request's `target_lang` picks one).
 Never imports transformers; weights are converted to float32.
 """
 
@@ -43,6 +45,8 @@ HF_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True, "pad_token_id": 0, "eos_token_id": 1,
     "decoder_start_token_id": 0, "n_positions": 512,
 }  # fmt: skip
+# task_specific_params keys of translation tasks: translation_en_to_de
+TRANSLATION_TASK = re.compile(r"translation_(?P<source>[A-Za-z-]+)_to_(?P<target>[A-Za-z-]+)")
 # feed_forward_proj -> (gated, our activation)
 FEED_FORWARD = {
     "relu": (False, "relu"),
@@ -232,13 +236,31 @@ def build_t5_model(hf_dir: Path, hf_config: dict[str, Any], unk_id: int) -> Enco
     return model.eval()
 
 
+def task_prefixes(hf_config: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+    """T5's translation prefixes by target language from ``task_specific_params``
+    (``translation_en_to_de``: ``translate English to German: ``) and their source language
+    when they share one (else None; the first prefix per target is kept)."""
+    params = hf_config.get("task_specific_params")
+    prefixes: dict[str, str] = {}
+    sources: set[str] = set()
+    for task, values in params.items() if isinstance(params, dict) else ():
+        match = TRANSLATION_TASK.fullmatch(str(task))
+        prefix = values.get("prefix") if isinstance(values, dict) else None
+        if match is None or not isinstance(prefix, str) or not prefix:
+            continue
+        sources.add(match["source"])
+        prefixes.setdefault(match["target"], prefix)
+    return prefixes, (sources.pop() if len(sources) == 1 else None)
+
+
 def convert_t5(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[str, Any]]:
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise ModelFileMissingError("config.json", hf_dir, " (the directory does not exist)")
     hf_config = read_hf_json(hf_dir, "config.json")
+    prefixes, source_lang = task_prefixes(hf_config)
     try:
-        tokenizer = Tokenizer.from_hf_json(hf_dir)
+        tokenizer = Tokenizer.from_hf_json(hf_dir, prefixes=prefixes, source_lang=source_lang)
     except FileNotFoundError as exc:
         raise ModelFileMissingError(Path(exc.filename or str(exc)).name, hf_dir) from exc
     except (ValueError, RuntimeError) as exc:

@@ -194,6 +194,7 @@ def export_lm_variants(
                     float_output=False,
                     names=LM_GRAPHS,
                     keep_float=keep_down if INT8_FLOAT_DOWN else None,
+                    vocab_size=model.config.vocab_size,
                 )
                 options["smoothquant"] = smoothed
                 options["float_down_projections"] = INT8_FLOAT_DOWN

@@ -274,6 +274,7 @@ def export_variants(
                     Path(tmp) / "int8-opt",
                     float_output=float_output,
                     scales=int8_scales,
+                    vocab_size=model.config.vocab_size,
                 )
             else:
                 options = build.convert_fp16(fp32_dir, out)

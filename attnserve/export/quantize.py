@@ -18,6 +18,14 @@ output stage. Its activation scale `s` may be a tensor (ONNX Runtime 1.18 and la
 then multiplies its output by `s`, broadcast, so the (..., 1) per-row scales need no node of their
 own after the product. On a decoder step the tensors are small, so the cost is the number of
 nodes: the rewrite uses as few as it can (6 per quantized activation, 1 per product).
+
+Token embeddings (`Gather` from a constant (V, C) table with `embedding_rows` = V rows) are
+stored int8 with one scale per row (token), dequantized after the lookup: a row's values are its
+own, so batch invariance holds. A table whose transpose is a quantized product's weight (tied
+input and output embeddings) is stored once: per-row scales of the table are per-column scales of
+its transpose, so the int8 values are identical, and the lookup reads the (C, V) weight along
+axis 1. For a 256k x 1024 vocabulary this is 1 GB of float32 per graph down to 256 MB, shared
+with the output projection.
 """
 
 from __future__ import annotations
@@ -40,15 +48,22 @@ class QuantizeReport:
     """What `quantize_rows` changed."""
 
     quantized: list[str] = field(default_factory=list)  # MatMul node names
+    embeddings: list[str] = field(default_factory=list)  # Gather node names (int8 tables)
+    tied: int = 0  # embeddings read from an output projection's int8 weight
     shared_inputs: int = 0  # distinct activations quantized
     skipped: list[str] = field(default_factory=list)  # excluded by name
 
 
 def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """W (K, N) float -> int8 (K, N) and per-column scales (N,), symmetric in [-127, 127]."""
-    scale = np.maximum(np.abs(w).max(axis=0), TINY) / 127.0
+    scale = row_scales(w.T)
     q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-    return q, scale.astype(np.float32)
+    return q, scale
+
+
+def row_scales(table: np.ndarray) -> np.ndarray:
+    """Symmetric int8 scales of a (R, C) table's rows: max |row| / 127, float32 (R,)."""
+    return (np.maximum(np.abs(table).max(axis=1), TINY) / 127.0).astype(np.float32)
 
 
 class _Builder:
@@ -79,10 +94,13 @@ class _Builder:
         return out
 
 
-def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> QuantizeReport:
-    """Rewrite `model` in place: per-row int8 products for MatMuls with constant 2-D weights.
+def quantize_rows(
+    model: onnx.ModelProto, exclude: Collection[str] = (), embedding_rows: int | None = None
+) -> QuantizeReport:
+    """Rewrite `model` in place: per-row int8 products for MatMuls with constant 2-D weights,
+    and int8 token embeddings (Gathers from constant tables of `embedding_rows` rows).
 
-    `exclude`: MatMul node names to keep in float (e.g. the output projection).
+    `exclude`: MatMul and Gather node names to keep in float (e.g. the output projection).
     """
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
@@ -102,7 +120,12 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
     quantized: dict[str, tuple[str, str]] = {}
     int8_weights: dict[str, tuple[str, str]] = {}  # weight -> (int8 weight, column scales)
     replaced: set[str] = set()
+    tables = _embedding_tables(graph, weights, embedding_rows, exclude)
     for node in graph.node:
+        if node.name in tables:
+            _quantize_gather(b, node, tables[node.name], int8_weights, report)
+            replaced.add(node.input[0])
+            continue
         weight = weights.get(node.input[1]) if node.op_type == "MatMul" else None
         if weight is None or len(weight.dims) != 2:
             b.nodes.append(node)
@@ -122,13 +145,7 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
             quantized[x] = (b.node("QuantizeLinear", [unit, one, zero_point], "rowq_q"), scale)
             report.shared_inputs += 1
         x_q, scale = quantized[x]
-        if weight.name not in int8_weights:  # a weight two products share is quantized once
-            w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
-            int8_weights[weight.name] = (
-                b.const(weight.name + "_int8", w_q),
-                b.const(weight.name + "_scale", w_scale),
-            )
-        w_q_name, w_scale_name = int8_weights[weight.name]
+        w_q_name, w_scale_name = _int8_weight(b, weight, int8_weights)
         b.nodes.append(
             helper.make_node(
                 "MatMulIntegerToFloat",
@@ -149,3 +166,109 @@ def quantize_rows(model: onnx.ModelProto, exclude: Collection[str] = ()) -> Quan
     if report.quantized and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return report
+
+
+def _int8_weight(
+    b: _Builder, weight: onnx.TensorProto, done: dict[str, tuple[str, str]]
+) -> tuple[str, str]:
+    """The int8 weight and column scales of `weight`, made once however many nodes read it."""
+    if weight.name not in done:
+        w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
+        done[weight.name] = (
+            b.const(weight.name + "_int8", w_q),
+            b.const(weight.name + "_scale", w_scale),
+        )
+    return done[weight.name]
+
+
+@dataclass
+class _Table:
+    """A token embedding to store int8: its float table, and the product weight it is tied to."""
+
+    table: onnx.TensorProto
+    tied: onnx.TensorProto | None
+
+
+def _embedding_tables(
+    graph: onnx.GraphProto,
+    weights: dict[str, onnx.TensorProto],
+    rows: int | None,
+    exclude: Collection[str],
+) -> dict[str, _Table]:
+    """Gather node name -> its table, for lookups in constant float (rows, C) tables."""
+    if rows is None:
+        return {}
+    found: dict[str, _Table] = {}
+    arrays: dict[str, np.ndarray] = {}  # float tables, loaded once
+    for node in graph.node:
+        table = weights.get(node.input[0]) if node.op_type == "Gather" else None
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if (
+            table is None
+            or node.name in exclude
+            or axis != 0
+            or len(table.dims) != 2
+            or table.dims[0] != rows
+            or table.data_type != onnx.TensorProto.FLOAT
+        ):
+            continue
+        if table.name not in arrays:
+            arrays[table.name] = numpy_helper.to_array(table)
+        tied = _tied_weight(graph, weights, arrays[table.name], exclude)
+        found[node.name] = _Table(table, tied)
+    return found
+
+
+def _tied_weight(
+    graph: onnx.GraphProto,
+    weights: dict[str, onnx.TensorProto],
+    table: np.ndarray,
+    exclude: Collection[str],
+) -> onnx.TensorProto | None:
+    """The quantized MatMul's weight equal to `table` transposed (a tied output projection)."""
+    shape = [table.shape[1], table.shape[0]]
+    for node in graph.node:
+        product = node.op_type == "MatMul" and node.name not in exclude
+        weight = weights.get(node.input[1]) if product else None
+        if (
+            weight is not None
+            and list(weight.dims) == shape
+            and weight.data_type == onnx.TensorProto.FLOAT
+            and np.array_equal(numpy_helper.to_array(weight), table.T)
+        ):
+            return weight
+    return None
+
+
+def _quantize_gather(
+    b: _Builder,
+    node: onnx.NodeProto,
+    found: _Table,
+    int8_weights: dict[str, tuple[str, str]],
+    report: QuantizeReport,
+) -> None:
+    """Replace the lookup `node` by an int8 lookup times its rows' scales:
+    y = Cast(Gather(T_q, ids)) * Gather(s, ids)."""
+    ids = node.input[1]
+    table = numpy_helper.to_array(found.table)
+    scales = b.const(found.table.name + "_row_scale", row_scales(table).reshape(-1, 1))
+    if found.tied is not None:
+        # The product's (C, V) int8 weight holds the same values: gather its columns (C, n),
+        # transpose to rows and give them the ids' shape.
+        w_q, _ = _int8_weight(b, found.tied, int8_weights)
+        flat = b.node("Reshape", [ids, b.const("emb_flat", np.array([-1], np.int64))], "emb_ids")
+        columns = b.node("Gather", [w_q, flat], "emb_q_columns", axis=1)
+        rows_q = b.node("Transpose", [columns], "emb_q_rows", perm=[1, 0])
+        channels = b.const("emb_channels", np.array([table.shape[1]], np.int64))
+        shape = b.node("Shape", [ids], "emb_ids_shape")
+        shape = b.node("Concat", [shape, channels], "emb_shape", axis=0)
+        looked_up = b.node("Reshape", [rows_q, shape], "emb_q")
+        report.tied += 1
+    else:
+        q, _ = quantize_weight(table.T)
+        table_q = b.const(found.table.name + "_int8", np.ascontiguousarray(q.T))
+        looked_up = b.node("Gather", [table_q, ids], "emb_q")
+    row_scale = b.node("Gather", [scales, ids], "emb_scale")  # (..., 1)
+    as_float = b.node("Cast", [looked_up], "emb_float", to=onnx.TensorProto.FLOAT)
+    b.nodes.append(helper.make_node("Mul", [as_float, row_scale], [node.output[0]], name=node.name))
+    report.embeddings.append(node.name)

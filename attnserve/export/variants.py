@@ -8,7 +8,8 @@ providers may not run. Then int8 weights, per output channel, for every MatMul w
 input is a constant (the attention score products stay float), with activations quantized at run
 time: per row (`scales="row"`, the default: `attnserve.export.quantize`, batch-invariant) or per
 tensor (`"tensor"`: ORT's `quantize_dynamic`, fused into DynamicQuantizeMatMul when the session
-loads it). Embeddings (Gather) stay float.
+loads it). With per-row scales the token embeddings are int8 too (one scale per token, stored
+once where the output projection is tied to them); per tensor they stay float.
 
 `INT8_FLOAT_OUTPUT` decides whether the output projection (the V x C matrix that produces the
 logits) stays float; its comment says why it does not by default.
@@ -112,8 +113,12 @@ def quantize_int8(
     scales: str = "row",
     names: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
     keep_float: Callable[[onnx.ModelProto], list[str]] | None = None,
+    vocab_size: int | None = None,
 ) -> dict[str, Any]:
     """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used.
+
+    `vocab_size`: with per-row scales, token embedding tables (that many rows) are stored int8
+    too, once where the output projection is tied to them (`attnserve.export.quantize`).
 
     `scales="row"`: per-row activation scales (`attnserve.export.quantize`, batch-invariant);
     `"tensor"`: ONNX Runtime's `quantize_dynamic`, one activation scale per tensor and call.
@@ -122,6 +127,7 @@ def quantize_int8(
         raise ValueError(f"unknown int8 scales {scales!r}; choose from {', '.join(INT8_SCALES)}")
     work_dir.mkdir(parents=True, exist_ok=True)
     excluded: list[str] = []
+    embeddings = 0
     for name in names:
         optimized = optimize_offline(src_dir / name, work_dir / name)
         model = onnx.load(str(optimized))
@@ -134,7 +140,8 @@ def quantize_int8(
             exclude += chosen
             excluded += chosen
         if scales == "row":
-            quantize_rows(model, exclude)
+            report = quantize_rows(model, exclude, embedding_rows=vocab_size)
+            embeddings += len(report.embeddings)
             onnx.checker.check_model(model)
             onnx.save(model, str(out_dir / name))
         else:
@@ -151,6 +158,7 @@ def quantize_int8(
         "quantized_ops": ["MatMul"] if scales == "row" else list(QUANTIZED_OPS),
         "float_output_projection": bool(float_output),
         "float_nodes": excluded,
+        "int8_embeddings": embeddings,
     }
 
 

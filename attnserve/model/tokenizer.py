@@ -1,6 +1,8 @@
-"""SentencePiece tokenizer for our own (joint) models and for Marian / OPUS-MT models (no torch).
+"""Translation tokenizers (no torch): our own models, Marian / OPUS-MT, the fairseq families
+(NLLB, M2M100, mBART-50) and Hugging Face tokenizer.json models (BART, T5).
 
-Two layouts, one code path (text -> spm pieces -> ids through a piece -> id vocabulary):
+SentencePiece layouts share one code path (text -> spm pieces -> ids through a piece -> id
+vocabulary):
 
 * ``joint`` (models we train): one SentencePiece model for source and target; a piece's id is its
   spm id. Train it with ``JOINT_SPM_SPECIAL_IDS`` (eos=0, pad=1, unk=2, no bos) so the ids agree
@@ -18,6 +20,10 @@ Two layouts, one code path (text -> spm pieces -> ids through a piece -> id voca
   is the decoder's forced first token (`forced_bos_id`), as Hugging Face's tokenizers and
   generate() do. Languages are named by the model's codes or by ISO 639-1 / 639-3 where that
   is unambiguous (``de`` -> ``deu_Latn``; `attnserve.model.languages`).
+* ``hf`` (imported BART and T5 models): the model's Hugging Face ``tokenizer.json`` segments and
+  adds its own special tokens. T5 names a task in the text; its task prefixes by target language
+  (``task_specific_params``: ``de`` -> ``translate English to German: ``) are prepended when a
+  request names the target language, and a text may carry its own prefix otherwise.
 
 Known, deliberate difference from ``MarianTokenizer``: special-token strings typed in the text
 (``</s>``, ``<pad>``, ``<unk>``) are tokenized as plain text, never as control tokens.
@@ -29,7 +35,7 @@ import errno
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -164,6 +170,7 @@ class Tokenizer:
         source_lang: str | None = None,
         target_lang: str | None = None,
         languages: Sequence[str] = (),
+        prefixes: Mapping[str, str] | None = None,
     ) -> None:
         self.layout: Layout = layout
         self._source = source
@@ -171,6 +178,9 @@ class Tokenizer:
         self.source_lang = source_lang
         self.target_lang = target_lang
         self.special_tokens = {"eos": eos_token, "unk": unk_token, "pad": pad_token}
+        # hf layout (T5): a task prefix per target language ("translate English to German: "),
+        # prepended to a source's text when a request names that target language.
+        self.prefixes = dict(prefixes or {})
         for role, token in self.special_tokens.items():
             if token not in source.vocab:
                 raise ValueError(f"{role} token {token!r} is not in the source vocabulary")
@@ -251,9 +261,16 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_hf_json(cls, hf_dir: str | Path) -> Tokenizer:
-        """A Hugging Face tokenizer.json (BART's byte-level BPE): its own special tokens around
-        a source, as transformers' fast tokenizer adds them; no languages."""
+    def from_hf_json(
+        cls,
+        hf_dir: str | Path,
+        *,
+        prefixes: Mapping[str, str] | None = None,
+        source_lang: str | None = None,
+    ) -> Tokenizer:
+        """A Hugging Face tokenizer.json (BART's byte-level BPE, T5's unigram): its own special
+        tokens around a source, as transformers' fast tokenizer adds them; T5's task `prefixes`
+        by target language."""
         hf_dir = Path(hf_dir)
         fast = _read_bytes(hf_dir / CONFIG_NAME).decode("utf-8")
         config = _read_json_file(hf_dir / "tokenizer_config.json")
@@ -265,6 +282,8 @@ class Tokenizer:
             eos_token=_token_name(config.get("eos_token"), "</s>"),
             unk_token=_token_name(config.get("unk_token"), "<unk>"),
             pad_token=_token_name(config.get("pad_token"), "<pad>"),
+            source_lang=source_lang,
+            prefixes=prefixes,
         )
 
     @classmethod
@@ -337,10 +356,19 @@ class Tokenizer:
 
     @property
     def target_languages(self) -> list[str]:
-        """The language codes of `language_tags` (``de`` for ``>>de<<``)."""
+        """The language codes of `language_tags` (``de`` for ``>>de<<``); hf: the languages
+        of the task prefixes."""
         if self.layout == "fairseq":
             return list(self.languages)
+        if self.layout == "hf":
+            return list(self.prefixes)
         return [tag[2:-2] for tag in self.language_tags]
+
+    @property
+    def needs_target_lang(self) -> bool:
+        """Whether a source must name its target language: multi-target models whose text
+        cannot carry it (a T5 text may hold its own task prefix)."""
+        return bool(self.target_languages) and not self.prefixes
 
     @property
     def multilingual_source(self) -> bool:
@@ -354,6 +382,12 @@ class Tokenizer:
         fairseq: the model's code for a language (``de`` -> ``deu_Latn``)."""
         if self.layout == "fairseq":
             return resolve_language(target_lang, self.languages)
+        if self.layout == "hf":
+            found = {lang.lower(): lang for lang in self.prefixes}.get(target_lang.lower())
+            if found is None:
+                supported = ", ".join(self.prefixes) or "none (no task prefixes)"
+                raise ValueError(f"unknown target language {target_lang!r}; supported: {supported}")
+            return found
         tag = target_lang if _is_tag(target_lang) else f">>{target_lang}<<"
         if tag not in self._source.vocab:
             supported = ", ".join(self.target_languages) or "none (single-target model)"
@@ -390,9 +424,12 @@ class Tokenizer:
         tag counts) plus eos, as HF's ``truncation=True, max_length=...``.
 
         fairseq: ``[source code] + pieces + [eos]`` (`source_lang`, default the tokenizer's);
-        `target_lang` is checked but goes to the decoder (`forced_bos_id`).
+        `target_lang` is checked but goes to the decoder (`forced_bos_id`). hf: `target_lang`
+        prepends its task prefix to the text (T5).
         """
         if self.layout == "hf":
+            if target_lang is not None:
+                text = self.prefixes[self.language_tag(target_lang)] + text
             segmenter = self._source.segmenter
             encoding = segmenter.encode(text, add_special_tokens=False)
             if max_length is not None:
@@ -493,6 +530,7 @@ class Tokenizer:
             "target_lang": self.target_lang,
             "language_tags": self.language_tags,
             "languages": list(self.languages),
+            "prefixes": dict(self.prefixes),
         }
 
     def save(self, directory: str | Path) -> list[Path]:
@@ -569,6 +607,7 @@ class Tokenizer:
             source_lang=config.get("source_lang"),
             target_lang=config.get("target_lang"),
             languages=config.get("languages") or (),
+            prefixes=config.get("prefixes") or None,
         )
 
     def __repr__(self) -> str:

@@ -136,7 +136,7 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
     tags = tokenizer.target_languages
     target = body.target_lang
     if target is None:
-        if tags:  # an untagged source has no direction: the output would be arbitrary
+        if tokenizer.needs_target_lang:  # an untagged source has no direction
             raise ApiError(
                 422,
                 f"model {model.name} translates into several languages: give target_lang "
@@ -144,7 +144,7 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
                 param="target_lang",
             )
         return None
-    if not tokenizer.language_tags:  # single-target model: only its own language is fine
+    if not tags:  # single-target model: only its own language is fine
         if tokenizer.target_lang and target.lower() == tokenizer.target_lang.lower():
             return None
         raise ApiError(

@@ -33,7 +33,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 EOS_BOOST = {"v1.0": 3.0, "v1.1": 4.0}
 
 
-def tiny_t5(variant: str, seed: int = 0, vocab: int = VOCAB) -> Any:
+def tiny_t5(variant: str, seed: int = 0, vocab: int = VOCAB, std: float = 0.2) -> Any:
     config = transformers.T5Config(
         vocab_size=vocab, d_model=32, d_ff=64, num_layers=3, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
@@ -51,7 +51,7 @@ def tiny_t5(variant: str, seed: int = 0, vocab: int = VOCAB) -> Any:
             elif "relative_attention_bias" in name:
                 param.normal_(0.0, 1.0)
             else:
-                param.normal_(0.0, 0.2)
+                param.normal_(0.0, std)
         # EOS leans towards the decoder's final norm: outputs end at different steps
         head = model.lm_head.weight if not config.tie_word_embeddings else model.shared.weight
         head[EOS] += EOS_BOOST[variant] * model.decoder.final_layer_norm.weight / 8
@@ -174,32 +174,63 @@ def test_unsupported_configs_are_rejected() -> None:
         t5_model_config({"model_type": "t5", "feed_forward_proj": "gated-tanh"}, UNK)
 
 
-def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
-    """`attnserve import` of a T5 directory with its tokenizer.json (a SentencePiece unigram
-    model as transformers converts it): the same ids, and translate() == generate() decoded."""
-    from attnserve.convert import import_model
-    from attnserve.engine.translator import Translator
+PREFIXES = {
+    "translation_en_to_de": {"prefix": "translate English to German: ", "max_length": 300},
+    "translation_en_to_fr": {"prefix": "translate English to French: "},
+    "summarization": {"prefix": "summarize: "},
+}
+
+
+def write_t5_dir(hf_dir: Path, std: float = 0.2) -> tuple[Any, Any]:
+    """A T5 v1.1 directory as transformers saves it: a SentencePiece unigram tokenizer trained
+    here (spiece.model, tokenizer.json), translation prefixes in task_specific_params; weights
+    drawn with `std`."""
     from tests.conftest import train_spm
     from tests.convert.test_fairseq_tokenizer import training_text
-    from tests.convert.test_gguf_tokenizer import strings
 
-    hf_dir = tmp_path / "t5"
-    hf_dir.mkdir()
+    hf_dir.mkdir(parents=True)
     spm_model = train_spm(training_text(), 300, pad_id=PAD, eos_id=EOS, unk_id=UNK, bos_id=-1)
     (hf_dir / "spiece.model").write_bytes(spm_model)
     hf_tok = transformers.T5Tokenizer.from_pretrained(hf_dir, extra_ids=4)
     hf_tok.save_pretrained(hf_dir)
-    model = tiny_t5("v1.1", vocab=len(hf_tok))
+    model = tiny_t5("v1.1", vocab=len(hf_tok), std=std)
+    model.config.task_specific_params = PREFIXES
     model.save_pretrained(hf_dir)
+    return model, hf_tok
+
+
+def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
+    """`attnserve import` of a T5 directory with its tokenizer.json (a SentencePiece unigram
+    model as transformers converts it): the same ids, and translate() == generate() decoded;
+    a target language prepends its task prefix, as the text would carry it."""
+    from attnserve.convert import import_model
+    from attnserve.engine.translator import Translator
+    from attnserve.model.tokenizer import Tokenizer
+    from tests.convert.test_fairseq_tokenizer import training_text
+    from tests.convert.test_gguf_tokenizer import strings
+
+    hf_dir = tmp_path / "t5"
+    model, hf_tok = write_t5_dir(hf_dir)
     out = tmp_path / "ours"
     assert import_model(hf_dir, out) == "t5"
     translator = Translator.from_model_dir(out, backend="torch")
+    tokenizer = translator.tokenizer
     for text in [*training_text()[:50], *strings(100, 4)]:
-        assert translator.tokenizer.encode_source(text) == hf_tok(text).input_ids, repr(text)
-    texts = [f"translate English to German: {t}" for t in training_text()[:5]]
+        assert tokenizer.encode_source(text) == hf_tok(text).input_ids, repr(text)
+    assert tokenizer.target_languages == ["de", "fr"] and tokenizer.source_lang == "en"
+    assert not tokenizer.needs_target_lang  # a text may name its own task
+    german = "translate English to German: "
+    assert tokenizer.encode_source("Ka ro.", "DE") == hf_tok(german + "Ka ro.").input_ids
+    with pytest.raises(ValueError, match="supported: de, fr"):
+        tokenizer.encode_source("Ka ro.", "ro")
+    assert Tokenizer.load(out).prefixes == tokenizer.prefixes  # saved with the model
+    texts = [f"{german}{t}" for t in training_text()[:5]]
     batch = hf_tok(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
         ids = model.generate(**batch, num_beams=3, max_new_tokens=10, do_sample=False)
     expected = hf_tok.batch_decode(ids, skip_special_tokens=True)
     options = translator.defaults.replace(beam_size=3, max_new_tokens=10)
     assert [t.text for t in translator.translate(texts, options)] == expected
+    plain = [t[len(german) :] for t in texts]
+    by_language = translator.translate(plain, options, target_lang="de")
+    assert [t.text for t in by_language] == expected

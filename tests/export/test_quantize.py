@@ -200,3 +200,71 @@ def test_a_weight_shared_by_two_products_is_quantized_once() -> None:
     y, x_again = session.run(["y", "x_again"], {"x": x})
     bias = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b"))
     np.testing.assert_allclose(x_again, np.asarray(y) - bias, atol=1e-4)  # the same product
+
+
+V, C = 40, 16
+
+
+def embedding_graph(tied: bool, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray]:
+    """h = table[ids]; logits = h @ W, W = table.T when `tied` (else another matrix)."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(V, C)).astype(np.float32)
+    weight = table.T.copy() if tied else rng.normal(size=(C, V)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["h"], name="embed"),
+        helper.make_node("MatMul", ["h", "w"], ["logits"], name="proj"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
+        [
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, [None, None, C]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, None, V]),
+        ],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    return model, table
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "separate"])
+def test_token_embeddings_are_int8_per_row_and_tied_ones_stored_once(tied: bool) -> None:
+    """A lookup gives each token's row as int8 times that row's scale, whatever the ids'
+    shape or neighbours; a table tied to the output projection is kept once, as its int8
+    weight; the float table is gone."""
+    model, table = embedding_graph(tied)
+    report = quantize_rows(model, embedding_rows=V)
+    assert report.embeddings == ["embed"] and report.quantized == ["proj"]
+    assert report.tied == int(tied)
+    stored = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    assert "table" not in stored
+    int8 = [i for i in model.graph.initializer if i.data_type == TensorProto.INT8]
+    assert len(int8) == (1 if tied else 2)
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[3, 0, 39], [7, 7, 12]], np.int64)
+    h, logits = session.run(None, {"ids": ids})
+    q, scale = quantize_weight(table.T)  # the table's rows are W.T's columns
+    np.testing.assert_array_equal(h, (q.T * scale[:, None])[ids])
+    assert np.abs(h - table[ids]).max() <= scale.max() / 2 + 1e-6
+    for i in range(ids.shape[0]):  # a row alone, and as a (1,) sequence
+        alone = session.run(None, {"ids": ids[i : i + 1]})
+        np.testing.assert_array_equal(alone[0], h[i : i + 1])
+        np.testing.assert_array_equal(alone[1], logits[i : i + 1])
+    one = session.run(None, {"ids": ids[:1, 1:2]})[0]
+    np.testing.assert_array_equal(one, h[:1, 1:2])
+
+
+def test_embeddings_stay_float_without_a_vocabulary_size_or_when_excluded() -> None:
+    model, _ = embedding_graph(tied=True)
+    assert quantize_rows(model).embeddings == []
+    model, _ = embedding_graph(tied=True)
+    assert quantize_rows(model, embedding_rows=V + 1).embeddings == []  # not the vocabulary
+    model, _ = embedding_graph(tied=True)
+    report = quantize_rows(model, exclude={"embed"}, embedding_rows=V)
+    assert report.embeddings == [] and "table" in {i.name for i in model.graph.initializer}
+    # The output projection kept float: the table is stored int8 on its own, not tied.
+    model, _ = embedding_graph(tied=True)
+    report = quantize_rows(model, exclude={"proj"}, embedding_rows=V)
+    assert report.embeddings == ["embed"] and report.tied == 0 and report.quantized == []

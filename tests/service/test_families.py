@@ -1,8 +1,10 @@
-"""An NLLB-style model served beside the Marian one: languages by code or ISO name, one running
-batch decoding into several target languages, each request answered as it is alone.
+"""NLLB-style and T5 models served beside the Marian one: languages by code or ISO name, T5's
+task prefixes, one running batch decoding into several target languages and across families,
+each request answered as it is alone.
 
-The NLLB directory is built and imported here (tiny random weights, a tokenizer trained in the
-test, the family's language codes), then exported to int8 by the server's first start.
+The NLLB and T5 directories are built and imported here (tiny random weights, tokenizers trained
+in the test, the families' language codes and task prefixes), then exported to int8 by the
+server's first start.
 """
 
 from __future__ import annotations
@@ -43,23 +45,37 @@ def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny T5 v1.1 with translation prefixes, imported into a directory named `t5`. Its
+    weights are drawn small enough for int8 to pass the export gate (at std 0.2 the tiny
+    random model's unscaled attention saturates: top-1 agreement 0.71)."""
+    from tests.convert.test_t5 import write_t5_dir
+
+    hf_dir = tmp_path_factory.mktemp("hf") / "t5-hf"
+    write_t5_dir(hf_dir, std=0.1)
+    out = tmp_path_factory.mktemp("served") / "t5"
+    import_model(hf_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def server(
-    nllb_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    nllb_dir: Path, t5_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     from attnserve.service.launch import check_models
 
     marian = tmp_path_factory.mktemp("served") / "marian"
     shutil.copytree(model_dir, marian)
-    settings = make_settings(
-        marian, models=[str(marian), str(nllb_dir)], variant="int8", max_batch_rows=64
-    )
+    models = [str(marian), str(nllb_dir), str(t5_dir)]
+    settings = make_settings(marian, models=models, variant="int8", max_batch_rows=64)
     check_models(settings)  # exports the NLLB model's int8 graphs (as `attnserve serve`)
     with LiveServer(settings) as live:
         yield live
 
 
 def translate(server: LiveServer, text: str, **fields: Any) -> httpx.Response:
-    body = {"model": "nllb", "text": text, "beam_size": 3, "return_scores": True} | fields
+    body = {"model": "nllb", "text": text, "beam_size": 3, "return_scores": True}
+    body |= {"max_new_tokens": 12} | fields
     return httpx.post(server.url + "/v1/translate", json=body, timeout=120.0)
 
 
@@ -74,6 +90,18 @@ def test_models_list_the_languages(server: LiveServer) -> None:
     nllb = next(e for e in entries if e["id"] == "nllb")
     assert {"eng_Latn", "deu_Latn", "zho_Hans"} <= set(nllb["target_languages"])
     assert nllb["source_lang"] == "eng_Latn"
+    t5 = next(e for e in entries if e["id"] == "t5")
+    assert t5["target_languages"] == ["de", "fr"] and t5["source_lang"] == "en"
+
+
+def test_t5_takes_its_task_prefix_from_the_target_language(server: LiveServer) -> None:
+    by_language = ok(translate(server, TEXTS[0], model="t5", target_lang="de"))
+    in_the_text = ok(translate(server, "translate English to German: " + TEXTS[0], model="t5"))
+    assert by_language == in_the_text
+    french = ok(translate(server, TEXTS[0], model="t5", target_lang="fr"))
+    assert french["text"] != by_language["text"] or french["score"] != by_language["score"]
+    response = translate(server, TEXTS[0], model="t5", target_lang="ro")
+    assert response.status_code == 422 and response.json()["error"]["param"] == "target_lang"
 
 
 def test_iso_names_and_codes_give_the_same_answer(server: LiveServer) -> None:
@@ -97,6 +125,37 @@ def test_one_batch_decodes_into_several_languages(server: LiveServer) -> None:
         )
 
 
+def test_one_batch_mixes_families_and_streams(server: LiveServer) -> None:
+    """Marian, NLLB and T5 requests (beam and greedy streams) at once: each answer is the one
+    it gets alone."""
+    jobs: list[dict[str, Any]] = []
+    for text in TEXTS[:3]:
+        jobs.append({"model": "marian", "text": text, "target_lang": "de"})
+        jobs.append({"model": "nllb", "text": text, "target_lang": "fr"})
+        jobs.append({"model": "t5", "text": text, "target_lang": "de"})
+        jobs.append({"model": "t5", "text": "summarize: " + text, "beam_size": 1})
+
+    def run(job: dict[str, Any]) -> dict[str, Any]:
+        if job.get("beam_size") == 1:  # streamed over SSE, greedy: the streamed text
+            body = {"max_new_tokens": 12, "stream": True} | job
+            with httpx.stream("POST", server.url + "/v1/generate", json=body, timeout=120) as r:
+                assert r.status_code == 200
+                events = [line for line in r.iter_lines() if line.startswith("data: ")]
+            return {"events": events}
+        return ok(translate(server, **job))
+
+    alone = [run(job) for job in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(run, jobs))
+    for got, want in zip(together, alone, strict=True):
+        if "events" in want:
+            assert got == want
+            continue
+        assert got["text"] == want["text"]
+        tolerance = 1e-4 * max(want["output_tokens"], 1)
+        assert got["score"] == pytest.approx(want["score"], abs=tolerance)
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "message"),
     [
@@ -117,6 +176,7 @@ def test_bad_languages_are_a_422(
 
 def test_openai_completions_take_the_languages(server: LiveServer) -> None:
     body = {"model": "nllb", "prompt": TEXTS[1], "target_lang": "de", "source_lang": "en"}
+    body |= {"max_tokens": 12}
     body |= {"use_beam_search": True, "best_of": 3}
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=120.0)
     assert response.status_code == 200, response.text
