@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -96,7 +95,7 @@ def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, *, opset: int = OPSE
         "output_names": [LOGITS, *lm_new_names(n)],
         "opset_version": opset,
         "dynamo": True,
-        "external_data": False,
+        "external_data": build.needs_external_data(model),
         "verbose": False,
     }
     with warnings.catch_warnings(), torch.no_grad(), build.quiet_logging():
@@ -124,7 +123,7 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
     for name in LM_GRAPHS:
         optimized = onnx.load(str(build.optimize_offline(src_dir / name, work_dir / name)))
         counts = quantize_blockwise(optimized, vocab_size)
-        onnx.save(optimized, str(out_dir / name))
+        build.save_graph(optimized, out_dir / name)
     return {
         "offline_optimization": "ORT_ENABLE_BASIC",
         "quantization": (
@@ -178,7 +177,7 @@ def export_lm_variants(
             options: dict[str, Any] = {}
             if variant == "fp32":
                 for name in LM_GRAPHS:
-                    shutil.copyfile(fp32_dir / name, out / name)
+                    build.copy_graph(fp32_dir, out, name)
             elif variant == "int8":
                 source, smoothed = fp32_dir, None
                 if smoothing > 0:

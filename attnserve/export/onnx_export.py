@@ -146,7 +146,7 @@ def export_fp32(
         },
         "opset_version": opset,
         "dynamo": True,
-        "external_data": False,
+        "external_data": build.needs_external_data(model),
         "verbose": False,
     }
     with warnings.catch_warnings(), torch.no_grad(), build.quiet_logging():
@@ -210,7 +210,9 @@ def write_manifest(
     files: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
 ) -> Path:
     """manifest.json: variant, opset, exporter, versions, file hashes, parity at export."""
-    hashes = {name: sha256(directory / name) for name in files}
+    hashes = {
+        path.name: sha256(path) for name in files for path in build.graph_files(directory, name)
+    }
     manifest = {
         "variant": variant,
         "opset": opset,
@@ -263,7 +265,7 @@ def export_variants(
             options: dict[str, Any] = {}
             if variant == "fp32":
                 for name in (ENCODER_NAME, DECODER_NAME):
-                    shutil.copyfile(fp32_dir / name, out / name)
+                    build.copy_graph(fp32_dir, out, name)
             elif variant == "int8":
                 float_output = (
                     build.INT8_FLOAT_OUTPUT if int8_float_output is None else int8_float_output

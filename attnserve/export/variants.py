@@ -24,18 +24,21 @@ precision halves their memory and bandwidth and saves a cast per layer per step.
 from __future__ import annotations
 
 import logging
-import tempfile
+import shutil
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnxruntime as ort
 
 from attnserve.engine.onnx.layout import DECODER_NAME, ENCODER_NAME, LOG_PROBS
 from attnserve.export.quantize import quantize_rows
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,9 @@ INT8_FLOAT_OUTPUT = False
 FP16_BLOCKED_OPS = ("LayerNormalization", "Softmax", "LogSoftmax")
 QUANTIZED_OPS = ("MatMul", "Gemm")
 INT8_SCALES = ("row", "tensor")
+# protobuf cannot serialize a message of 2 GB or more: a graph whose weights come near that keeps
+# them in one file beside it, NAME.data (ONNX external data; ORT reads it from the graph's folder).
+EXTERNAL_DATA_BYTES = 1_800_000_000
 # Loggers that narrate at INFO (ORT's quantizer logs whole nodes on the root logger).
 NOISY_LOGGERS = ("", "onnx_ir", "onnxscript", "torch.onnx", "onnxruntime")
 
@@ -83,6 +89,48 @@ def optimize_offline(src: Path, dst: Path, level: str = "basic") -> Path:
     )
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
     return dst
+
+
+def external_data_name(name: str) -> str:
+    """The weights file of graph `name` when its weights are stored beside it."""
+    return name + ".data"
+
+
+def graph_files(directory: Path, name: str) -> list[Path]:
+    """Graph `name` in `directory` and, when it has one, its external weights file."""
+    companion = directory / external_data_name(name)
+    return [directory / name, *([companion] if companion.is_file() else [])]
+
+
+def copy_graph(src_dir: Path, dst_dir: Path, name: str) -> None:
+    """Copy graph `name` with its external weights file, if any."""
+    for path in graph_files(src_dir, name):
+        shutil.copyfile(path, dst_dir / path.name)
+
+
+def needs_external_data(model: torch.nn.Module) -> bool:
+    """Whether a model's float32 weights come near protobuf's limit (the exporter then writes
+    them beside each graph)."""
+    return sum(p.numel() for p in model.parameters()) * 4 >= EXTERNAL_DATA_BYTES
+
+
+def save_graph(model: onnx.ModelProto, path: Path) -> Path:
+    """Save `model` at `path`, its weights in `path.name + '.data'` when the graph would come
+    near protobuf's 2 GB limit (EXTERNAL_DATA_BYTES); then check it (from the file, which works
+    at any size). Saving weights beside the graph moves them out of `model`: save it once."""
+    if model.ByteSize() >= EXTERNAL_DATA_BYTES:
+        onnx.save(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=external_data_name(path.name),
+            size_threshold=1024,
+        )
+    else:
+        onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
+    return path
 
 
 def output_projection_nodes(model: onnx.ModelProto) -> list[str]:
@@ -142,8 +190,7 @@ def quantize_int8(
         if scales == "row":
             report = quantize_rows(model, exclude, embedding_rows=vocab_size)
             embeddings += len(report.embeddings)
-            onnx.checker.check_model(model)
-            onnx.save(model, str(out_dir / name))
+            save_graph(model, out_dir / name)
         else:
             _quantize_per_tensor(optimized, out_dir / name, exclude)
     log.info("int8: output projection %s", f"kept float ({excluded})" if excluded else "int8")
@@ -209,10 +256,7 @@ def convert_fp16(
             half = convert_float_to_float16(model, keep_io_types=keep, op_block_list=blocked)
         _drop_repeated_casts(half)
         OnnxModel(half).topological_sort()  # the converter appends its Casts at the end
-        with tempfile.TemporaryDirectory() as tmp:  # check before writing the real file
-            onnx.save(half, str(Path(tmp) / name))
-            onnx.checker.check_model(str(Path(tmp) / name))
-        onnx.save(half, str(out_dir / name))
+        save_graph(half, out_dir / name)  # a staged folder: a graph that fails is not kept
     return {
         "float32_ops": list(FP16_BLOCKED_OPS),
         "io_types": {"log_probs": "float32", "kv_cache_and_cross": "float16", "ids_masks": "int64"},

@@ -172,3 +172,24 @@ def test_a_broken_int8_graph_fails_the_gate(exported: tuple[DecoderOnly, Path]) 
 
     with pytest.raises(ParityError, match="int8 graphs fail the export gate"):
         check_int8(parity, root / "int8")
+
+
+def test_weights_beside_the_graph_export_verify_and_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A language model near protobuf's 2 GB limit (the limit lowered to 0 here) keeps its
+    weights in step.onnx.data: fp32 and int8 are written, hashed, verified and load; int4 (its
+    gate needs 4-bit-grid weights, test_int4_keeps_q4_1_weights) is written and loads."""
+    from attnserve.export import variants
+
+    monkeypatch.setattr(variants, "EXTERNAL_DATA_BYTES", 0)
+    model = tiny()
+    export_lm_variants(model, tmp_path, ("fp32", "int8"))  # verified: raises if off
+    export_lm_variants(model, tmp_path, ("int4",), verify=False)
+    for variant in ("fp32", "int8", "int4"):
+        files = json.loads((tmp_path / variant / "manifest.json").read_text())["files"]
+        assert set(files) == {"step.onnx", "step.onnx.data"}, variant
+        backend = OnnxLMBackend(model.config, tmp_path / variant, provider="cpu")
+        state = backend.encode(np.array([PROMPTS[0]]), np.array([len(PROMPTS[0])]))
+        logits, _ = backend.step(np.array([3]), state)
+        assert np.isfinite(logits).all()

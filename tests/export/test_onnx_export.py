@@ -220,3 +220,39 @@ def test_cli_export_and_translate(
     assert code == 0 and json.loads(err.strip().splitlines()[-1])["variant"] == "fp32"
     code, torch_out, _ = run("translate", *flags, "--backend", "torch", stdin=text)
     assert code == 0 and onnx_out == torch_out and len(onnx_out.splitlines()) == 2
+
+
+def test_graphs_near_the_protobuf_limit_keep_their_weights_beside_them(
+    tiny_onnx_import: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph of 2 GB cannot be one protobuf: its weights go to NAME.data (here with the limit
+    lowered to 0, so the tiny model takes that path). Every variant is written, hashed, verified
+    and loaded with them, and decodes exactly as the self-contained export."""
+    from attnserve.export import variants
+
+    monkeypatch.setattr(variants, "EXTERNAL_DATA_BYTES", 0)
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_onnx_import, model_dir)
+    shutil.rmtree(model_dir / "onnx")
+    export_model(model_dir, ["fp32", "int8", "fp16"], verify=True)
+    sources = np.array([[5, 6, 7, 0], [9, 8, 0, 1]]), np.array([4, 3])
+    for variant in ("fp32", "int8", "fp16"):
+        graphs = model_dir / "onnx" / variant
+        manifest = json.loads((graphs / "manifest.json").read_text())
+        names = {"encoder.onnx", "decoder.onnx", "encoder.onnx.data", "decoder.onnx.data"}
+        assert set(manifest["files"]) == names, variant
+        assert all(manifest["files"][n] == sha256(graphs / n) for n in names)
+        for name in ("encoder.onnx", "decoder.onnx"):  # weights of 1 KB and more are beside it
+            graph = onnx.load(str(graphs / name), load_external_data=False).graph
+            external = [
+                t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+            ]
+            assert external and not [t for t in graph.initializer if len(t.raw_data) >= 1024]
+        if variant == "fp16":
+            continue  # runs on CUDA (its CPU run is checked above)
+        config = read_model_config(model_dir)
+        beside = OnnxBackend(config, graphs, provider="cpu")
+        inline = OnnxBackend(config, tiny_onnx_import / "onnx" / variant, provider="cpu")
+        a, b = beside.encode(*sources), inline.encode(*sources)
+        start = np.array([config.start_id, config.start_id])
+        np.testing.assert_array_equal(beside.step(start, a)[0], inline.step(start, b)[0])
