@@ -247,11 +247,12 @@ LM_TEMPLATE = (
 )
 
 
-def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25) -> Path:
+def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25, **overrides: Any) -> Path:
     """A random tiny Llama model directory with a word-level tokenizer over LM_WORDS (words
     separated by spaces), a chat template with <|im_start|>/<|im_end|>, and generation
     defaults: what `attnserve import` writes for a real model. Weights are N(0, std): at 0.3
-    int8 (with int8 embeddings) falls just under the export gate (top-1 agreement 0.898)."""
+    int8 (with int8 embeddings) falls just under the export gate (top-1 agreement 0.898).
+    `overrides` change the "tiny" preset's DecoderConfig fields."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -261,7 +262,15 @@ def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25) -> Path:
     from attnserve.model.text_tokenizer import TextTokenizer
 
     config = DecoderConfig.preset(
-        "tiny", vocab_size=len(LM_WORDS), eos_ids=(2,), pad_id=2, bos_id=1, max_positions=128
+        "tiny",
+        **{
+            "vocab_size": len(LM_WORDS),
+            "eos_ids": (2,),
+            "pad_id": 2,
+            "bos_id": 1,
+            "max_positions": 128,
+            **overrides,
+        },
     )
     torch.manual_seed(seed)
     model = DecoderOnly(config).eval()

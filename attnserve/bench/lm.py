@@ -1,15 +1,17 @@
-"""`attnserve bench-lm`: a language model's single-stream speed, variant against variant.
+"""`attnserve bench-lm`: a language model's single-stream speed, variant against variant and
+against peers on the same weights (attnserve/bench/lm_peers.py: ONNX Runtime GenAI, llama.cpp).
 
-Two numbers per variant, as users feel them: **decode** tokens/s of one greedy stream (a chat
+Two numbers per runtime, as users feel them: **decode** tokens/s of one greedy stream (a chat
 prompt, then exactly `new_tokens` generated tokens; the prefill's time is taken off) and
 **prefill** tokens/s of a long prompt (`prefill_tokens` of held-out English, the backend's
-chunked prefill). Variants are timed round-robin, so the shared machine's drift hits them
-alike, and each figure is the median of `repeats`.
+chunked prefill). Every runtime gets the same token ids. Runtimes are timed round-robin, so
+the shared machine's drift hits them alike, and each figure is the median of `repeats`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import sys
 import time
@@ -22,6 +24,8 @@ import numpy as np
 
 from attnserve.engine.generator import Generator
 from attnserve.engine.options import DecodingOptions
+
+log = logging.getLogger(__name__)
 
 STORY = [{"role": "user", "content": "Tell me a short story about a dragon who learns to read."}]
 
@@ -57,34 +61,60 @@ def _decode_tokens_per_second(generator: Generator, prompt: Sequence[int], new: 
     return new / max(total - _prefill_seconds(generator, prompt), 1e-9)
 
 
+class VariantRunner:
+    """attnserve's ONNX backend (one variant) through its Generator, as a bench runner."""
+
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    def prefill_seconds(self, ids: Sequence[int]) -> float:
+        return _prefill_seconds(self.generator, ids)
+
+    def decode_tokens_per_second(self, prompt: Sequence[int], new: int) -> float:
+        return _decode_tokens_per_second(self.generator, prompt, new)
+
+
 def bench_lm(
     model_dir: str | Path,
     variants: Sequence[str],
     *,
+    peers: Sequence[str] = (),
     new_tokens: int = 128,
     prefill_tokens: int = 500,
     repeats: int = 3,
     threads: int | None = 1,
     long_text: str = "",
 ) -> list[LMBenchResult]:
+    """Results for attnserve's `variants`, then `peers` (LM_PEERS; one that cannot run here is
+    skipped with a warning), in that order."""
+    from attnserve.bench.lm_peers import PeerUnavailable, peer_runner
+
     generators = {
         v: Generator.from_model_dir(model_dir, backend=f"onnx-{v}", threads=threads)
         for v in variants
     }
+    if not generators:
+        raise ValueError("bench-lm needs at least one attnserve variant")
+    runners: dict[str, Any] = {v: VariantRunner(g) for v, g in generators.items()}
+    for name in peers:
+        try:
+            runners[name] = peer_runner(model_dir, name, threads)
+        except PeerUnavailable as exc:
+            log.warning("skipping %s: %s", name, exc)
     any_generator = next(iter(generators.values()))
     prompt = any_generator.prompt_ids(messages=STORY)
     long_ids = any_generator.tokenizer.encode(long_text)[:prefill_tokens]
     if len(long_ids) < prefill_tokens:
         raise ValueError(f"the long text has {len(long_ids)} tokens, not {prefill_tokens}")
-    for generator in generators.values():  # warm up: sessions, allocators, caches
-        _decode_tokens_per_second(generator, prompt, 8)
-        _prefill_seconds(generator, long_ids)
-    decode: dict[str, list[float]] = {v: [] for v in variants}
-    prefill: dict[str, list[float]] = {v: [] for v in variants}
+    for runner in runners.values():  # warm up: sessions, allocators, caches
+        runner.decode_tokens_per_second(prompt, 8)
+        runner.prefill_seconds(long_ids)
+    decode: dict[str, list[float]] = {v: [] for v in runners}
+    prefill: dict[str, list[float]] = {v: [] for v in runners}
     for repeat in range(repeats):
-        for variant, generator in generators.items():
-            decode[variant].append(_decode_tokens_per_second(generator, prompt, new_tokens))
-            prefill[variant].append(len(long_ids) / _prefill_seconds(generator, long_ids))
+        for variant, runner in runners.items():
+            decode[variant].append(runner.decode_tokens_per_second(prompt, new_tokens))
+            prefill[variant].append(len(long_ids) / runner.prefill_seconds(long_ids))
             print(
                 f"repeat {repeat + 1}/{repeats} {variant}: decode {decode[variant][-1]:.1f} "
                 f"tokens/s, prefill {prefill[variant][-1]:.0f} tokens/s",
@@ -101,20 +131,28 @@ def bench_lm(
             prefill_tokens_per_second=statistics.median(prefill[v]),
             prefill_runs=prefill[v],
         )
-        for v in variants
+        for v in runners
     ]
+
+
+def runtime_name(variant: str) -> str:
+    """A result's row label: attnserve's variants by name, peers as they are called."""
+    from attnserve.bench.lm_peers import LM_PEERS
+
+    return variant if variant in LM_PEERS else f"attnserve {variant}"
 
 
 def markdown(results: Sequence[LMBenchResult]) -> str:
     base = results[0]
+    first = runtime_name(base.variant)
     lines = [
-        f"| variant | decode tokens/s (1 stream) | x {base.variant} | "
-        f"prefill tokens/s ({base.prefill_tokens}-token prompt) | x {base.variant} |",
+        f"| runtime | decode tokens/s (1 stream) | x {first} | "
+        f"prefill tokens/s ({base.prefill_tokens}-token prompt) | x {first} |",
         "|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r.variant} | {r.decode_tokens_per_second:.1f} | "
+            f"| {runtime_name(r.variant)} | {r.decode_tokens_per_second:.1f} | "
             f"{r.decode_tokens_per_second / base.decode_tokens_per_second:.2f} | "
             f"{r.prefill_tokens_per_second:.0f} | "
             f"{r.prefill_tokens_per_second / base.prefill_tokens_per_second:.2f} |"

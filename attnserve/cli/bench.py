@@ -63,10 +63,18 @@ def _add_bench(sub: Any) -> None:
 def _add_bench_lm(sub: Any) -> None:
     p = sub.add_parser(
         "bench-lm",
-        help="a language model's single-stream decode and long-prompt prefill, per ONNX variant",
+        help="a language model's single-stream decode and long-prompt prefill, per ONNX variant "
+        "and peer",
     )
     p.add_argument("--model", type=Path, default=default_lm_dir(), help="language model dir")
     p.add_argument("--variants", default="fp32,int8,int4", help="comma-separated ONNX variants")
+    p.add_argument(
+        "--peers",
+        default="",
+        help="comma-separated peers on the same weights, timed beside the variants: "
+        "ort-genai-fp32, ort-genai-int8, ort-genai-int4 (ONNX Runtime GenAI), llama.cpp "
+        "(llama-cpp-python on the model's GGUF source); optional packages",
+    )
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per stream")
     p.add_argument("--prefill-tokens", type=int, default=500, help="long prompt's tokens")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median)")
@@ -98,6 +106,7 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     results = bench_lm(
         args.model,
         [v.strip() for v in args.variants.split(",") if v.strip()],
+        peers=[v.strip() for v in args.peers.split(",") if v.strip()],
         new_tokens=args.new_tokens,
         prefill_tokens=args.prefill_tokens,
         repeats=args.repeats,

@@ -33,7 +33,7 @@ def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
         assert len(r.decode_runs) == 2 and r.decode_tokens_per_second > 0
         assert r.prefill_tokens_per_second > 0
     table = markdown(results)
-    assert table.count("\n") == 4 and "| int8 |" in table
+    assert table.count("\n") == 4 and "| attnserve int8 |" in table
     write_report(results, tmp_path, "tiny")
     assert len(json.loads((tmp_path / "tiny.json").read_text())) == 2
     with pytest.raises(ValueError, match="not 500"):
@@ -44,7 +44,7 @@ def test_bench_lm_cli(lm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     args = ["bench-lm", "--model", str(lm_dir), "--variants", "fp32", "--new-tokens", "4"]
     args += ["--prefill-tokens", "16", "--repeats", "1", "--output-dir", str(tmp_path)]
     assert main(args) == 0
-    assert "| fp32 |" in capsys.readouterr().out
+    assert "| attnserve fp32 |" in capsys.readouterr().out
     assert (tmp_path / "bench-lm.md").is_file()
 
 

@@ -1,0 +1,224 @@
+"""Language-model peers on the same weights: ONNX Runtime GenAI and llama.cpp.
+
+Both are optional benchmark extras (`pip install attnserve[bench]`; llama-cpp-python builds
+llama.cpp from source), never runtime dependencies, imported only here and inside functions.
+
+* ``ort-genai-<precision>`` (fp32, int8, int4): ONNX Runtime GenAI's model builder
+  (`onnxruntime_genai.models.builder`, CPU) run on a Hugging Face `LlamaForCausalLM` copy of the
+  model's float32 weights (`write_hf_llama`), with the builder's defaults for that precision
+  (int8 / int4: MatMulNBits, blocks of 32, accuracy level 4, the output head 8-bit). Built once
+  into MODEL/peers/ (git-ignored, as the model is).
+* ``llama.cpp``: llama-cpp-python on the GGUF file the model was imported from (metadata.json's
+  `source`; SmolLM2's wheel ships a Q4_1 file), so it runs the very blocks attnserve's int4
+  keeps.
+
+Every runner takes prompt token ids from attnserve's tokenizer (the same ids for all) and is
+timed as `attnserve.bench.lm` times attnserve: decode tokens/s of one greedy stream after the
+prompt (exactly `new` tokens, end-of-sequence ignored), and the seconds to prefill a prompt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnserve.model.checkpoint import read_metadata
+
+log = logging.getLogger(__name__)
+
+GENAI_PRECISIONS = ("fp32", "int8", "int4")
+LM_PEERS = (*(f"ort-genai-{p}" for p in GENAI_PRECISIONS), "llama.cpp")
+PEERS_DIR = "peers"
+HF_COPY = "hf"
+# llama.cpp's context and batch: the prefill prompt goes in one batch, as attnserve's one chunk.
+LLAMA_CPP_CONTEXT = 2048
+LLAMA_CPP_BATCH = 512
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer cannot run here (package missing, no GGUF source); the message says why."""
+
+
+def _require(module: str, extra: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise PeerUnavailable(f"{module} is not installed ({extra})")
+
+
+def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
+    """A Hugging Face `LlamaForCausalLM` directory holding the model's float32 weights:
+    config.json, model.safetensors (our names with HF's `model.` prefix), tokenizer files."""
+    from safetensors.torch import save_file
+
+    from attnserve.model.decoder_checkpoint import load_decoder_dir
+
+    model = load_decoder_dir(model_dir)
+    cfg = model.config
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    aliases = model.alias_names()
+    state = {
+        (name if name.startswith("lm_head.") else f"model.{name}"): tensor.contiguous()
+        for name, tensor in model.state_dict().items()
+        if name not in aliases
+    }
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf_config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_positions,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": cfg.bos_id,
+        "eos_token_id": list(cfg.eos_ids),
+        "pad_token_id": cfg.pad_id,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+    }
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (Path(model_dir) / name).is_file():
+            shutil.copyfile(Path(model_dir) / name, out / name)
+    return out
+
+
+def genai_dir(model_dir: str | Path, precision: str) -> Path:
+    """MODEL/peers/ort-genai-PRECISION, built with GenAI's model builder when missing."""
+    if precision not in GENAI_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {GENAI_PRECISIONS}")
+    _require("onnxruntime_genai", "pip install onnxruntime-genai")
+    peers = Path(model_dir) / PEERS_DIR
+    out = peers / f"ort-genai-{precision}"
+    if (out / "genai_config.json").is_file():
+        return out
+    hf = peers / HF_COPY
+    if not (hf / "model.safetensors").is_file():
+        log.info("writing a Hugging Face copy of %s into %s", model_dir, hf)
+        write_hf_llama(model_dir, hf)
+    staged = peers / f".staged-ort-genai-{precision}"
+    shutil.rmtree(staged, ignore_errors=True)
+    command = [
+        sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
+        str(staged), "-p", precision, "-e", "cpu", "-c", str(peers / ".genai-cache"),
+    ]  # fmt: skip
+    log.info("building the ONNX Runtime GenAI %s model: %s", precision, " ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not (staged / "genai_config.json").is_file():
+        tail = (done.stderr or done.stdout)[-2000:]
+        raise RuntimeError(f"GenAI's model builder failed ({done.returncode}): {tail}")
+    shutil.rmtree(peers / ".genai-cache", ignore_errors=True)
+    staged.rename(out)
+    return out
+
+
+def gguf_source(model_dir: str | Path) -> Path:
+    """The GGUF file a model directory was imported from (metadata.json), PeerUnavailable
+    when it came from elsewhere or the file is gone."""
+    meta = read_metadata(model_dir)
+    source = Path(str(meta.get("source", "")))
+    if meta.get("format") != "gguf" or not source.is_file():
+        raise PeerUnavailable(f"{model_dir} was not imported from a GGUF file that is still there")
+    return source
+
+
+class GenAIRunner:
+    """One ONNX Runtime GenAI model (`og.Model`), intra-op threads set in its genai_config."""
+
+    def __init__(self, directory: Path, threads: int | None) -> None:
+        import onnxruntime_genai as og
+
+        path = directory / "genai_config.json"
+        config = json.loads(path.read_text())
+        options = config["model"]["decoder"].setdefault("session_options", {})
+        options["intra_op_num_threads"] = threads or 0
+        options["inter_op_num_threads"] = 1
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        self._og = og
+        self.model = og.Model(str(directory))
+
+    def _generator(self, total: int) -> Any:
+        params = self._og.GeneratorParams(self.model)
+        params.set_search_options(max_length=total, min_length=total, do_sample=False)
+        return self._og.Generator(self.model, params)
+
+    def prefill_seconds(self, ids: Sequence[int]) -> float:
+        generator = self._generator(len(ids) + 1)
+        start = time.perf_counter()
+        generator.append_tokens(list(ids))
+        return time.perf_counter() - start
+
+    def decode_tokens_per_second(self, prompt: Sequence[int], new: int) -> float:
+        generator = self._generator(len(prompt) + new)
+        generator.append_tokens(list(prompt))
+        written = 0
+        start = time.perf_counter()
+        while not generator.is_done():
+            generator.generate_next_token()
+            written += 1
+        seconds = time.perf_counter() - start
+        if written != new:
+            raise RuntimeError(f"ONNX Runtime GenAI wrote {written} tokens, not {new}")
+        return new / seconds
+
+
+class LlamaCppRunner:
+    """llama-cpp-python's `Llama` on a GGUF file; greedy is the argmax of the last logits."""
+
+    def __init__(self, gguf: Path, threads: int | None) -> None:
+        from llama_cpp import Llama
+
+        count = threads or 1
+        self.llm = Llama(
+            model_path=str(gguf),
+            n_ctx=LLAMA_CPP_CONTEXT,
+            n_batch=LLAMA_CPP_BATCH,
+            n_threads=count,
+            n_threads_batch=count,
+            verbose=False,
+        )
+
+    def prefill_seconds(self, ids: Sequence[int]) -> float:
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(list(ids))
+        return time.perf_counter() - start
+
+    def decode_tokens_per_second(self, prompt: Sequence[int], new: int) -> float:
+        llm = self.llm
+        llm.reset()
+        llm.eval(list(prompt))
+        start = time.perf_counter()
+        for _ in range(new - 1):  # the last token needs no forward pass
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([token])
+        int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return new / (time.perf_counter() - start)
+
+
+def peer_runner(model_dir: str | Path, name: str, threads: int | None) -> Any:
+    """A runner for peer `name` (one of LM_PEERS); PeerUnavailable when it cannot run here."""
+    if name.startswith("ort-genai-"):
+        return GenAIRunner(genai_dir(model_dir, name.removeprefix("ort-genai-")), threads)
+    if name == "llama.cpp":
+        _require("llama_cpp", "pip install llama-cpp-python")
+        return LlamaCppRunner(gguf_source(model_dir), threads)
+    raise ValueError(f"unknown peer {name!r}; choose from {', '.join(LM_PEERS)}")

@@ -1,0 +1,102 @@
+"""Language-model peers (attnserve/bench/lm_peers.py) on a tiny random model: the Hugging Face
+copy is the same network as ours, ONNX Runtime GenAI built from it decodes the same greedy
+tokens, and `bench-lm --peers` times them beside attnserve's variants (a peer that cannot run
+here is skipped with a warning)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.bench.lm import bench_lm, markdown
+from attnserve.bench.lm_peers import (
+    GenAIRunner,
+    PeerUnavailable,
+    genai_dir,
+    gguf_source,
+    peer_runner,
+    write_hf_llama,
+)
+from attnserve.export.lm_export import export_lm_model
+from attnserve.model.decoder_checkpoint import load_decoder_dir
+from tests.conftest import write_tiny_lm
+
+PROMPT = [1, 5, 9, 14, 7, 22, 3]
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # GenAI's CPU GroupQueryAttention needs a head size that is a multiple of 16
+    out = write_tiny_lm(tmp_path_factory.mktemp("lm-peers") / "tiny-lm", head_dim=16)
+    export_lm_model(out, ("fp32",), verify=False)
+    return out
+
+
+def greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new):
+            logits = model(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool))
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_the_hugging_face_copy_is_the_same_network(lm_dir: Path, tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(write_hf_llama(lm_dir, tmp_path / "hf")).eval()
+    ours = load_decoder_dir(lm_dir)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = ours(ids, torch.ones(1, len(PROMPT), dtype=torch.bool))
+        np.testing.assert_allclose(hf(ids).logits.numpy(), expected.numpy(), atol=1e-4)
+
+
+def test_genai_decodes_the_same_greedy_tokens(lm_dir: Path) -> None:
+    pytest.importorskip("onnxruntime_genai")
+    import onnxruntime_genai as og
+
+    runner = GenAIRunner(genai_dir(lm_dir, "fp32"), threads=1)
+    params = og.GeneratorParams(runner.model)
+    params.set_search_options(max_length=len(PROMPT) + 12, min_length=len(PROMPT) + 12)
+    generator = og.Generator(runner.model, params)
+    generator.append_tokens(PROMPT)
+    while not generator.is_done():
+        generator.generate_next_token()
+    tokens = list(generator.get_sequence(0))[len(PROMPT) :]
+    assert tokens == greedy(load_decoder_dir(lm_dir), PROMPT, 12)
+    assert runner.decode_tokens_per_second(PROMPT, 6) > 0
+    assert runner.prefill_seconds(PROMPT) > 0
+
+
+def test_llama_cpp_needs_the_gguf_source(lm_dir: Path) -> None:
+    with pytest.raises(PeerUnavailable, match="GGUF"):
+        gguf_source(lm_dir)
+    with pytest.raises(ValueError, match="unknown peer"):
+        peer_runner(lm_dir, "vllm", 1)
+
+
+def test_bench_lm_times_peers_beside_the_variants(
+    lm_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("onnxruntime_genai")
+    text = " ".join(f"w{i % 40}" for i in range(64))
+    with caplog.at_level(logging.WARNING):
+        results = bench_lm(
+            lm_dir,
+            ["fp32"],
+            peers=["ort-genai-fp32", "llama.cpp"],
+            new_tokens=5,
+            prefill_tokens=20,
+            repeats=1,
+            long_text=text,
+        )
+    assert [r.variant for r in results] == ["fp32", "ort-genai-fp32"]
+    assert all(r.decode_tokens_per_second > 0 for r in results)
+    assert "skipping llama.cpp" in caplog.text
+    table = markdown(results)
+    assert "| attnserve fp32 |" in table and "| ort-genai-fp32 |" in table
