@@ -89,7 +89,23 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--modes", default="static,continuous", help="--workload: batching modes")
     p.add_argument("--clients", default="16,64", help="--workload: concurrent requests")
     p.add_argument("--seconds", type=float, default=60.0, help="--workload: per setting")
-    p.add_argument("--variant", default="int8", help="--workload: ONNX variant")
+    p.add_argument("--variant", default="int8", help="--workload, --http: ONNX variant")
+    p.add_argument(
+        "--http",
+        action="store_true",
+        help="instead: streaming chat through HTTP per server (--servers) and client count",
+    )
+    p.add_argument(
+        "--servers",
+        default="attnserve,llama-server,llama-cpp-python",
+        help="--http: servers to start in turn (llama.cpp's run the model's GGUF source)",
+    )
+    p.add_argument("--max-tokens", type=int, default=128, help="--http: max_tokens per request")
+    p.add_argument("--server-bin", type=Path, default=None, help="--http: llama-server binary")
+    p.add_argument(
+        "--work-dir", type=Path, default=Path("loadtest/results/bench-lm-http"),
+        help="--http: servers' logs",
+    )  # fmt: skip
     p.set_defaults(func=cmd_bench_lm)
 
 
@@ -103,6 +119,8 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     ensure_default_lm_dir(args.model)
     if args.workload:
         return _workload(args)
+    if args.http:
+        return _chat_http(args)
     results = bench_lm(
         args.model,
         [v.strip() for v in args.variants.split(",") if v.strip()],
@@ -116,6 +134,28 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     sys.stdout.write(markdown(results))
     if args.output_dir is not None:
         write_report(results, args.output_dir, args.name)
+    return 0
+
+
+def _chat_http(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnserve.bench.lm_http import bench_chat_http, chat_markdown, write_chat_report
+
+    results = bench_chat_http(
+        args.model,
+        [s.strip() for s in args.servers.split(",") if s.strip()],
+        [int(c) for c in args.clients.split(",") if c.strip()],
+        threads=args.threads,
+        seconds=args.seconds,
+        max_tokens=args.max_tokens,
+        server_bin=args.server_bin,
+        variant=args.variant,
+        work_dir=args.work_dir,
+    )
+    sys.stdout.write(chat_markdown(results))
+    if args.output_dir is not None:
+        write_chat_report(results, args.output_dir, args.name)
     return 0
 
 

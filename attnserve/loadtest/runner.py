@@ -70,7 +70,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -94,7 +94,7 @@ def served(args: argparse.Namespace, out: Path) -> Iterator[tuple[str, list[str]
             raise RuntimeError(f"{url}/readyz answers {status}: the server is not ready")
         yield url, None
         return
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(args.model)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--variant", args.variant]
     if args.threads is not None:
@@ -106,19 +106,27 @@ def served(args: argparse.Namespace, out: Path) -> Iterator[tuple[str, list[str]
     with open(log_path, "wb") as server_log:
         process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
         try:
-            _wait_ready(url, process, args.ready_timeout, log_path)
+            wait_ready(url, process, args.ready_timeout, log_path)
             yield url, command
         finally:
-            _stop(process)
+            stop_server(process)
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
+def wait_ready(
+    url: str,
+    process: subprocess.Popen[bytes],
+    timeout: float,
+    log_path: Path,
+    path: str = "/readyz",
+) -> None:
+    """Until GET url+path answers 200; RuntimeError (with the log's tail) if the server exits
+    or `timeout` passes."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited ({process.returncode}):\n{_tail(log_path)}")
         try:
-            if _get(url + "/readyz", timeout=2.0)[0] == 200:
+            if _get(url + path, timeout=2.0)[0] == 200:
                 return
         except OSError:
             pass  # not listening yet
@@ -126,7 +134,7 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float, log_
     raise RuntimeError(f"the server was not ready in {timeout:.0f} s:\n{_tail(log_path)}")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_server(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM (the server drains), then SIGKILL if it does not exit."""
     if process.poll() is not None:
         return

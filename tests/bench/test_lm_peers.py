@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attnserve.bench.lm import bench_lm, markdown
+from attnserve.bench.lm_http import bench_chat_http, chat_markdown, server_command
 from attnserve.bench.lm_peers import (
     GenAIRunner,
     PeerUnavailable,
@@ -100,3 +101,17 @@ def test_bench_lm_times_peers_beside_the_variants(
     assert "skipping llama.cpp" in caplog.text
     table = markdown(results)
     assert "| attnserve fp32 |" in table and "| ort-genai-fp32 |" in table
+
+
+def test_streaming_chat_through_a_real_server(lm_dir: Path, tmp_path: Path) -> None:
+    results = bench_chat_http(
+        lm_dir, ["attnserve"], [2], seconds=3.0, max_tokens=8, variant="fp32", work_dir=tmp_path
+    )
+    (result,) = results
+    assert result.requests > 0 and result.completion_tokens > 0
+    assert 0 < result.mean_completion_tokens <= 8
+    assert 0 < result.ttft_p50 <= result.ttft_p99
+    assert "| 2 | attnserve |" in chat_markdown(results)
+    assert (tmp_path / "attnserve-2.log").is_file()
+    with pytest.raises(PeerUnavailable, match="GGUF"):  # llama.cpp's servers need the GGUF
+        server_command("llama-server", lm_dir, 8000, 1, 2, None)

@@ -1,0 +1,270 @@
+"""`attnserve bench-lm --http`: streaming chat through HTTP, attnserve against llama.cpp's
+servers on the same model.
+
+Each server is started by the bench (a subprocess with `threads` intra-op threads; one at a
+time, so none competes with another), then `clients` asyncio clients run a closed loop of
+streaming OpenAI `/v1/chat/completions` requests (greedy, `max_tokens`, each client cycling
+through `CHAT_PROMPTS`) for `seconds`. Servers:
+
+* ``attnserve``: `attnserve serve --model MODEL --variant VARIANT` (int8 unless told;
+  continuous batching);
+* ``llama-server``: llama.cpp's own server (`--server-bin`, built from the llama.cpp sources
+  with cmake) on the model's GGUF source, one parallel slot per client (`-np`), continuous
+  batching;
+* ``llama-cpp-python``: `python -m llama_cpp.server` (llama-cpp-python's OpenAI-compatible
+  server; it decodes one request at a time).
+
+Reported per server and client count: completion tokens/s over the window (tokens of requests
+that finished, from their `usage`, plus the streamed chunks of those still running at its end),
+requests finished, mean completion length, and time to first token (first content chunk, from
+sending; a request still waiting at the window's end counts with its wait so far) p50 / p99.
+Each server writes its log to `work_dir`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnserve.bench.lm_peers import gguf_source
+from attnserve.loadtest.runner import free_port, stop_server, wait_ready
+
+log = logging.getLogger(__name__)
+
+SERVERS = ("attnserve", "llama-server", "llama-cpp-python")
+# Tokens a llama-server slot holds: a chat prompt and its answer fit with room to spare.
+SLOT_CONTEXT = 512
+CHAT_PROMPTS = (
+    "Tell me a short story about a dragon who learns to read.",
+    "What is the capital of France? Answer in one sentence.",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis to a ten-year-old.",
+    "Give me three tips for learning a new language.",
+    "What is the difference between a virus and a bacterium?",
+    "Describe a sunset over the mountains.",
+    "How do I make a cup of tea?",
+    "Why is the sky blue?",
+    "Write a short poem about autumn leaves.",
+    "What are the planets of the solar system?",
+    "Suggest a name for a friendly robot and explain why.",
+    "How does a bicycle stay upright?",
+    "Summarize the story of Noah's ark in three sentences.",
+    "What should I pack for a weekend hiking trip?",
+    "Explain what a computer program is.",
+)
+
+
+@dataclass(frozen=True)
+class ChatLoadResult:
+    server: str
+    clients: int
+    seconds: float
+    requests: int
+    completion_tokens: int
+    tokens_per_second: float
+    mean_completion_tokens: float
+    ttft_p50: float
+    ttft_p99: float
+
+
+def server_command(
+    server: str,
+    model_dir: Path,
+    port: int,
+    threads: int,
+    clients: int,
+    server_bin: Path | None,
+    variant: str = "int8",
+) -> list[str]:
+    """The command that serves `model_dir` (or its GGUF source) on 127.0.0.1:`port`."""
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    if server == "attnserve":
+        return [
+            sys.executable, "-m", "attnserve.cli", "serve", "--model", str(model_dir),
+            "--threads", str(threads), "--variant", variant, *host,
+        ]  # fmt: skip
+    gguf = str(gguf_source(model_dir))
+    if server == "llama-server":
+        binary = server_bin or (Path(found) if (found := shutil.which("llama-server")) else None)
+        if binary is None or not binary.is_file():
+            raise FileNotFoundError("llama-server: pass --server-bin (built from llama.cpp)")
+        return [
+            str(binary), "-m", gguf, "-t", str(threads), "-tb", str(threads),
+            "-np", str(clients), "-c", str(clients * SLOT_CONTEXT), *host,
+        ]  # fmt: skip
+    if server == "llama-cpp-python":
+        return [
+            sys.executable, "-m", "llama_cpp.server", "--model", gguf,
+            "--n_threads", str(threads), "--n_threads_batch", str(threads),
+            "--n_ctx", "2048", *host,
+        ]  # fmt: skip
+    raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
+
+
+@contextmanager
+def running(command: list[str], port: int, log_path: Path, timeout: float) -> Iterator[str]:
+    """The server of `command`, ready (GET /v1/models answers 200), stopped on exit."""
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as server_log:
+        process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(url, process, timeout, log_path, path="/v1/models")
+            yield url
+        finally:
+            stop_server(process)
+
+
+async def chat_load(
+    url: str, model: str, clients: int, seconds: float, max_tokens: int
+) -> tuple[int, int, list[float], int]:
+    """A closed loop of `clients` streaming chat requests for `seconds`: requests finished,
+    their completion tokens, times to first token, and chunks streamed by unfinished ones."""
+    import httpx
+
+    finished = tokens = 0
+    ttft: list[float] = []
+    running_chunks: dict[int, int] = {}
+    waiting: dict[int, float] = {}  # sent, for requests without a first token yet
+    end = time.perf_counter() + seconds
+
+    async def one(http: httpx.AsyncClient, key: int, prompt: str) -> None:
+        nonlocal finished, tokens
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        sent = time.perf_counter()
+        chunks, usage, first = 0, None, True
+        running_chunks[key] = 0
+        waiting[key] = sent
+        async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                raise RuntimeError(f"HTTP {response.status_code}: {text[:300]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                data = json.loads(line[5:])
+                if data.get("usage"):
+                    usage = data["usage"]
+                choices = data.get("choices") or []
+                if choices and (choices[0].get("delta") or {}).get("content"):
+                    if first:
+                        ttft.append(time.perf_counter() - sent)
+                        del waiting[key]
+                        first = False
+                    chunks += 1
+                    running_chunks[key] = chunks
+        del running_chunks[key]
+        waiting.pop(key, None)  # an empty answer has no first token
+        finished += 1
+        tokens += int(usage["completion_tokens"]) if usage else chunks
+
+    async def client(http: httpx.AsyncClient, index: int) -> None:
+        turn = 0
+        while time.perf_counter() < end:
+            prompt = CHAT_PROMPTS[(index + turn) % len(CHAT_PROMPTS)]
+            await one(http, index * 1_000_000 + turn, prompt)
+            turn += 1
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        tasks = [asyncio.create_task(client(http, i)) for i in range(clients)]
+        done, pending = await asyncio.wait(tasks, timeout=seconds)
+        unfinished = sum(running_chunks.values())
+        now = time.perf_counter()
+        ttft += [now - sent for sent in waiting.values()]  # still waiting: at least this long
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # a client's error is the bench's error
+    return finished, tokens, ttft, unfinished
+
+
+def bench_chat_http(
+    model_dir: str | Path,
+    servers: Sequence[str],
+    clients: Sequence[int],
+    *,
+    threads: int = 1,
+    seconds: float = 60.0,
+    max_tokens: int = 128,
+    server_bin: Path | None = None,
+    variant: str = "int8",
+    work_dir: Path,
+    ready_timeout: float = 600.0,
+) -> list[ChatLoadResult]:
+    """Every server at every client count (a fresh server per count: llama-server's slots are
+    fixed at start), one after the other."""
+    model_dir = Path(model_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for count in clients:
+        for server in servers:
+            port = free_port()
+            command = server_command(server, model_dir, port, threads, count, server_bin, variant)
+            log_path = work_dir / f"{server}-{count}.log"
+            log.info("starting %s for %d clients: %s", server, count, " ".join(command))
+            with running(command, port, log_path, ready_timeout) as url:
+                asyncio.run(chat_load(url, model_dir.name, 1, 5.0, 8))  # warm up
+                started = time.perf_counter()
+                finished, tokens, ttft, unfinished = asyncio.run(
+                    chat_load(url, model_dir.name, count, seconds, max_tokens)
+                )
+                elapsed = time.perf_counter() - started
+            result = ChatLoadResult(
+                server=server,
+                clients=count,
+                seconds=elapsed,
+                requests=finished,
+                completion_tokens=tokens + unfinished,
+                tokens_per_second=(tokens + unfinished) / elapsed,
+                mean_completion_tokens=tokens / finished if finished else float("nan"),
+                ttft_p50=float(np.percentile(ttft, 50)) if ttft else float("nan"),
+                ttft_p99=float(np.percentile(ttft, 99)) if ttft else float("nan"),
+            )
+            log.info("%s", json.dumps(result.__dict__))
+            results.append(result)
+    return results
+
+
+def chat_markdown(results: Sequence[ChatLoadResult]) -> str:
+    lines = [
+        "| clients | server | completion tokens/s | x first server | requests | mean tokens "
+        "| TTFT p50 s | TTFT p99 s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base: dict[int, float] = {}
+    for r in results:
+        base.setdefault(r.clients, r.tokens_per_second)
+        ratio = r.tokens_per_second / base[r.clients] if base[r.clients] else float("nan")
+        lines.append(
+            f"| {r.clients} | {r.server} | {r.tokens_per_second:.1f} | {ratio:.2f} | "
+            f"{r.requests} | {r.mean_completion_tokens:.0f} | {r.ttft_p50:.2f} | "
+            f"{r.ttft_p99:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_chat_report(results: Sequence[ChatLoadResult], out_dir: Path, name: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = [r.__dict__ for r in results]
+    (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / f"{name}.md").write_text(chat_markdown(results))
