@@ -36,7 +36,12 @@ def register(sub: Any) -> None:
         default="fp32,int8",
         help="comma-separated: fp32, int8, fp16; int4 (weight-only) for decoder-only models",
     )
-    p.add_argument("--opset", type=int, default=OPSET)
+    p.add_argument(
+        "--opset",
+        type=int,
+        default=OPSET,
+        help="ONNX opset of encoder-decoder graphs (language models' graphs are opset 23)",
+    )
     p.add_argument(
         "--verify",
         action=argparse.BooleanOptionalAction,
@@ -84,9 +89,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         if directory_family(args.model_dir) != ENCODER_DECODER:
             from attnserve.export.lm_export import export_lm_model
 
-            written = export_lm_model(
-                args.model_dir, variants, opset=args.opset, verify=args.verify
-            )
+            written = export_lm_model(args.model_dir, variants, verify=args.verify)
         else:
             written = export_model(
                 args.model_dir,

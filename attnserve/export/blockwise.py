@@ -22,6 +22,7 @@ does not change it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,10 +109,13 @@ def quantize_blockwise(
     *,
     block: int = BLOCK,
     accuracy_level: int = ACCURACY_LEVEL,
+    only: Collection[str] | None = None,
+    bits: int | None = None,
 ) -> dict[str, Any]:
-    """Rewrite, in place, every MatMul of `model` with a constant 2-D weight whose K is a
-    multiple of `block`: 8-bit symmetric blocks where N == `vocab_size` (the output
-    projection), 4-bit affine blocks elsewhere. Returns counts for the manifest."""
+    """Rewrite, in place, every MatMul of `model` (or those named in `only`) with a constant
+    2-D weight whose K is a multiple of `block`: 8-bit symmetric blocks where N ==
+    `vocab_size` (the output projection) or `bits` is 8, 4-bit affine blocks elsewhere.
+    Returns counts for the manifest."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     uses: dict[str, int] = {}
@@ -125,7 +129,8 @@ def quantize_blockwise(
     dropped: set[str] = set()
     counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0}
     for node in graph.node:
-        weight = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        chosen = node.op_type == "MatMul" and (only is None or node.name in only)
+        weight = initializers.get(node.input[1]) if chosen else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % block:
             if node.op_type == "MatMul":
                 counts["float"] += 1
@@ -135,7 +140,7 @@ def quantize_blockwise(
         k, n = w.shape
         x, out = node.input[0], node.output[0]
         base = out  # unique (one producer per value); node names need not be
-        blocks = symmetric8(w, block) if n == vocab_size else affine4(w, block)
+        blocks = symmetric8(w, block) if n == vocab_size or bits == 8 else affine4(w, block)
         counts["int8_symmetric" if blocks.bits == 8 else "int4_affine"] += 1
         new_inits += [
             numpy_helper.from_array(blocks.packed, f"{base}.nbits_weight"),

@@ -1,12 +1,15 @@
 """Export a decoder-only language model to ONNX: step.onnx, and variants.
 
-The graph is `LMStepGraph` (export/lm_step.py): T new tokens per row after the cached ones, T
-dynamic, so one graph prefills prompt chunks and decodes (T = 1). A second graph exported with
-T = 1 was measured no faster at one row or 16 (docs/BENCHMARKS.md) and held a second copy of the
-weights in memory. Variants, from the fp32 graph:
+The graph is written node by node from the model (export/lm_graph.py): T new tokens per row
+after the cached ones, T dynamic, so one graph prefills prompt chunks and decodes (T = 1). A
+second graph with T = 1 was measured no faster at one row or 16 (docs/BENCHMARKS.md) and held a
+second copy of the weights in memory. Variants, from the fp32 graph:
 
 * ``int8``: per-row dynamic activation scales, int8 weights per output column (the
-  encoder-decoder's scheme, export/quantize.py), after ORT's basic offline optimizations.
+  encoder-decoder's scheme, export/quantize.py), after ORT's basic offline optimizations, on a
+  SmoothQuant-ed copy of the model; the MLP down projections, whose input has the widest
+  outliers, are 8-bit blocks instead (Q8_0-style, MatMulNBits: activations quantized per block
+  of 32 of a row).
 * ``int4``: weight-only, block-wise, as llama.cpp's Q4_1 files store weights (export/blockwise.py:
   4-bit affine blocks of 32, the output projection 8-bit), in ONNX Runtime's MatMulNBits with
   `accuracy_level` 4 (int8 compute, activations quantized per block of a row). A model imported
@@ -22,26 +25,16 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
-import torch
 
-from attnserve.defaults import OPSET
-from attnserve.engine.onnx.layout import (
-    LM_INPUTS,
-    LM_STEP_NAME,
-    LOGITS,
-    ONNX_DIR,
-    lm_new_names,
-    lm_past_names,
-)
+from attnserve.engine.onnx.layout import LM_STEP_NAME, LOGITS, ONNX_DIR
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
-from attnserve.export.lm_step import LMStepGraph
+from attnserve.export.lm_graph import LM_OPSET, build_lm_graph
 from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
 from attnserve.export.smooth import activation_maxima, smooth
@@ -52,22 +45,13 @@ log = logging.getLogger(__name__)
 
 LM_VARIANTS = ("fp32", "int8", "int4", "fp16")
 LM_GRAPHS = (LM_STEP_NAME,)
-# int8: keep the MLP down projections in float. Their input, silu(gate) * up, has the widest
-# outliers of the model, which smoothing alone leaves too coarse a row scale for: on
-# SmolLM2-135M-Instruct's chat prompts, all-int8 (smoothed, alpha 0.5) reaches top-1 0.914 / KL
-# 0.018 against fp32, with the down projections in float 0.951 / 0.009 (docs/BENCHMARKS.md).
-INT8_FLOAT_DOWN = True
-
-
-def _example(model: DecoderOnly, rows: int, new: int, past: int) -> tuple[Any, ...]:
-    cfg = model.config
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (rows, new), generator=gen)
-    mask = torch.ones(rows, new, dtype=torch.long)
-    past_mask = torch.ones(rows, past, dtype=torch.long)
-    shape = (rows, cfg.num_kv_heads, past, cfg.head_dim)
-    kv = [torch.randn(shape, generator=gen) for _ in range(2 * cfg.num_layers)]
-    return (ids, mask, past_mask, kv)
+# int8: the MLP down projections as 8-bit blocks of 32 (Q8_0-style) instead of per-row int8.
+# Their input, silu(gate) * up, has the widest outliers of the model, which smoothing alone
+# leaves too coarse a row scale for: on SmolLM2-135M-Instruct's chat prompts, all per-row int8
+# (smoothed, alpha 0.5) reaches top-1 0.914 / KL 0.018 against fp32, with the down projections
+# in float 0.951 / 0.009; a block of 32 gets its own activation scale, and the blocks run faster
+# than the float product at every batch size (docs/BENCHMARKS.md).
+INT8_BLOCK_DOWN = True
 
 
 def down_projections(model: onnx.ModelProto, intermediate_size: int) -> list[str]:
@@ -83,37 +67,30 @@ def down_projections(model: onnx.ModelProto, intermediate_size: int) -> list[str
     ]
 
 
-def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, *, opset: int = OPSET) -> Path:
-    """Write step.onnx (fp32, self-contained) into `out_dir`."""
+def export_lm_fp32(model: DecoderOnly, out_dir: str | Path) -> Path:
+    """Write step.onnx (fp32; weights beside it when they near protobuf's limit) into
+    `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = model.eval().float()
-    n = model.config.num_layers
-    batch, chunk, past = (torch.export.Dim(name) for name in ("batch", "chunk", "past"))
-    names: dict[str, Any] = {
-        "input_names": [*LM_INPUTS, *lm_past_names(n)],
-        "output_names": [LOGITS, *lm_new_names(n)],
-        "opset_version": opset,
-        "dynamo": True,
-        "external_data": build.needs_external_data(model),
-        "verbose": False,
-    }
-    with warnings.catch_warnings(), torch.no_grad(), build.quiet_logging():
-        warnings.simplefilter("ignore")
-        axes = {0: batch, 1: chunk}
-        torch.onnx.export(
-            LMStepGraph(model),
-            _example(model, rows=2, new=3, past=5),
-            str(out / LM_STEP_NAME),
-            dynamic_shapes={
-                "input_ids": axes,
-                "attention_mask": axes,
-                "past_mask": {0: batch, 1: past},
-                "past": [{0: batch, 2: past}] * (2 * n),
-            },
-            **names,
-        )
+    build.save_graph(build_lm_graph(model.eval().float()), out / LM_STEP_NAME)
     return out
+
+
+def block_down_projections(out_dir: Path, intermediate_size: int, work_dir: Path) -> str:
+    """Rewrite the float MLP down projections of the int8 graphs in `out_dir` as 8-bit blocks."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for name in LM_GRAPHS:
+        graph = onnx.load(str(out_dir / name))
+        down = set(down_projections(graph, intermediate_size))
+        quantize_blockwise(graph, 0, only=down, bits=8)
+        build.save_graph(graph, work_dir / name)
+        for stale in build.graph_files(out_dir, name):
+            stale.unlink()
+        build.copy_graph(work_dir, out_dir, name)
+    return (
+        f"8-bit symmetric blocks of {BLOCK} along the input dimension (MatMulNBits, "
+        f"accuracy_level {ACCURACY_LEVEL}: activations quantized per block of a row)"
+    )
 
 
 def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int) -> dict[str, Any]:
@@ -142,7 +119,6 @@ def export_lm_variants(
     onnx_root: str | Path,
     variants: Sequence[str] = ("fp32", "int8"),
     *,
-    opset: int = OPSET,
     verify: bool = True,
     prompts: list[list[int]] | None = None,
     calibration: list[list[int]] | None = None,
@@ -169,8 +145,8 @@ def export_lm_variants(
 
     with tempfile.TemporaryDirectory(prefix="attnserve-lm-export-") as tmp:
         fp32_dir = Path(tmp) / "fp32"
-        log.info("exporting fp32 language model graphs (opset %d)", opset)
-        export_lm_fp32(model, fp32_dir, opset=opset)
+        log.info("writing the fp32 language model graph (opset %d)", LM_OPSET)
+        export_lm_fp32(model, fp32_dir)
         for variant in variants:
             out = Path(tmp) / "staged" / variant
             out.mkdir(parents=True)
@@ -184,7 +160,7 @@ def export_lm_variants(
                     source = Path(tmp) / "smoothed-fp32"
                     calibrated = calibration or random_prompts(model.config, seed=1)
                     maxima = activation_maxima(model, calibrated)
-                    export_lm_fp32(smooth(model, maxima, smoothing), source, opset=opset)
+                    export_lm_fp32(smooth(model, maxima, smoothing), source)
                     smoothed = {"alpha": smoothing, "calibration_prompts": len(calibrated)}
                 options = build.quantize_int8(
                     source,
@@ -192,11 +168,14 @@ def export_lm_variants(
                     Path(tmp) / "int8-opt",
                     float_output=False,
                     names=LM_GRAPHS,
-                    keep_float=keep_down if INT8_FLOAT_DOWN else None,
+                    keep_float=keep_down if INT8_BLOCK_DOWN else None,
                     vocab_size=model.config.vocab_size,
                 )
+                if INT8_BLOCK_DOWN:
+                    options["down_projections"] = block_down_projections(
+                        out, model.config.intermediate_size, Path(tmp) / "int8-down"
+                    )
                 options["smoothquant"] = smoothed
-                options["float_down_projections"] = INT8_FLOAT_DOWN
             elif variant == "int4":
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
@@ -204,7 +183,7 @@ def export_lm_variants(
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             parity: dict[str, Any] = {}
-            write_manifest(out, variant, opset, options, parity, files=LM_GRAPHS)
+            write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)
             if reference is not None:
                 parity = lm_parity(reference, model.config, out, variant)
                 parity["sources"] = "chat prompts" if prompts else "random token ids"
@@ -215,7 +194,7 @@ def export_lm_variants(
                     check_int8(parity, root / variant)
                 elif variant == "int4":
                     check_int8(parity, root / variant, INT4_GATE, "int4")
-            write_manifest(out, variant, opset, options, parity, files=LM_GRAPHS)
+            write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)
             written[variant] = move_into_place(out, root / variant)
     return written
 
@@ -224,7 +203,6 @@ def export_lm_model(
     model_dir: str | Path,
     variants: Sequence[str] = ("fp32", "int8"),
     *,
-    opset: int = OPSET,
     verify: bool = True,
 ) -> dict[str, Path]:
     """Export a language model directory to MODEL_DIR/onnx/<variant>/ (+ manifest)."""
@@ -236,7 +214,6 @@ def export_lm_model(
         model,
         Path(model_dir) / ONNX_DIR,
         variants,
-        opset=opset,
         verify=verify,
         prompts=lm_prompts(Path(model_dir)) if verify else None,
         calibration=lm_prompts(Path(model_dir), CALIBRATION_MESSAGES),

@@ -1,0 +1,265 @@
+"""The language model's step graph (step.onnx), written node by node from `DecoderOnly`.
+
+T new tokens per row after a past of W cache columns, T dynamic, so one graph prefills prompt
+chunks and decodes (T = 1): `input_ids`, `attention_mask` (B, T), `past_mask` (B, W),
+`past.{i}.key` / `.value` (B, Hkv, W, D) -> `logits` (B, V) of each row's last position and
+`new.{i}.key` / `.value` (B, Hkv, T, D). It computes `DecoderOnly.prefill`'s function (fp32
+parity is checked at export), written for serving:
+
+* The cache is an input and only the T new keys/values are outputs: scores over the past
+  (B, Hkv, G, T, W) and over the new tokens (B, Hkv, G, T, T) share one softmax, and the output
+  is `p_past @ V_past + p_new @ V_new`. The graph never concatenates the cache (a copy of all of
+  it every step); the runtime appends the new columns to buffers with spare columns.
+* Grouped-query attention without repeating K/V: the H query heads are viewed as (Hkv, G)
+  (kv head j serves query heads jG..jG+G-1, as Hugging Face's `repeat_kv`), and the K/V of each
+  kv head broadcast over its G queries in the MatMul.
+* Positions come from the masks (real past columns plus real tokens before, in the chunk), so
+  left padding, rows that joined later and reordered beams need nothing else. A padding token
+  sees itself, so no query row is fully masked (its output is unused).
+* Only the last position reaches the head: a prompt chunk's next-token scores are those of its
+  last token (chunks are left-padded), and a step has one position.
+
+It is written with as few nodes as ONNX Runtime runs well, because a decoding step of a small
+model on the CPU pays a few microseconds per node whatever its size (torch's export of the same
+function had ~1,900 nodes for SmolLM2's 30 layers, this graph ~1,200): RMSNorm is one
+`RMSNormalization` (float32 inside), rotary embeddings one `RotaryEmbedding` per q and k (rotate-
+half order; both ONNX opset 23) with the step's (B, T, D/2) cos/sin computed once from the
+positions (no table: any position works, as in torch), q/k/v
+one product with concatenated weights (the attention scale 1/sqrt(D) folded into q's: rotation
+is linear) and gate/up another, each split after; the masks' additive biases are built once per
+step; a tied head reads the embedding table through a Transpose that ONNX Runtime folds when
+it loads the graph (the table is stored once).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from attnserve.engine.onnx.layout import LM_INPUTS, LOGITS, lm_new_names, lm_past_names
+from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer
+
+INT64_MAX = np.iinfo(np.int64).max
+# RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
+LM_OPSET = 23
+LM_IR_VERSION = 11
+
+
+def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """(D/2,) float32: `rotary_cos_sin`'s frequencies, computed as torch does."""
+    exponents = torch.arange(0, head_dim, 2).float() / head_dim
+    return (1.0 / (theta**exponents)).numpy()
+
+
+class _Graph:
+    """Nodes and initializers under construction, with fresh value names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def const(self, name: str, value: Any, dtype: Any = None) -> str:
+        array = np.asarray(value, dtype=dtype)
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        n_out: int = 1,
+        *,
+        name: str | None = None,
+        outputs: list[str] | None = None,
+        **attrs: Any,
+    ) -> Any:
+        """Append a node; returns its output name, or a list of `n_out` names. A named node's
+        single output takes its name; `outputs` names them (the graph's outputs)."""
+        self._count += 1
+        stem = name or f"{op_type.lower()}_{self._count}"
+        if outputs is None:
+            outputs = [stem] if name and n_out == 1 else [f"{stem}:{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=stem, **attrs))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _weight(linear: torch.nn.Linear) -> np.ndarray:
+    """A Linear's weight as the (K, N) right operand of x @ W."""
+    return linear.weight.detach().float().numpy().T.copy()
+
+
+def build_lm_graph(model: DecoderOnly, *, opset: int = LM_OPSET) -> onnx.ModelProto:
+    """The step graph of `model` (float32)."""
+    cfg = model.config
+    n, heads, kv, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    groups, eps = heads // kv, cfg.rms_norm_eps
+    lowest = float(np.finfo(np.float32).min)
+    g = _Graph()
+    past_names, new_names = lm_past_names(n), lm_new_names(n)
+
+    # positions (B, T): real past columns plus real tokens earlier in the chunk
+    ids, mask, past_mask = LM_INPUTS
+    one_axis = g.const("axis_1", [1], np.int64)
+    past_len = g.op("ReduceSum", [past_mask, one_axis], keepdims=1)  # (B, 1)
+    before = g.op("Sub", [g.op("CumSum", [mask, g.const("axis_1_scalar", 1, np.int64)]), mask])
+    positions = g.op("Add", [past_len, before], name="positions")
+
+    # additive biases: past (B, 1, 1, 1, W); new tokens (B, 1, 1, T, T), causal over real
+    # tokens, and a padding token sees itself (no query row is fully masked)
+    zero = g.const("zero", np.float32(0.0))
+    low = g.const("lowest", np.float32(lowest))
+    past_visible = g.op("Cast", [past_mask], to=TensorProto.BOOL)
+    past_bias = g.op(
+        "Unsqueeze",
+        [g.op("Where", [past_visible, zero, low]), g.const("axes_123", [1, 2, 3], np.int64)],
+        name="past_bias",
+    )
+    shape_ids = g.op("Shape", [ids])
+    t = g.op("Gather", [shape_ids, g.const("index_1", 1, np.int64)], axis=0)  # scalar T
+    steps = g.op("Range", [g.const("start_0", 0, np.int64), t, g.const("delta_1", 1, np.int64)])
+    key_row = g.op("Unsqueeze", [steps, g.const("axis_0", [0], np.int64)])  # (1, T)
+    query_col = g.op("Unsqueeze", [steps, one_axis])  # (T, 1)
+    causal = g.op("LessOrEqual", [key_row, query_col])  # (T, T): key <= query
+    itself = g.op("Equal", [key_row, query_col])
+    real = g.op("Unsqueeze", [g.op("Cast", [mask], to=TensorProto.BOOL), one_axis])  # (B, 1, T)
+    new_visible = g.op("Or", [g.op("And", [causal, real]), itself])  # (B, T, T)
+    new_bias = g.op(
+        "Unsqueeze",
+        [g.op("Where", [new_visible, zero, low]), g.const("axes_12", [1, 2], np.int64)],
+        name="new_bias",
+    )
+    # the softmax's split: W past columns, then T new ones
+    width = g.op("Slice", [g.op("Shape", [past_mask]), one_axis, g.const("end_2", [2], np.int64)])
+    t_1d = g.op("Unsqueeze", [t, g.const("axis_0b", [0], np.int64)])
+    split_wt = g.op("Concat", [width, t_1d], axis=0, name="split_past_new")
+
+    # rotary angles (B, T, D/2) of this step's positions, as `rotary_cos_sin` computes them
+    angles = g.op(
+        "Mul",
+        [
+            g.op(
+                "Unsqueeze",
+                [
+                    g.op("Cast", [positions], to=TensorProto.FLOAT),
+                    g.const("axis_last", [-1], np.int64),
+                ],
+            ),
+            g.const("inv_freq", inverse_frequencies(d, cfg.rope_theta)),
+        ],
+    )
+    cos_name = g.op("Cos", [angles], name="rotary_cos")
+    sin_name = g.op("Sin", [angles], name="rotary_sin")
+    q_shape = g.const("q_shape", [0, 0, kv, groups, d], np.int64)
+    kv_shape = g.const("kv_shape", [0, 0, kv, d], np.int64)
+    merged_shape = g.const("merged_shape", [0, 0, heads * d], np.int64)
+    axis_2 = g.const("axis_2", [2], np.int64)
+    split_qkv = g.const("split_qkv", [heads * d, kv * d, kv * d], np.int64)
+    split_mlp = g.const("split_gate_up", [cfg.intermediate_size] * 2, np.int64)
+
+    table = model.embed_tokens.weight.detach().float().numpy()
+    x = g.op("Gather", [g.const("embed_tokens.weight", table), ids], axis=0, name="embed")
+    for i, module in enumerate(model.layers):
+        layer: DecoderOnlyLayer = module  # type: ignore[assignment]
+        attn, mlp = layer.self_attn, layer.mlp
+        p = f"layers.{i}"
+        h = g.op(
+            "RMSNormalization",
+            [x, g.const(f"{p}.input_layernorm.weight", layer.input_layernorm.weight.detach())],
+            axis=-1, epsilon=eps, stash_type=1, name=f"{p}.input_layernorm",
+        )  # fmt: skip
+        w_qkv = np.concatenate(
+            [_weight(attn.q_proj) / math.sqrt(d), _weight(attn.k_proj), _weight(attn.v_proj)],
+            axis=1,
+        )
+        qkv = g.op("MatMul", [h, g.const(f"{p}.qkv_proj.weight", w_qkv)], name=f"{p}.qkv_proj")
+        q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
+        q = g.op(
+            "RotaryEmbedding", [q, cos_name, sin_name], interleaved=0, num_heads=heads,
+        )  # fmt: skip
+        k = g.op(
+            "RotaryEmbedding", [k, cos_name, sin_name], interleaved=0, num_heads=kv,
+        )  # fmt: skip
+        q5 = g.op("Transpose", [g.op("Reshape", [q, q_shape])], perm=[0, 2, 3, 1, 4])
+        for value, out_name in ((k, new_names[2 * i]), (v, new_names[2 * i + 1])):
+            reshaped = g.op("Reshape", [value, kv_shape])
+            g.op("Transpose", [reshaped], outputs=[out_name], perm=[0, 2, 1, 3])
+        past_k5 = g.op("Unsqueeze", [past_names[2 * i], axis_2])  # (B, Hkv, 1, W, D)
+        past_v5 = g.op("Unsqueeze", [past_names[2 * i + 1], axis_2])
+        new_k5 = g.op("Unsqueeze", [new_names[2 * i], axis_2])  # (B, Hkv, 1, T, D)
+        new_v5 = g.op("Unsqueeze", [new_names[2 * i + 1], axis_2])
+        scores_past = g.op(
+            "Add",
+            [g.op("MatMul", [q5, g.op("Transpose", [past_k5], perm=[0, 1, 2, 4, 3])]), past_bias],
+        )  # (B, Hkv, G, T, W)
+        scores_new = g.op(
+            "Add",
+            [g.op("MatMul", [q5, g.op("Transpose", [new_k5], perm=[0, 1, 2, 4, 3])]), new_bias],
+        )  # (B, Hkv, G, T, T)
+        probs = g.op("Softmax", [g.op("Concat", [scores_past, scores_new], axis=-1)], axis=-1)
+        p_past, p_new = g.op("Split", [probs, split_wt], n_out=2, axis=-1)
+        out = g.op(
+            "Add", [g.op("MatMul", [p_past, past_v5]), g.op("MatMul", [p_new, new_v5])]
+        )  # (B, Hkv, G, T, D)
+        out = g.op(
+            "Reshape", [g.op("Transpose", [out], perm=[0, 3, 1, 2, 4]), merged_shape]
+        )  # (B, T, H * D)
+        attended = g.op(
+            "MatMul", [out, g.const(f"{p}.o_proj.weight", _weight(attn.o_proj))], name=f"{p}.o_proj"
+        )
+        x = g.op("Add", [x, attended])
+        h = g.op(
+            "RMSNormalization",
+            [x, g.const(f"{p}.post_attention_layernorm.weight",
+                        layer.post_attention_layernorm.weight.detach())],
+            axis=-1, epsilon=eps, stash_type=1, name=f"{p}.post_attention_layernorm",
+        )  # fmt: skip
+        w_gate_up = np.concatenate([_weight(mlp.gate_proj), _weight(mlp.up_proj)], axis=1)
+        gate_up = g.op(
+            "MatMul", [h, g.const(f"{p}.gate_up_proj.weight", w_gate_up)], name=f"{p}.gate_up"
+        )
+        gate, up = g.op("Split", [gate_up, split_mlp], n_out=2, axis=-1)
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+        down = g.op(
+            "MatMul", [act, g.const(f"{p}.down_proj.weight", _weight(mlp.down_proj))],
+            name=f"{p}.down_proj",
+        )  # fmt: skip
+        x = g.op("Add", [x, down])
+
+    last = g.op("Slice", [x, g.const("last_start", [-1], np.int64),
+                          g.const("last_end", [INT64_MAX], np.int64), one_axis])  # fmt: skip
+    normed = g.op(
+        "RMSNormalization", [last, g.const("norm.weight", model.norm.weight.detach())],
+        axis=-1, epsilon=eps, stash_type=1, name="norm",
+    )  # fmt: skip
+    if model.lm_head.weight is model.embed_tokens.weight:  # tied (a smoothed copy unties it)
+        head = g.op("Transpose", ["embed_tokens.weight"], perm=[1, 0], name="lm_head.t")
+    else:
+        head = g.const("lm_head.weight", _weight(model.lm_head))
+    logits = g.op("MatMul", [normed, head], name="lm_head")  # (B, 1, V)
+    g.op("Squeeze", [logits, one_axis], outputs=[LOGITS])
+
+    past_shape: list[str | int | None] = ["batch", kv, "past", d]
+    new_shape: list[str | int | None] = ["batch", kv, "chunk", d]
+    inputs = [
+        helper.make_tensor_value_info(ids, TensorProto.INT64, ["batch", "chunk"]),
+        helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "chunk"]),
+        helper.make_tensor_value_info(past_mask, TensorProto.INT64, ["batch", "past"]),
+        *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", cfg.vocab_size]),
+        *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, new_shape) for nm in new_names),
+    ]
+    graph = helper.make_graph(g.nodes, "attnserve_lm_step", inputs, outputs, g.initializers)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", opset)],
+        producer_name="attnserve",
+        ir_version=LM_IR_VERSION,
+    )
