@@ -83,6 +83,7 @@ def bench_lm(
     prefill_tokens: int = 500,
     repeats: int = 3,
     threads: int | None = 1,
+    spinning: bool = False,
     long_text: str = "",
 ) -> list[LMBenchResult]:
     """Results for attnserve's `variants`, then `peers` (LM_PEERS; one that cannot run here is
@@ -90,7 +91,9 @@ def bench_lm(
     from attnserve.bench.lm_peers import PeerUnavailable, peer_runner
 
     generators = {
-        v: Generator.from_model_dir(model_dir, backend=f"onnx-{v}", threads=threads)
+        v: Generator.from_model_dir(
+            model_dir, backend=f"onnx-{v}", threads=threads, spinning=spinning
+        )
         for v in variants
     }
     if not generators:

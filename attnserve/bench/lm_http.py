@@ -87,6 +87,7 @@ def server_command(
     clients: int,
     server_bin: Path | None,
     variant: str = "int8",
+    spinning: bool = False,
 ) -> list[str]:
     """The command that serves `model_dir` (or its GGUF source) on 127.0.0.1:`port`."""
     host = ["--host", "127.0.0.1", "--port", str(port)]
@@ -94,6 +95,7 @@ def server_command(
         return [
             sys.executable, "-m", "attnserve.cli", "serve", "--model", str(model_dir),
             "--threads", str(threads), "--variant", variant, *host,
+            *(["--spinning"] if spinning else []),
         ]  # fmt: skip
     gguf = str(gguf_source(model_dir))
     if server == "llama-server":
@@ -208,6 +210,7 @@ def bench_chat_http(
     max_tokens: int = 128,
     server_bin: Path | None = None,
     variant: str = "int8",
+    spinning: bool = False,
     work_dir: Path,
     ready_timeout: float = 600.0,
 ) -> list[ChatLoadResult]:

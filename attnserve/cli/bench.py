@@ -79,6 +79,11 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--prefill-tokens", type=int, default=500, help="long prompt's tokens")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads")
+    p.add_argument(
+        "--spinning",
+        action="store_true",
+        help="attnserve's ONNX Runtime threads spin between nodes (as GenAI's do by default)",
+    )
     p.add_argument("--output-dir", type=Path, default=None, help="write NAME.json/.md here")
     p.add_argument("--name", default="bench-lm", help="file name stem in --output-dir")
     p.add_argument(
@@ -129,6 +134,7 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
         prefill_tokens=args.prefill_tokens,
         repeats=args.repeats,
         threads=args.threads,
+        spinning=args.spinning,
         long_text=" ".join(held_out_chapters()),
     )
     sys.stdout.write(markdown(results))
@@ -151,6 +157,7 @@ def _chat_http(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         server_bin=args.server_bin,
         variant=args.variant,
+        spinning=args.spinning,
         work_dir=args.work_dir,
     )
     sys.stdout.write(chat_markdown(results))

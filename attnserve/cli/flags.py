@@ -62,7 +62,8 @@ def add_decoding_flags(p: argparse.ArgumentParser, *, generation: bool = False) 
 
 
 def add_runtime_flags(p: argparse.ArgumentParser, *, auto_export: bool = True) -> None:
-    """--backend onnx (default) | torch, --variant, --provider, --threads [, --auto-export]."""
+    """--backend onnx (default) | torch, --variant, --provider, --threads, --spinning
+    [, --auto-export]."""
     p.add_argument(
         "--backend",
         choices=list(BACKENDS),
@@ -77,6 +78,12 @@ def add_runtime_flags(p: argparse.ArgumentParser, *, auto_export: bool = True) -
         help="ONNX Runtime provider: auto = CUDA when available, else CPU",
     )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads")
+    p.add_argument(
+        "--spinning",
+        action="store_true",
+        help="ONNX Runtime's threads spin between nodes (faster with 2+ threads on a "
+        "dedicated machine; burns CPU while idle)",
+    )
     if auto_export:
         p.add_argument(
             "--auto-export",
@@ -123,6 +130,7 @@ def load_generator(args: argparse.Namespace) -> Generator:
         threads=args.threads,
         variant=args.variant,
         provider=args.provider,
+        spinning=args.spinning,
     )
 
 
@@ -137,4 +145,5 @@ def load_translator(args: argparse.Namespace) -> Translator:
         threads=args.threads,
         variant=args.variant,
         provider=args.provider,
+        spinning=args.spinning,
     )

@@ -83,6 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="export MODEL/onnx/<variant> when it is missing (default: on)",
     )
+    p.add_argument(
+        "--spinning",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ONNX Runtime's threads spin between nodes: faster with 2+ threads on a dedicated "
+        "machine, CPU burnt while idle (default: off; env ATTNSERVE_SPINNING)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -92,7 +99,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export"):
+    for field in ("log_json", "auto_export", "spinning"):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:

@@ -37,6 +37,7 @@ def default_backend_factory(
         threads=settings.threads,
         variant=settings.variant,
         provider=settings.provider,
+        spinning=settings.spinning,
         **extra,
     )
 

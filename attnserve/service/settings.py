@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     variant: Literal["fp32", "int8", "int4", "fp16"] = "int8"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=0, description="intra-op threads per model")
+    # ONNX Runtime's intra-op threads spin between nodes instead of sleeping: faster with 2+
+    # threads on a machine the server has to itself (a language model's step at one row: 1.4x
+    # at 2 threads), CPU burnt when idle between steps and stolen from anything sharing it.
+    spinning: bool = False
     # `attnserve serve` exports MODEL/onnx/<variant> when it is missing (needs torch, once).
     auto_export: bool = True
 

@@ -40,6 +40,22 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert [Settings.model_name(d) for d in settings.models] == ["a", "b"]
 
 
+def test_spinning_reaches_the_onnx_sessions(
+    monkeypatch: pytest.MonkeyPatch, tiny_onnx_import: Path
+) -> None:
+    """--spinning (or ATTNSERVE_SPINNING) turns ORT's thread spinning on; off by default."""
+    from attnserve.service.models import default_backend_factory
+
+    key = "session.intra_op.allow_spinning"
+    for flags, env, expected in (([], None, "0"), (["--spinning"], None, "1"), ([], "1", "1")):
+        if env is not None:
+            monkeypatch.setenv("ATTNSERVE_SPINNING", env)
+        args = build_parser().parse_args(["serve", "--model", str(tiny_onnx_import), *flags])
+        settings = settings_from_args(args)
+        backend = default_backend_factory(tiny_onnx_import, settings)
+        assert backend.decoder.get_session_options().get_session_config_entry(key) == expected
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
