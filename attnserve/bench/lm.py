@@ -163,11 +163,50 @@ def markdown(results: Sequence[LMBenchResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(results: Sequence[LMBenchResult], out_dir: Path, name: str) -> None:
+def write_chart(results: Sequence[LMBenchResult], path: Path, title: str) -> Path | None:
+    """Bars of decode and prefill tokens/s per runtime; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no chart (pip install matplotlib)")
+        return None
+    names = [runtime_name(r.variant) for r in results]
+    colors = [f"C{i % 10}" for i in range(len(results))]
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 0.32 * len(results) + 1.6), dpi=80)
+    panels = (
+        ("decode tokens/s (1 stream)", [r.decode_tokens_per_second for r in results]),
+        (f"prefill tokens/s ({results[0].prefill_tokens}-token prompt)",
+         [r.prefill_tokens_per_second for r in results]),
+    )  # fmt: skip
+    for i, (ax, (label, values)) in enumerate(zip(axes, panels, strict=True)):
+        ax.barh(range(len(values)), values, color=colors)
+        ax.set_yticks(range(len(values)))
+        ax.set_yticklabels(names if i == 0 else [], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(label, fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        for y, value in enumerate(values):
+            ax.text(value, y, f" {value:.0f}", va="center", fontsize=7)
+        ax.set_xlim(0, max(values) * 1.25)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    results: Sequence[LMBenchResult], out_dir: Path, name: str, title: str = ""
+) -> None:
+    """NAME.json, NAME.md and, with matplotlib, NAME.png in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = [asdict(r) for r in results]
     (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out_dir / f"{name}.md").write_text(markdown(results))
+    write_chart(results, out_dir / f"{name}.png", title or name)
 
 
 @dataclass(frozen=True)

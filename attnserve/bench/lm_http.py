@@ -9,14 +9,15 @@ through `CHAT_PROMPTS`) for `seconds`. Servers:
 * ``attnserve``: `attnserve serve --model MODEL --variant VARIANT` (int8 unless told;
   continuous batching);
 * ``llama-server``: llama.cpp's own server (`--server-bin`, built from the llama.cpp sources
-  with cmake) on the model's GGUF source, one parallel slot per client (`-np`), continuous
-  batching;
+  with cmake) on the model's GGUF source, one parallel slot per client (`-np`) and an HTTP
+  thread for each, continuous batching;
 * ``llama-cpp-python``: `python -m llama_cpp.server` (llama-cpp-python's OpenAI-compatible
   server; it decodes one request at a time).
 
 Reported per server and client count: completion tokens/s over the window (tokens of requests
 that finished, from their `usage`, plus the streamed chunks of those still running at its end),
-requests finished, mean completion length, and time to first token (first content chunk, from
+requests finished, mean completion length, requests whose connection dropped (counted, not
+retried), and time to first token (first content chunk, from
 sending; a request still waiting at the window's end counts with its wait so far) p50 / p99.
 Each server writes its log to `work_dir`.
 """
@@ -77,6 +78,7 @@ class ChatLoadResult:
     mean_completion_tokens: float
     ttft_p50: float
     ttft_p99: float
+    errors: int
 
 
 def server_command(
@@ -104,7 +106,8 @@ def server_command(
             raise FileNotFoundError("llama-server: pass --server-bin (built from llama.cpp)")
         return [
             str(binary), "-m", gguf, "-t", str(threads), "-tb", str(threads),
-            "-np", str(clients), "-c", str(clients * SLOT_CONTEXT), *host,
+            "-np", str(clients), "-c", str(clients * SLOT_CONTEXT),
+            "--threads-http", str(clients + 4), *host,
         ]  # fmt: skip
     if server == "llama-cpp-python":
         return [
@@ -130,12 +133,13 @@ def running(command: list[str], port: int, log_path: Path, timeout: float) -> It
 
 async def chat_load(
     url: str, model: str, clients: int, seconds: float, max_tokens: int
-) -> tuple[int, int, list[float], int]:
+) -> tuple[int, int, list[float], int, int]:
     """A closed loop of `clients` streaming chat requests for `seconds`: requests finished,
-    their completion tokens, times to first token, and chunks streamed by unfinished ones."""
+    their completion tokens, times to first token, chunks streamed by unfinished ones, and
+    requests that failed in transport (the connection dropped)."""
     import httpx
 
-    finished = tokens = 0
+    finished = tokens = errors = 0
     ttft: list[float] = []
     running_chunks: dict[int, int] = {}
     waiting: dict[int, float] = {}  # sent, for requests without a first token yet
@@ -179,10 +183,18 @@ async def chat_load(
         tokens += int(usage["completion_tokens"]) if usage else chunks
 
     async def client(http: httpx.AsyncClient, index: int) -> None:
+        nonlocal errors
         turn = 0
         while time.perf_counter() < end:
             prompt = CHAT_PROMPTS[(index + turn) % len(CHAT_PROMPTS)]
-            await one(http, index * 1_000_000 + turn, prompt)
+            key = index * 1_000_000 + turn
+            try:
+                await one(http, key, prompt)
+            except httpx.TransportError as exc:  # counted and reported; the loop goes on
+                errors += 1
+                running_chunks.pop(key, None)
+                waiting.pop(key, None)
+                log.warning("client %d: %s: %s", index, type(exc).__name__, exc)
             turn += 1
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -197,7 +209,7 @@ async def chat_load(
         await asyncio.gather(*pending, return_exceptions=True)
         for task in done:
             task.result()  # a client's error is the bench's error
-    return finished, tokens, ttft, unfinished
+    return finished, tokens, ttft, unfinished, errors
 
 
 def bench_chat_http(
@@ -228,7 +240,7 @@ def bench_chat_http(
             with running(command, port, log_path, ready_timeout) as url:
                 asyncio.run(chat_load(url, model_dir.name, 1, 5.0, 8))  # warm up
                 started = time.perf_counter()
-                finished, tokens, ttft, unfinished = asyncio.run(
+                finished, tokens, ttft, unfinished, errors = asyncio.run(
                     chat_load(url, model_dir.name, count, seconds, max_tokens)
                 )
                 elapsed = time.perf_counter() - started
@@ -242,6 +254,7 @@ def bench_chat_http(
                 mean_completion_tokens=tokens / finished if finished else float("nan"),
                 ttft_p50=float(np.percentile(ttft, 50)) if ttft else float("nan"),
                 ttft_p99=float(np.percentile(ttft, 99)) if ttft else float("nan"),
+                errors=errors,
             )
             log.info("%s", json.dumps(result.__dict__))
             results.append(result)
@@ -251,8 +264,8 @@ def bench_chat_http(
 def chat_markdown(results: Sequence[ChatLoadResult]) -> str:
     lines = [
         "| clients | server | completion tokens/s | x first server | requests | mean tokens "
-        "| TTFT p50 s | TTFT p99 s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 s | TTFT p99 s | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     base: dict[int, float] = {}
     for r in results:
@@ -261,7 +274,7 @@ def chat_markdown(results: Sequence[ChatLoadResult]) -> str:
         lines.append(
             f"| {r.clients} | {r.server} | {r.tokens_per_second:.1f} | {ratio:.2f} | "
             f"{r.requests} | {r.mean_completion_tokens:.0f} | {r.ttft_p50:.2f} | "
-            f"{r.ttft_p99:.2f} |"
+            f"{r.ttft_p99:.2f} | {r.errors} |"
         )
     return "\n".join(lines) + "\n"
 

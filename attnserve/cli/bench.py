@@ -139,7 +139,12 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(markdown(results))
     if args.output_dir is not None:
-        write_report(results, args.output_dir, args.name)
+        spin = ", spinning" if args.spinning else ""
+        title = (
+            f"{args.model.name}: {args.new_tokens} greedy tokens after a chat prompt, "
+            f"{args.threads} thread(s){spin}, median of {args.repeats}"
+        )
+        write_report(results, args.output_dir, args.name, title)
     return 0
 
 

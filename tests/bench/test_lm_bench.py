@@ -36,6 +36,7 @@ def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
     assert table.count("\n") == 4 and "| attnserve int8 |" in table
     write_report(results, tmp_path, "tiny")
     assert len(json.loads((tmp_path / "tiny.json").read_text())) == 2
+    assert (tmp_path / "tiny.png").stat().st_size > 0  # matplotlib: a test dependency
     with pytest.raises(ValueError, match="not 500"):
         bench_lm(lm_dir, ["fp32"], prefill_tokens=500, long_text=text)
 
