@@ -12,7 +12,8 @@ through `CHAT_PROMPTS`) for `seconds`. Servers:
   with cmake) on the model's GGUF source, one parallel slot per client (`-np`) and an HTTP
   thread for each, continuous batching;
 * ``llama-cpp-python``: `python -m llama_cpp.server` (llama-cpp-python's OpenAI-compatible
-  server; it decodes one request at a time).
+  server; it decodes one request at a time; `--interrupt_requests False`, or each new request
+  would cut the stream being decoded).
 
 Reported per server and client count: completion tokens/s over the window (tokens of requests
 that finished, from their `usage`, plus the streamed chunks of those still running at its end),
@@ -31,8 +32,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,27 @@ def server_command(
         return [
             sys.executable, "-m", "llama_cpp.server", "--model", gguf,
             "--n_threads", str(threads), "--n_threads_batch", str(threads),
-            "--n_ctx", "2048", *host,
+            "--n_ctx", "2048", "--interrupt_requests", "False", *host,
         ]  # fmt: skip
     raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
+
+
+@asynccontextmanager
+async def _stream(http: Any, url: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+    """http.stream(POST), sent again once when a kept-alive connection turns out closed before
+    any response (a server that closes idle or much-used connections, as llama-server does)."""
+    import httpx
+
+    answered = False
+    for attempt in range(2):
+        try:
+            async with http.stream("POST", url, json=body) as response:
+                answered = True
+                yield response
+                return
+        except httpx.RemoteProtocolError as exc:
+            if answered or attempt or "without sending a response" not in str(exc):
+                raise
 
 
 @contextmanager
@@ -159,7 +178,7 @@ async def chat_load(
         chunks, usage, first = 0, None, True
         running_chunks[key] = 0
         waiting[key] = sent
-        async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        async with _stream(http, url + "/v1/chat/completions", body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 raise RuntimeError(f"HTTP {response.status_code}: {text[:300]}")
