@@ -298,8 +298,56 @@ def chat_markdown(results: Sequence[ChatLoadResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_chat_report(results: Sequence[ChatLoadResult], out_dir: Path, name: str) -> None:
+def write_chat_chart(results: Sequence[ChatLoadResult], path: Path, title: str) -> Path | None:
+    """Grouped bars per client count: completion tokens/s and TTFT p50 of each server; None
+    without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no chart (pip install matplotlib)")
+        return None
+    servers = list(dict.fromkeys(r.server for r in results))
+    counts = list(dict.fromkeys(r.clients for r in results))
+    cell = {(r.server, r.clients): r for r in results}
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.2), dpi=80)
+    width = 0.8 / len(servers)
+    panels = (
+        ("completion tokens/s", "tokens_per_second"),
+        ("time to first token p50 (s)", "ttft_p50"),
+    )
+    for ax, (label, field) in zip(axes, panels, strict=True):
+        top = max((getattr(r, field) for r in results), default=1.0)
+        ax.set_ylim(0, (top if top == top else 1.0) * 1.35)  # room for the legend (NaN: 1)
+        for j, server in enumerate(servers):
+            values = [
+                getattr(cell[server, c], field) if (server, c) in cell else 0.0 for c in counts
+            ]
+            xs = [i + (j - (len(servers) - 1) / 2) * width for i in range(len(counts))]
+            ax.bar(xs, values, width, label=server, color=f"C{j % 10}")
+            for x, value in zip(xs, values, strict=True):
+                ax.text(x, value, f"{value:.0f}" if value >= 10 else f"{value:.1f}",
+                        ha="center", va="bottom", fontsize=7)  # fmt: skip
+        ax.set_xticks(range(len(counts)))
+        ax.set_xticklabels([f"{c} clients" for c in counts], fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    axes[0].legend(fontsize=7, loc="upper right")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_chat_report(
+    results: Sequence[ChatLoadResult], out_dir: Path, name: str, title: str = ""
+) -> None:
+    """NAME.json, NAME.md and, with matplotlib, NAME.png in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = [r.__dict__ for r in results]
     (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out_dir / f"{name}.md").write_text(chat_markdown(results))
+    write_chat_chart(results, out_dir / f"{name}.png", title or name)

@@ -167,7 +167,11 @@ def _chat_http(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(chat_markdown(results))
     if args.output_dir is not None:
-        write_chat_report(results, args.output_dir, args.name)
+        title = (
+            f"{args.model.name}: streaming chat, max_tokens {args.max_tokens}, "
+            f"{args.threads} thread(s) per server, {args.seconds:.0f} s per setting"
+        )
+        write_chat_report(results, args.output_dir, args.name, title)
     return 0
 
 

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from attnserve.bench.lm import bench_lm, markdown
-from attnserve.bench.lm_http import bench_chat_http, chat_markdown, server_command
+from attnserve.bench.lm_http import (
+    bench_chat_http,
+    chat_markdown,
+    server_command,
+    write_chat_report,
+)
 from attnserve.bench.lm_peers import (
     GenAIRunner,
     PeerUnavailable,
@@ -113,5 +118,7 @@ def test_streaming_chat_through_a_real_server(lm_dir: Path, tmp_path: Path) -> N
     assert 0 < result.ttft_p50 <= result.ttft_p99
     assert "| 2 | attnserve |" in chat_markdown(results)
     assert (tmp_path / "attnserve-2.log").is_file()
+    write_chat_report(results, tmp_path / "report", "chat")
+    assert (tmp_path / "report" / "chat.png").stat().st_size > 0
     with pytest.raises(PeerUnavailable, match="GGUF"):  # llama.cpp's servers need the GGUF
         server_command("llama-server", lm_dir, 8000, 1, 2, None)
