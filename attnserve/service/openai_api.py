@@ -84,6 +84,44 @@ _RESPONSES = {k: v for k, v in ERROR_RESPONSES.items() if k != 422}
 _RESPONSES[400] = {**ERROR_RESPONSES[422], "description": "Invalid request (`param` names it)"}
 
 
+def _streamed(kind: str, example: str) -> dict[int | str, dict[str, Any]]:
+    """The responses of a route that answers JSON, or Server-Sent Events with stream=true:
+    each event's data is one `kind` chunk (JSON), an error object, or the final [DONE]."""
+    event = {
+        "type": "object",
+        "properties": {
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {"type": "string", "contentMediaType": "application/json"},
+                ],
+                "description": f"a {kind} chunk, or {{'error': ...}} mid-stream, then [DONE]",
+            }
+        },
+        "required": ["data"],
+    }
+    return {
+        **_RESPONSES,
+        200: {
+            "description": f"JSON, or SSE of {kind} chunks with stream=true",
+            "content": {"text/event-stream": {"schema": event, "example": example}},
+        },
+    }
+
+
+_CHAT_RESPONSES = _streamed(
+    "chat.completion.chunk",
+    'data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", '
+    '"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": null}]}\n\n'
+    "data: [DONE]\n\n",
+)
+_COMPLETION_RESPONSES = _streamed(
+    "text_completion",
+    'data: {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", '
+    '"choices": [{"index": 0, "text": "Hi", "finish_reason": null}]}\n\ndata: [DONE]\n\n',
+)
+
+
 def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
     extra = body.model_extra or {}
     for name in UNSUPPORTED:
@@ -288,7 +326,7 @@ def _completion_logprobs(
     CHAT_PATH,
     response_model=ChatCompletion,
     response_model_exclude_none=False,
-    responses=_RESPONSES,
+    responses=_CHAT_RESPONSES,
     summary="OpenAI chat completion (language models); stream=true for chunks",
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: Service) -> Any:
@@ -339,7 +377,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
 @router.post(
     COMPLETIONS_PATH,
     response_model=Completion,
-    responses=_RESPONSES,
+    responses=_COMPLETION_RESPONSES,
     summary="OpenAI text completion; a translation model translates the prompt",
 )
 async def completions(body: CompletionRequest, request: Request, service: Service) -> Any:

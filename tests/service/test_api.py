@@ -212,6 +212,10 @@ def test_openapi_has_examples(live: LiveServer) -> None:
     translate = schema["components"]["schemas"]["TranslateRequest"]
     assert translate["examples"] and translate["additionalProperties"] is False
     assert httpx.get(live.url + "/docs").status_code == 200
+    # every route that streams with stream=true documents both of its 200 answers
+    for path in ("/v1/generate", "/v1/completions", "/v1/chat/completions"):
+        content = schema["paths"][path]["post"]["responses"]["200"]["content"]
+        assert set(content) == {"application/json", "text/event-stream"}, path
 
 
 def test_two_models_are_served_and_chosen_by_name(model_dir: Path, tmp_path: Path) -> None:
