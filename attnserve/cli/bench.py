@@ -94,12 +94,21 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--modes", default="static,continuous", help="--workload: batching modes")
     p.add_argument("--clients", default="16,64", help="--workload: concurrent requests")
     p.add_argument("--seconds", type=float, default=60.0, help="--workload: per setting")
-    p.add_argument("--variant", default="int8", help="--workload, --http: ONNX variant")
+    p.add_argument(
+        "--variant", default="int8", help="--workload, --http, --attention: ONNX variant"
+    )
     p.add_argument(
         "--http",
         action="store_true",
         help="instead: streaming chat through HTTP per server (--servers) and client count",
     )
+    p.add_argument(
+        "--attention",
+        action="store_true",
+        help="instead: --variant's step graph with plain attention against ONNX Runtime's "
+        "GroupQueryAttention (decoding steps at --rows, and the prefill)",
+    )
+    p.add_argument("--rows", default="1,16,64", help="--attention: rows a step")
     p.add_argument(
         "--servers",
         default="attnserve,llama-server,llama-cpp-python",
@@ -108,8 +117,9 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="--http: max_tokens per request")
     p.add_argument("--server-bin", type=Path, default=None, help="--http: llama-server binary")
     p.add_argument(
-        "--work-dir", type=Path, default=Path("loadtest/results/bench-lm-http"),
-        help="--http: servers' logs",
+        "--work-dir", type=Path, default=None,
+        help="--http: servers' logs (default loadtest/results/bench-lm-http); --attention: the "
+        "GroupQueryAttention graph (default MODEL/bench/gqa)",
     )  # fmt: skip
     p.set_defaults(func=cmd_bench_lm)
 
@@ -126,6 +136,8 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
         return _workload(args)
     if args.http:
         return _chat_http(args)
+    if args.attention:
+        return _attention(args)
     results = bench_lm(
         args.model,
         [v.strip() for v in args.variants.split(",") if v.strip()],
@@ -163,7 +175,7 @@ def _chat_http(args: argparse.Namespace) -> int:
         server_bin=args.server_bin,
         variant=args.variant,
         spinning=args.spinning,
-        work_dir=args.work_dir,
+        work_dir=args.work_dir or Path("loadtest/results/bench-lm-http"),
     )
     sys.stdout.write(chat_markdown(results))
     if args.output_dir is not None:
@@ -172,6 +184,30 @@ def _chat_http(args: argparse.Namespace) -> int:
             f"{args.threads} thread(s) per server, {args.seconds:.0f} s per setting"
         )
         write_chat_report(results, args.output_dir, args.name, title)
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnserve.bench.lm_attention import (
+        attention_markdown,
+        compare_attention,
+        write_attention_report,
+    )
+
+    results = compare_attention(
+        args.model,
+        args.variant,
+        args.work_dir or args.model / "bench" / "gqa",
+        rows=[int(r) for r in args.rows.split(",") if r.strip()],
+        prefill_tokens=args.prefill_tokens,
+        threads=args.threads,
+        repeats=args.repeats,
+    )
+    sys.stdout.write(attention_markdown(results))
+    if args.output_dir is not None:
+        write_attention_report(results, args.output_dir, args.name)
     return 0
 
 

@@ -34,7 +34,7 @@ import onnx
 from attnserve.engine.onnx.layout import LM_STEP_NAME, LOGITS, ONNX_DIR
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
-from attnserve.export.lm_graph import LM_OPSET, build_lm_graph
+from attnserve.export.lm_graph import LM_OPSET, PLAIN, build_lm_graph
 from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
 from attnserve.export.smooth import activation_maxima, smooth
@@ -67,12 +67,13 @@ def down_projections(model: onnx.ModelProto, intermediate_size: int) -> list[str
     ]
 
 
-def export_lm_fp32(model: DecoderOnly, out_dir: str | Path) -> Path:
+def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, attention: str = PLAIN) -> Path:
     """Write step.onnx (fp32; weights beside it when they near protobuf's limit) into
     `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    build.save_graph(build_lm_graph(model.eval().float()), out / LM_STEP_NAME)
+    graph = build_lm_graph(model.eval().float(), attention=attention)
+    build.save_graph(graph, out / LM_STEP_NAME)
     return out
 
 
@@ -123,6 +124,7 @@ def export_lm_variants(
     prompts: list[list[int]] | None = None,
     calibration: list[list[int]] | None = None,
     smoothing: float = SMOOTHING_ALPHA,
+    attention: str = PLAIN,
 ) -> dict[str, Path]:
     """Export `variants` of a language model into onnx_root/<variant>/; returns their dirs.
 
@@ -130,12 +132,15 @@ def export_lm_variants(
     measured, stored in each manifest, and fp32 / int8 / int4 must pass their checks
     (ParityError otherwise; the previous export stays in place). int8 is quantized from the
     SmoothQuant-ed model (`smoothing` = alpha, 0 = off), calibrated on `calibration` prompts
-    (default: random)."""
+    (default: random). `attention`: `plain` (what the ONNX backend runs) or `gqa` (ONNX
+    Runtime's GroupQueryAttention, for `bench-lm --attention`; verify=False)."""
     from attnserve.export.verify import INT4_GATE, check_fp32, check_int8, lm_parity, lm_reference
 
     unknown = [v for v in variants if v not in LM_VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(LM_VARIANTS)}")
+    if attention != PLAIN and verify:
+        raise ValueError(f"attention {attention!r} graphs are for benchmarks: verify=False")
     root = Path(onnx_root)
     written: dict[str, Path] = {}
     reference = lm_reference(model, prompts) if verify else None
@@ -146,7 +151,7 @@ def export_lm_variants(
     with tempfile.TemporaryDirectory(prefix="attnserve-lm-export-") as tmp:
         fp32_dir = Path(tmp) / "fp32"
         log.info("writing the fp32 language model graph (opset %d)", LM_OPSET)
-        export_lm_fp32(model, fp32_dir)
+        export_lm_fp32(model, fp32_dir, attention)
         for variant in variants:
             out = Path(tmp) / "staged" / variant
             out.mkdir(parents=True)
@@ -160,7 +165,7 @@ def export_lm_variants(
                     source = Path(tmp) / "smoothed-fp32"
                     calibrated = calibration or random_prompts(model.config, seed=1)
                     maxima = activation_maxima(model, calibrated)
-                    export_lm_fp32(smooth(model, maxima, smoothing), source)
+                    export_lm_fp32(smooth(model, maxima, smoothing), source, attention)
                     smoothed = {"alpha": smoothing, "calibration_prompts": len(calibrated)}
                 options = build.quantize_int8(
                     source,
@@ -182,6 +187,7 @@ def export_lm_variants(
                 )
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
+            options["attention"] = attention
             parity: dict[str, Any] = {}
             write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)
             if reference is not None:

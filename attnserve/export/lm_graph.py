@@ -41,13 +41,23 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from attnserve.engine.onnx.layout import LM_INPUTS, LOGITS, lm_new_names, lm_past_names
+from attnserve.engine.onnx.layout import (
+    LM_GQA_INPUTS,
+    LM_INPUTS,
+    LOGITS,
+    lm_new_names,
+    lm_past_names,
+    lm_present_names,
+)
 from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer
 
 INT64_MAX = np.iinfo(np.int64).max
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
 LM_IR_VERSION = 11
+PLAIN, GQA = "plain", "gqa"
+ATTENTIONS = (PLAIN, GQA)
+MS_DOMAIN = "com.microsoft"
 
 
 def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
@@ -94,8 +104,55 @@ def _weight(linear: torch.nn.Linear) -> np.ndarray:
     return linear.weight.detach().float().numpy().T.copy()
 
 
-def build_lm_graph(model: DecoderOnly, *, opset: int = LM_OPSET) -> onnx.ModelProto:
-    """The step graph of `model` (float32)."""
+def _rms_norm(g: _Graph, x: str, name: str, weight: torch.Tensor, eps: float) -> str:
+    """One RMSNormalization (float32 inside) of x's last axis, `weight` stored as name.weight."""
+    return g.op(
+        "RMSNormalization", [x, g.const(f"{name}.weight", weight.detach().float().numpy())],
+        axis=-1, epsilon=eps, stash_type=1, name=name,
+    )  # fmt: skip
+
+
+def _mlp(g: _Graph, layer: DecoderOnlyLayer, p: str, x: str, eps: float, split: str) -> str:
+    """x + the layer's SwiGLU MLP of its normed x: gate and up one product, split after."""
+    mlp = layer.mlp
+    h = _rms_norm(g, x, f"{p}.post_attention_layernorm", layer.post_attention_layernorm.weight, eps)
+    w_gate_up = np.concatenate([_weight(mlp.gate_proj), _weight(mlp.up_proj)], axis=1)
+    gate_up = g.op(
+        "MatMul", [h, g.const(f"{p}.gate_up_proj.weight", w_gate_up)], name=f"{p}.gate_up"
+    )
+    gate, up = g.op("Split", [gate_up, split], n_out=2, axis=-1)
+    act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+    down = g.op(
+        "MatMul", [act, g.const(f"{p}.down_proj.weight", _weight(mlp.down_proj))],
+        name=f"{p}.down_proj",
+    )  # fmt: skip
+    return g.op("Add", [x, down])
+
+
+def _head(g: _Graph, model: DecoderOnly, last: str, eps: float, *, squeeze: bool) -> None:
+    """The final norm and output projection of `last` into the graph output `logits` (B, V);
+    `squeeze`: `last` is (B, 1, C). A tied head reads the embedding table through a Transpose
+    that ONNX Runtime folds when it loads the graph (the table is stored once)."""
+    normed = _rms_norm(g, last, "norm", model.norm.weight, eps)
+    if model.lm_head.weight is model.embed_tokens.weight:  # tied (a smoothed copy unties it)
+        head = g.op("Transpose", ["embed_tokens.weight"], perm=[1, 0], name="lm_head.t")
+    else:
+        head = g.const("lm_head.weight", _weight(model.lm_head))
+    if squeeze:
+        logits = g.op("MatMul", [normed, head], name="lm_head")  # (B, 1, V)
+        g.op("Squeeze", [logits, g.const("squeeze_axis_1", [1], np.int64)], outputs=[LOGITS])
+    else:
+        g.op("MatMul", [normed, head], name="lm_head", outputs=[LOGITS])
+
+
+def build_lm_graph(
+    model: DecoderOnly, *, opset: int = LM_OPSET, attention: str = PLAIN
+) -> onnx.ModelProto:
+    """The step graph of `model` (float32), its attention `plain` or `gqa`."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention {attention!r}: choose from {', '.join(ATTENTIONS)}")
+    if attention == GQA:
+        return _build_gqa_graph(model, opset)
     cfg = model.config
     n, heads, kv, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     groups, eps = heads // kv, cfg.rms_norm_eps
@@ -166,13 +223,9 @@ def build_lm_graph(model: DecoderOnly, *, opset: int = LM_OPSET) -> onnx.ModelPr
     x = g.op("Gather", [g.const("embed_tokens.weight", table), ids], axis=0, name="embed")
     for i, module in enumerate(model.layers):
         layer: DecoderOnlyLayer = module  # type: ignore[assignment]
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
         p = f"layers.{i}"
-        h = g.op(
-            "RMSNormalization",
-            [x, g.const(f"{p}.input_layernorm.weight", layer.input_layernorm.weight.detach())],
-            axis=-1, epsilon=eps, stash_type=1, name=f"{p}.input_layernorm",
-        )  # fmt: skip
+        h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
         w_qkv = np.concatenate(
             [_weight(attn.q_proj) / math.sqrt(d), _weight(attn.k_proj), _weight(attn.v_proj)],
             axis=1,
@@ -213,36 +266,11 @@ def build_lm_graph(model: DecoderOnly, *, opset: int = LM_OPSET) -> onnx.ModelPr
             "MatMul", [out, g.const(f"{p}.o_proj.weight", _weight(attn.o_proj))], name=f"{p}.o_proj"
         )
         x = g.op("Add", [x, attended])
-        h = g.op(
-            "RMSNormalization",
-            [x, g.const(f"{p}.post_attention_layernorm.weight",
-                        layer.post_attention_layernorm.weight.detach())],
-            axis=-1, epsilon=eps, stash_type=1, name=f"{p}.post_attention_layernorm",
-        )  # fmt: skip
-        w_gate_up = np.concatenate([_weight(mlp.gate_proj), _weight(mlp.up_proj)], axis=1)
-        gate_up = g.op(
-            "MatMul", [h, g.const(f"{p}.gate_up_proj.weight", w_gate_up)], name=f"{p}.gate_up"
-        )
-        gate, up = g.op("Split", [gate_up, split_mlp], n_out=2, axis=-1)
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-        down = g.op(
-            "MatMul", [act, g.const(f"{p}.down_proj.weight", _weight(mlp.down_proj))],
-            name=f"{p}.down_proj",
-        )  # fmt: skip
-        x = g.op("Add", [x, down])
+        x = _mlp(g, layer, p, x, eps, split_mlp)
 
     last = g.op("Slice", [x, g.const("last_start", [-1], np.int64),
                           g.const("last_end", [INT64_MAX], np.int64), one_axis])  # fmt: skip
-    normed = g.op(
-        "RMSNormalization", [last, g.const("norm.weight", model.norm.weight.detach())],
-        axis=-1, epsilon=eps, stash_type=1, name="norm",
-    )  # fmt: skip
-    if model.lm_head.weight is model.embed_tokens.weight:  # tied (a smoothed copy unties it)
-        head = g.op("Transpose", ["embed_tokens.weight"], perm=[1, 0], name="lm_head.t")
-    else:
-        head = g.const("lm_head.weight", _weight(model.lm_head))
-    logits = g.op("MatMul", [normed, head], name="lm_head")  # (B, 1, V)
-    g.op("Squeeze", [logits, one_axis], outputs=[LOGITS])
+    _head(g, model, last, eps, squeeze=True)
 
     past_shape: list[str | int | None] = ["batch", kv, "past", d]
     new_shape: list[str | int | None] = ["batch", kv, "chunk", d]
@@ -260,6 +288,96 @@ def build_lm_graph(model: DecoderOnly, *, opset: int = LM_OPSET) -> onnx.ModelPr
     return helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", opset)],
+        producer_name="attnserve",
+        ir_version=LM_IR_VERSION,
+    )
+
+
+def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
+    """The step graph with ONNX Runtime's GroupQueryAttention (com.microsoft) in each layer.
+
+    GroupQueryAttention keeps each row's cache right-aligned at columns 0..length-1 of a buffer
+    of any width and writes the new tokens' K/V into it itself: with `past` and `present` bound
+    to the same memory the cache grows in place. A row's positions are its cached columns, so
+    rows of any age share a batch with no mask. It rotates q and k (rotate-half, cos/sin tables
+    of `max_positions` rows), and runs scores, softmax and the product with V per (row, head),
+    causal within the new tokens. Its three cases: a first prompt (`total_sequence_length` = T,
+    rows right-padded, `seqlens_k` = real length - 1), one token a row (T = 1, `seqlens_k` = the
+    row's cached length), a later chunk of one row's prompt (batch 1, all T tokens real).
+
+    Inputs `input_ids` (B, T), `seqlens_k` (B,) int32 (each row's length after this step,
+    minus 1), `total_sequence_length` () int32, `past.{i}.key/value` (B, Hkv, P, D); outputs
+    `logits` (B, V) of each row's last real token and `present.{i}.key/value` (B, Hkv,
+    max(P, total), D).
+    """
+    cfg = model.config
+    heads, kv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    g = _Graph()
+    past_names, present_names = lm_past_names(cfg.num_layers), lm_present_names(cfg.num_layers)
+    ids, seqlens, total = LM_GQA_INPUTS
+
+    angles = np.outer(
+        np.arange(cfg.max_positions, dtype=np.float32), inverse_frequencies(d, cfg.rope_theta)
+    ).astype(np.float32)  # (P, D/2), as `rotary_cos_sin` computes them
+    cos_cache = g.const("rotary_cos_cache", np.cos(angles))
+    sin_cache = g.const("rotary_sin_cache", np.sin(angles))
+    split_mlp = g.const("split_gate_up", [cfg.intermediate_size] * 2, np.int64)
+
+    table = model.embed_tokens.weight.detach().float().numpy()
+    x = g.op("Gather", [g.const("embed_tokens.weight", table), ids], axis=0, name="embed")
+    for i, module in enumerate(model.layers):
+        layer: DecoderOnlyLayer = module  # type: ignore[assignment]
+        attn, p = layer.self_attn, f"layers.{i}"
+        h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
+        w_qkv = np.concatenate(
+            [_weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)], axis=1
+        )
+        qkv = g.op("MatMul", [h, g.const(f"{p}.qkv_proj.weight", w_qkv)], name=f"{p}.qkv_proj")
+        out, _, _ = g.op(
+            "GroupQueryAttention",
+            [qkv, "", "", past_names[2 * i], past_names[2 * i + 1], seqlens, total,
+             cos_cache, sin_cache],
+            outputs=[f"{p}.attention", present_names[2 * i], present_names[2 * i + 1]],
+            domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv, do_rotary=1,
+            rotary_interleaved=0, scale=1.0 / math.sqrt(d), name=f"{p}.self_attn",
+        )  # fmt: skip
+        attended = g.op(
+            "MatMul", [out, g.const(f"{p}.o_proj.weight", _weight(attn.o_proj))], name=f"{p}.o_proj"
+        )
+        x = g.op("Add", [x, attended])
+        x = _mlp(g, layer, p, x, eps, split_mlp)
+
+    # each row's last real token: min(seqlens_k, T - 1) (a first prompt is right-padded)
+    shape_ids = g.op("Shape", [ids])
+    batch = g.op("Gather", [shape_ids, g.const("index_0", 0, np.int64)], axis=0)
+    t = g.op("Gather", [shape_ids, g.const("index_1", 1, np.int64)], axis=0)
+    lengths = g.op("Cast", [seqlens], to=TensorProto.INT64)
+    last_index = g.op("Min", [lengths, g.op("Sub", [t, g.const("one", 1, np.int64)])])
+    rows = g.op("Range", [g.const("start_0", 0, np.int64), batch, g.const("delta_1", 1, np.int64)])
+    starts = g.op("Mul", [rows, t])
+    flat = g.op("Reshape", [x, g.const("rows_shape", [-1, cfg.hidden_size], np.int64)])
+    last = g.op("Gather", [flat, g.op("Add", [starts, last_index])], axis=0)  # (B, C)
+    _head(g, model, last, eps, squeeze=False)
+
+    past_shape: list[str | int | None] = ["batch", kv, "past", d]
+    present_shape: list[str | int | None] = ["batch", kv, "present", d]
+    inputs = [
+        helper.make_tensor_value_info(ids, TensorProto.INT64, ["batch", "chunk"]),
+        helper.make_tensor_value_info(seqlens, TensorProto.INT32, ["batch"]),
+        helper.make_tensor_value_info(total, TensorProto.INT32, []),
+        *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", cfg.vocab_size]),
+        *(
+            helper.make_tensor_value_info(nm, TensorProto.FLOAT, present_shape)
+            for nm in present_names
+        ),
+    ]
+    graph = helper.make_graph(g.nodes, "attnserve_lm_step_gqa", inputs, outputs, g.initializers)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS_DOMAIN, 1)],
         producer_name="attnserve",
         ir_version=LM_IR_VERSION,
     )

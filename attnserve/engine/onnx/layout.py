@@ -44,6 +44,8 @@ LOG_PROBS = "log_probs"
 
 LM_STEP_NAME = "step.onnx"
 LM_INPUTS = ("input_ids", "attention_mask", "past_mask")
+# the step graph with GroupQueryAttention (export/lm_graph.py)
+LM_GQA_INPUTS = ("input_ids", "seqlens_k", "total_sequence_length")
 LOGITS = "logits"
 
 
@@ -55,6 +57,11 @@ def lm_past_names(n_layers: int) -> list[str]:
 def lm_new_names(n_layers: int) -> list[str]:
     """new.{i}.key, new.{i}.value: the K/V of a language model step's T new tokens."""
     return [f"new.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def lm_present_names(n_layers: int) -> list[str]:
+    """present.{i}.key, present.{i}.value: a GroupQueryAttention graph's whole cache."""
+    return [f"present.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
 
 
 def cross_names(n_layers: int) -> list[str]:
