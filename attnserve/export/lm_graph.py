@@ -42,8 +42,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from attnserve.engine.onnx.layout import (
+    LM_GQA,
     LM_GQA_INPUTS,
     LM_INPUTS,
+    LM_PLAIN,
     LOGITS,
     lm_new_names,
     lm_past_names,
@@ -55,7 +57,7 @@ INT64_MAX = np.iinfo(np.int64).max
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
 LM_IR_VERSION = 11
-PLAIN, GQA = "plain", "gqa"
+PLAIN, GQA = LM_PLAIN, LM_GQA
 ATTENTIONS = (PLAIN, GQA)
 MS_DOMAIN = "com.microsoft"
 

@@ -44,7 +44,9 @@ LOG_PROBS = "log_probs"
 
 LM_STEP_NAME = "step.onnx"
 LM_INPUTS = ("input_ids", "attention_mask", "past_mask")
-# the step graph with GroupQueryAttention (export/lm_graph.py)
+# The language model's attention: plain over a padded cache (what the ONNX backend runs) or
+# ONNX Runtime's GroupQueryAttention (`bench-lm --attention`), with these inputs.
+LM_PLAIN, LM_GQA = "plain", "gqa"
 LM_GQA_INPUTS = ("input_ids", "seqlens_k", "total_sequence_length")
 LOGITS = "logits"
 

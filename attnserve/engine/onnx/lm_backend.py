@@ -29,6 +29,7 @@ from attnserve.engine.onnx.backend import (
 from attnserve.engine.onnx.buffers import BufferPool
 from attnserve.engine.onnx.layout import (
     LM_INPUTS,
+    LM_PLAIN,
     LM_STEP_NAME,
     LOGITS,
     lm_new_names,
@@ -39,7 +40,6 @@ from attnserve.engine.onnx.layout import (
 )
 from attnserve.engine.onnx.rowops import Columns, HostRowOps, Tensor, first_used_column
 from attnserve.engine.torch_lm import lm_spec
-from attnserve.export.lm_graph import PLAIN
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
 
@@ -102,7 +102,7 @@ class OnnxLMBackend:
         providers = choose_providers(provider)
         disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
         inputs, outputs = [*LM_INPUTS, *self._past], [LOGITS, *self._new]
-        if self.manifest.get("options", {}).get("attention", PLAIN) != PLAIN:
+        if self.manifest.get("options", {}).get("attention", LM_PLAIN) != LM_PLAIN:
             raise ValueError(
                 f"{directory} holds a benchmark graph (attention "
                 f"{self.manifest['options']['attention']}): export the model again"

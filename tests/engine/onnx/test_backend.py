@@ -285,7 +285,8 @@ def test_load_backend_by_name(tiny_onnx_import: Path) -> None:
 
 def test_onnx_backend_does_not_import_torch() -> None:
     code = (
-        "import sys, attnserve.engine.onnx.backend, attnserve.engine.loading; "
+        "import sys, attnserve.engine.onnx.backend, attnserve.engine.onnx.lm_backend, "
+        "attnserve.engine.loading; "
         "sys.exit('torch' in sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
