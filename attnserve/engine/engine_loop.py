@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from attnserve.engine.memory import MemoryTrimmer
 from attnserve.engine.scheduler import QueueFull, Request, Scheduler, StepEvents
 
 log = logging.getLogger(__name__)
@@ -31,9 +32,16 @@ class _Waiter:
 class EngineLoop:
     """One model's scheduler on its own thread."""
 
-    def __init__(self, scheduler: Scheduler, observer: StepObserver | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        observer: StepObserver | None = None,
+        trimmer: MemoryTrimmer | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.observer = observer
+        # gives freed heap memory back after steps (shared by the models of a server)
+        self.trimmer = trimmer
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._intake: list[Request] = []
@@ -134,6 +142,8 @@ class EngineLoop:
             self.waiting = len(self.scheduler.waiting)
             self.running = len(self.scheduler.running)
             self._deliver(events)
+            if self.trimmer is not None:
+                self.trimmer.maybe_trim()
             if self.observer is not None:
                 try:
                     self.observer(events, self)

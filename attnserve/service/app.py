@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
+from attnserve.engine.memory import MemoryTrimmer
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.middleware import ServiceMiddleware
 from attnserve.service.models import BackendFactory, default_backend_factory, load_model, warm_up
@@ -114,10 +115,11 @@ def _version() -> str:
 async def load_models(service: ServiceState, factory: BackendFactory) -> None:
     """Load and warm up every configured model, then mark the service ready."""
     settings, lifecycle = service.settings, service.lifecycle
+    trimmer = MemoryTrimmer(settings.trim_seconds)
     try:
         for directory in settings.model_dirs:
             model = await asyncio.to_thread(
-                load_model, directory, settings, service.metrics, factory
+                load_model, directory, settings, service.metrics, factory, trimmer
             )
             service.registry.add(model)
             await warm_up(model)

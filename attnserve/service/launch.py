@@ -51,6 +51,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-body-bytes": ("max_body_bytes", int),
     "--cors-origins": ("cors_origins", str),
     "--drain-seconds": ("drain_seconds", float),
+    "--trim-seconds": ("trim_seconds", float),
     "--log-level": ("log_level", str),
 }
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from attnserve.engine.backend import Backend
 from attnserve.engine.engine_loop import EngineLoop
+from attnserve.engine.memory import MemoryTrimmer
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.service.metrics import Metrics
@@ -97,9 +98,14 @@ def scheduler_limits(
 
 
 def load_model(
-    directory: Path, settings: Settings, metrics: Metrics, factory: BackendFactory
+    directory: Path,
+    settings: Settings,
+    metrics: Metrics,
+    factory: BackendFactory,
+    trimmer: MemoryTrimmer | None = None,
 ) -> ServedModel:
-    """Tokenizer, backend and engine of one model directory (blocking: run it in a thread)."""
+    """Tokenizer, backend and engine of one model directory (blocking: run it in a thread);
+    `trimmer`: shared by the models' engines (engine/memory.py)."""
     from attnserve.model.checkpoint import load_tokenizer, read_metadata
     from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
 
@@ -127,7 +133,9 @@ def load_model(
     )
     limits = scheduler_limits(settings, max_new, generates)
     engine = EngineLoop(
-        Scheduler(backend, limits), observer=lambda events, _: metrics.observe_step(name, events)
+        Scheduler(backend, limits),
+        observer=lambda events, _: metrics.observe_step(name, events),
+        trimmer=trimmer,
     )
     onnx = settings.backend == "onnx"
     model = ServedModel(
