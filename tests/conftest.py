@@ -269,6 +269,7 @@ def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25, **overrides: Any)
             "pad_id": 2,
             "bos_id": 1,
             "max_positions": 128,
+            "head_dim": 16,  # GroupQueryAttention's rotary embedding needs a multiple of 16
             **overrides,
         },
     )

@@ -1,13 +1,14 @@
-"""`attnserve bench-lm --attention`: the language model's step graph with plain attention over
-a padded cache (what the ONNX backend runs) against ONNX Runtime's GroupQueryAttention.
+"""`attnserve bench-lm --attention`: the language model's step graph with ONNX Runtime's
+GroupQueryAttention (what `attnserve export` writes) against plain attention over a padded
+cache.
 
-Both graphs of one variant come from the same model and quantization (export/lm_export.py,
-`attention="gqa"` for the second, not verified: its parity is a test). Each is timed as its
-runtime would call it: the plain graph with `session.run` over the cache and `past_mask`
-(its cache `width` columns plus the backend's spare ones), the GroupQueryAttention graph with
-IO binding, its past and present bound to the same buffers so that the kernel appends in place
-(as ONNX Runtime GenAI runs it). Decoding steps at several batch sizes, and the prefill of one
-long prompt from an empty cache.
+Both graphs of one variant come from the same model and quantization: the exported one, and
+the other attention exported beside it (export/lm_export.py, not verified: parity is tested).
+Each is timed as its runtime calls it: the plain graph with `session.run` over the cache and
+`past_mask` (its cache `width` columns plus the backend's spare ones), the GroupQueryAttention
+graph with IO binding, its past and present bound to the same buffers so that the kernel
+appends in place. Decoding steps at several batch sizes, and the prefill of one long prompt
+from an empty cache.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from attnserve.engine.onnx.layout import (
     lm_new_names,
     lm_past_names,
     lm_present_names,
+    read_manifest,
     variant_dir,
 )
 from attnserve.export.lm_graph import GQA, PLAIN
@@ -124,20 +126,25 @@ def _median_ms(call: Callable, calls: int, repeats: int) -> float:
     return 1e3 * statistics.median(medians)
 
 
-def gqa_graph(model_dir: Path, variant: str, work_dir: Path) -> Path:
-    """The variant's step graph with GroupQueryAttention, exported into work_dir once."""
+def attention_graphs(model_dir: Path, variant: str, work_dir: Path) -> dict[str, Path]:
+    """The variant's step graph with each attention: the exported one, and the other exported
+    into work_dir/<attention>/<variant> once (same model and quantization, not verified)."""
     from attnserve.export.lm_export import export_lm_variants
     from attnserve.export.verify import CALIBRATION_MESSAGES, lm_prompts
     from attnserve.model.decoder_checkpoint import load_decoder_dir
 
-    path = work_dir / variant / LM_STEP_NAME
-    if not path.is_file():
-        calibration = lm_prompts(model_dir, CALIBRATION_MESSAGES)
-        export_lm_variants(
-            load_decoder_dir(model_dir), work_dir, [variant], verify=False,
-            calibration=calibration, attention=GQA,
-        )  # fmt: skip
-    return path
+    exported = variant_dir(model_dir, variant)
+    have = read_manifest(exported).get("options", {}).get("attention", PLAIN)
+    graphs = {have: exported / LM_STEP_NAME}
+    for attention in (PLAIN, GQA):
+        path = work_dir / attention / variant / LM_STEP_NAME
+        if attention not in graphs and not path.is_file():
+            export_lm_variants(
+                load_decoder_dir(model_dir), work_dir / attention, [variant], verify=False,
+                calibration=lm_prompts(model_dir, CALIBRATION_MESSAGES), attention=attention,
+            )  # fmt: skip
+        graphs.setdefault(attention, path)
+    return graphs
 
 
 def compare_attention(
@@ -158,10 +165,8 @@ def compare_attention(
     config = read_decoder_config(model_dir)
     cached = min(cached, config.max_positions - 1)  # the context holds the step's token
     prefill_tokens = min(prefill_tokens, config.max_positions)
-    sessions = {
-        PLAIN: _session(variant_dir(model_dir, variant) / LM_STEP_NAME, threads),
-        GQA: _session(gqa_graph(model_dir, variant, work_dir), threads),
-    }
+    graphs = attention_graphs(model_dir, variant, work_dir)
+    sessions = {attention: _session(graphs[attention], threads) for attention in (PLAIN, GQA)}
     makers = {PLAIN: _plain_call, GQA: _gqa_call}
     settings = [(n, cached, 1) for n in rows]
     if prefill_tokens > 0:

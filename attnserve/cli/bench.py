@@ -105,8 +105,8 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument(
         "--attention",
         action="store_true",
-        help="instead: --variant's step graph with plain attention against ONNX Runtime's "
-        "GroupQueryAttention (decoding steps at --rows, and the prefill)",
+        help="instead: --variant's step graph with ONNX Runtime's GroupQueryAttention against "
+        "plain attention over a padded cache (decoding steps at --rows, and the prefill)",
     )
     p.add_argument("--rows", default="1,16,64", help="--attention: rows a step")
     p.add_argument(
@@ -119,7 +119,7 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument(
         "--work-dir", type=Path, default=None,
         help="--http: servers' logs (default loadtest/results/bench-lm-http); --attention: the "
-        "GroupQueryAttention graph (default MODEL/bench/gqa)",
+        "graph with the attention the model was not exported with (default MODEL/bench)",
     )  # fmt: skip
     p.set_defaults(func=cmd_bench_lm)
 
@@ -199,7 +199,7 @@ def _attention(args: argparse.Namespace) -> int:
     results = compare_attention(
         args.model,
         args.variant,
-        args.work_dir or args.model / "bench" / "gqa",
+        args.work_dir or args.model / "bench",
         rows=[int(r) for r in args.rows.split(",") if r.strip()],
         prefill_tokens=args.prefill_tokens,
         threads=args.threads,

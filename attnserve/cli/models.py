@@ -43,6 +43,14 @@ def register(sub: Any) -> None:
         help="ONNX opset of encoder-decoder graphs (language models' graphs are opset 23)",
     )
     p.add_argument(
+        "--attention",
+        choices=["plain", "gqa"],
+        default=None,
+        help="language models: attention over a padded, masked cache (plain) or ONNX "
+        "Runtime's GroupQueryAttention over each row's own length (gqa); default: "
+        "the export's (docs/ARCHITECTURE.md)",
+    )
+    p.add_argument(
         "--verify",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -89,7 +97,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         if directory_family(args.model_dir) != ENCODER_DECODER:
             from attnserve.export.lm_export import export_lm_model
 
-            written = export_lm_model(args.model_dir, variants, verify=args.verify)
+            options = {} if args.attention is None else {"attention": args.attention}
+            written = export_lm_model(args.model_dir, variants, verify=args.verify, **options)
         else:
             written = export_model(
                 args.model_dir,

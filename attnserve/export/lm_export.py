@@ -34,11 +34,12 @@ import onnx
 from attnserve.engine.onnx.layout import LM_STEP_NAME, LOGITS, ONNX_DIR
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
-from attnserve.export.lm_graph import LM_OPSET, PLAIN, build_lm_graph
+from attnserve.export.lm_graph import GQA, LM_OPSET, PLAIN, build_lm_graph
 from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
 from attnserve.export.smooth import activation_maxima, smooth
 from attnserve.export.verify import random_prompts
+from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,17 @@ LM_GRAPHS = (LM_STEP_NAME,)
 # in float 0.951 / 0.009; a block of 32 gets its own activation scale, and the blocks run faster
 # than the float product at every batch size (docs/BENCHMARKS.md).
 INT8_BLOCK_DOWN = True
+# The attention the export writes (export/lm_graph.py): ONNX Runtime's GroupQueryAttention,
+# which attends each row over its own length (SmolLM2 int8, one thread: 1.06x / 1.16x the
+# tokens/s of plain attention on a mixed workload at 16 / 64 clients, a step at one row 0.91x
+# the time; docs/BENCHMARKS.md). Models whose heads it cannot rotate get plain attention.
+DEFAULT_ATTENTION = GQA
+
+
+def gqa_supported(config: DecoderConfig) -> bool:
+    """Whether GroupQueryAttention can run this model: its rotary embedding needs heads of a
+    multiple of 16 channels (ONNX Runtime's CPU kernel)."""
+    return config.head_dim % 16 == 0
 
 
 def down_projections(model: onnx.ModelProto, intermediate_size: int) -> list[str]:
@@ -124,7 +136,7 @@ def export_lm_variants(
     prompts: list[list[int]] | None = None,
     calibration: list[list[int]] | None = None,
     smoothing: float = SMOOTHING_ALPHA,
-    attention: str = PLAIN,
+    attention: str = DEFAULT_ATTENTION,
 ) -> dict[str, Path]:
     """Export `variants` of a language model into onnx_root/<variant>/; returns their dirs.
 
@@ -132,15 +144,17 @@ def export_lm_variants(
     measured, stored in each manifest, and fp32 / int8 / int4 must pass their checks
     (ParityError otherwise; the previous export stays in place). int8 is quantized from the
     SmoothQuant-ed model (`smoothing` = alpha, 0 = off), calibrated on `calibration` prompts
-    (default: random). `attention`: `plain` (what the ONNX backend runs) or `gqa` (ONNX
-    Runtime's GroupQueryAttention, for `bench-lm --attention`; verify=False)."""
+    (default: random). `attention`: `plain` (masked attention over a padded cache) or `gqa`
+    (ONNX Runtime's GroupQueryAttention over each row's own length)."""
     from attnserve.export.verify import INT4_GATE, check_fp32, check_int8, lm_parity, lm_reference
 
     unknown = [v for v in variants if v not in LM_VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(LM_VARIANTS)}")
-    if attention != PLAIN and verify:
-        raise ValueError(f"attention {attention!r} graphs are for benchmarks: verify=False")
+    if attention == GQA and not gqa_supported(model.config):
+        log.info("head size %d: plain attention (GroupQueryAttention rotates multiples of 16)",
+                 model.config.head_dim)  # fmt: skip
+        attention = PLAIN
     root = Path(onnx_root)
     written: dict[str, Path] = {}
     reference = lm_reference(model, prompts) if verify else None
@@ -210,6 +224,7 @@ def export_lm_model(
     variants: Sequence[str] = ("fp32", "int8"),
     *,
     verify: bool = True,
+    attention: str = DEFAULT_ATTENTION,
 ) -> dict[str, Path]:
     """Export a language model directory to MODEL_DIR/onnx/<variant>/ (+ manifest)."""
     from attnserve.export.verify import CALIBRATION_MESSAGES, lm_prompts
@@ -223,4 +238,5 @@ def export_lm_model(
         verify=verify,
         prompts=lm_prompts(Path(model_dir)) if verify else None,
         calibration=lm_prompts(Path(model_dir), CALIBRATION_MESSAGES),
+        attention=attention,
     )

@@ -320,10 +320,10 @@ def lm_parity(
     reference: Reference, config: DecoderConfig, directory: Path, variant: str
 ) -> dict[str, Any]:
     """Parity figures of a language model's graphs in `directory` (CPU provider)."""
-    from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+    from attnserve.engine.onnx.lm_backend import open_lm_backend
 
     try:
-        candidate = OnnxLMBackend(config, directory, provider="cpu")
+        candidate = open_lm_backend(config, directory, provider="cpu")
         report = compare(candidate, reference)
     except Exception as exc:
         if variant in ("fp32", "int8", "int4"):

@@ -1,7 +1,7 @@
 """The language model's step graph with ONNX Runtime's GroupQueryAttention (`bench-lm
 --attention`): it computes the torch model's function (a right-padded first prompt, then steps
-of rows of different lengths appending in place), the comparison times both graphs, and the
-ONNX backend refuses to serve it."""
+of rows of different lengths appending in place), the comparison times both graphs, and each
+graph opens with its own backend."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch
 
 from attnserve.bench.lm_attention import GqaStep, _session, attention_markdown, compare_attention
 from attnserve.cli import main
-from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+from attnserve.engine.onnx.lm_backend import OnnxLMBackend, open_lm_backend
+from attnserve.engine.onnx.lm_gqa import OnnxGqaLMBackend
 from attnserve.export import variants as build
 from attnserve.export.lm_export import export_lm_model
 from attnserve.export.lm_graph import build_lm_graph
@@ -72,10 +73,16 @@ def test_compare_attention_times_both_graphs(lm_dir: Path, tmp_path: Path) -> No
     assert all(r.ms > 0 and r.tokens_per_second > 0 for r in results)
     table = attention_markdown(results)
     assert "| step, 3 rows x 8 |" in table and "| prefill of 12 tokens |" in table
-    manifest = json.loads((tmp_path / "gqa" / "fp32" / "manifest.json").read_text())
-    assert manifest["options"]["attention"] == "gqa"
-    with pytest.raises(ValueError, match="benchmark graph"):
-        OnnxLMBackend(read_decoder_config(lm_dir), tmp_path / "gqa" / "fp32")
+    # the export's attention is GroupQueryAttention; the plain graph went into the work dir
+    plain_dir, gqa_dir = tmp_path / "gqa" / "plain" / "fp32", lm_dir / "onnx" / "fp32"
+    for directory, attention in ((plain_dir, "plain"), (gqa_dir, "gqa")):
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert manifest["options"]["attention"] == attention
+    config = read_decoder_config(lm_dir)
+    with pytest.raises(ValueError, match="gqa attention"):
+        OnnxLMBackend(config, gqa_dir)
+    assert isinstance(open_lm_backend(config, gqa_dir), OnnxGqaLMBackend)
+    assert type(open_lm_backend(config, plain_dir)) is OnnxLMBackend
 
 
 def test_bench_lm_attention_cli(lm_dir: Path, tmp_path: Path) -> None:

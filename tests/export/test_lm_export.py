@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnserve.engine.generator import Generator
-from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+from attnserve.engine.onnx.lm_backend import open_lm_backend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.export.errors import ParityError
@@ -54,11 +54,14 @@ def tiny(seed: int = 0, hidden: int = 64) -> DecoderOnly:
     return model
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[DecoderOnly, Path]:
+@pytest.fixture(scope="module", params=["plain", "gqa"])
+def exported(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[DecoderOnly, Path]:
+    """Both attention graphs (plain over a padded cache, GroupQueryAttention), verified."""
     model = tiny()
     root = tmp_path_factory.mktemp("lm") / "onnx"
-    export_lm_variants(model, root, ("fp32", "int8"))  # verified: raises if off
+    export_lm_variants(model, root, ("fp32", "int8"), attention=request.param)  # raises if off
     return model, root
 
 
@@ -77,7 +80,7 @@ def test_manifests_record_parity_and_the_gate(exported: tuple[DecoderOnly, Path]
 @pytest.mark.parametrize("chunk", [512, 3, 1])
 def test_prefill_in_chunks_equals_torch(exported: tuple[DecoderOnly, Path], chunk: int) -> None:
     model, root = exported
-    backend = OnnxLMBackend(model.config, root / "fp32", provider="cpu", prefill_chunk=chunk)
+    backend = open_lm_backend(model.config, root / "fp32", provider="cpu", prefill_chunk=chunk)
     reference = TorchLMBackend(model)
     ids = np.zeros((len(PROMPTS), 10), dtype=np.int64)
     lengths = np.array([len(p) for p in PROMPTS], dtype=np.int64)
@@ -95,7 +98,7 @@ def test_prefill_in_chunks_equals_torch(exported: tuple[DecoderOnly, Path], chun
 def test_row_operations_keep_rows_as_recomputed(exported: tuple[DecoderOnly, Path]) -> None:
     """select (beams), concat (a request joining a running batch), reorder in place."""
     model, root = exported
-    backend = OnnxLMBackend(model.config, root / "fp32", provider="cpu")
+    backend = open_lm_backend(model.config, root / "fp32", provider="cpu")
     state = backend.encode(np.array([[5, 6, 7, 8], [9, 10, 0, 0]]), np.array([4, 2]))
     _, state = backend.step(np.array([11, 12]), state)
     late = backend.encode(np.array([[13, 14, 15]]), np.array([3]))
@@ -118,7 +121,9 @@ def test_int8_batches_decode_as_each_prompt_alone(exported: tuple[DecoderOnly, P
     """Per-row scales: every variant of search gives a prompt the same tokens and scores
     whatever else shares its batch (and rows join a batch mid-way in the engine tests)."""
     model, root = exported
-    generator = Generator(OnnxLMBackend(model.config, root / "int8", provider="cpu"), IdTokenizer())
+    generator = Generator(
+        open_lm_backend(model.config, root / "int8", provider="cpu"), IdTokenizer()
+    )
     variants = [
         DecodingOptions(max_new_tokens=8),
         DecodingOptions(max_new_tokens=8, sampling=True, top_p=0.9, seed=5),
@@ -167,7 +172,7 @@ def test_a_broken_int8_graph_fails_the_gate(exported: tuple[DecoderOnly, Path]) 
     _, root = exported
     other = tiny(seed=7)
     reference = lm_reference(other)
-    parity = compare(OnnxLMBackend(other.config, root / "int8", provider="cpu"), reference)
+    parity = compare(open_lm_backend(other.config, root / "int8", provider="cpu"), reference)
     from attnserve.export.verify import check_int8
 
     with pytest.raises(ParityError, match="int8 graphs fail the export gate"):
@@ -189,7 +194,26 @@ def test_weights_beside_the_graph_export_verify_and_load(
     for variant in ("fp32", "int8", "int4"):
         files = json.loads((tmp_path / variant / "manifest.json").read_text())["files"]
         assert set(files) == {"step.onnx", "step.onnx.data"}, variant
-        backend = OnnxLMBackend(model.config, tmp_path / variant, provider="cpu")
+        backend = open_lm_backend(model.config, tmp_path / variant, provider="cpu")
         state = backend.encode(np.array([PROMPTS[0]]), np.array([len(PROMPTS[0])]))
         logits, _ = backend.step(np.array([3]), state)
         assert np.isfinite(logits).all()
+
+
+def test_rows_at_the_context_keep_stepping(exported: tuple[DecoderOnly, Path]) -> None:
+    """A batch may step a finished row again (static batching answers when all rows are done):
+    past the context it must not fail the batch, and the other rows stay exact."""
+    model, root = exported
+    backend = open_lm_backend(model.config, root / "fp32", provider="cpu")
+    context = model.config.max_positions
+    long = [5 + i % 50 for i in range(context - 2)]
+    ids = np.zeros((2, len(long)), dtype=np.int64)
+    ids[0], ids[1, :3] = long, [7, 8, 9]
+    state = backend.encode(ids, np.array([len(long), 3]))
+    history = [7, 8, 9]
+    for token in (11, 12, 13, 14):  # the long row reaches the context after two steps
+        logits, state = backend.step(np.array([token, token]), state)
+        history.append(token)
+        with torch.no_grad():
+            full = model(torch.tensor([history]), torch.ones(1, len(history), dtype=torch.bool))
+        np.testing.assert_allclose(logits[1], full[0, -1].numpy(), atol=1e-4)

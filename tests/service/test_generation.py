@@ -67,11 +67,14 @@ def test_samples_logprobs_and_stop_strings(both: LiveServer, offline: Generator)
     assert len(answer["hypotheses"]) == 3
     assert len(answer["logprobs"]) == len(answer["token_ids"])
     assert all(len(e["top_logprobs"]) == 2 for e in answer["logprobs"])
-    free = generate(both, text="w2 w3", max_new_tokens=10, min_new_tokens=10).json()
-    text = free["translations"][0]["text"]
-    words = text.split(" ")
+    for prompt in ("w2 w3", "w6 w7", "w4 w9 w11"):  # one whose output has 4+ words
+        free = generate(both, text=prompt, max_new_tokens=10, min_new_tokens=10).json()
+        text = free["translations"][0]["text"]
+        words = text.split(" ")
+        if len(words) >= 4 and all(words[2:4]):
+            break
     stop = " ".join(words[2:4])
-    cut = generate(both, text="w2 w3", max_new_tokens=10, min_new_tokens=10, stop=[stop]).json()
+    cut = generate(both, text=prompt, max_new_tokens=10, min_new_tokens=10, stop=[stop]).json()
     first = cut["translations"][0]
     assert first["finish_reason"] == "stop"
     assert first["text"] == StopStrings(offline.tokenizer, [stop]).truncate(text)

@@ -28,6 +28,7 @@ from attnserve.engine.onnx.backend import (
 )
 from attnserve.engine.onnx.buffers import BufferPool
 from attnserve.engine.onnx.layout import (
+    LM_GQA,
     LM_INPUTS,
     LM_PLAIN,
     LM_STEP_NAME,
@@ -101,11 +102,12 @@ class OnnxLMBackend:
         options.enable_cpu_mem_arena = False
         providers = choose_providers(provider)
         disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
-        inputs, outputs = [*LM_INPUTS, *self._past], [LOGITS, *self._new]
-        if self.manifest.get("options", {}).get("attention", LM_PLAIN) != LM_PLAIN:
+        inputs, outputs = self._io_names()
+        attention = self.manifest.get("options", {}).get("attention", LM_PLAIN)
+        if attention != self.attention:
             raise ValueError(
-                f"{directory} holds a benchmark graph (attention "
-                f"{self.manifest['options']['attention']}): export the model again"
+                f"{directory} holds a graph with {attention} attention: open it with "
+                "open_lm_backend"
             )
         self.session = open_session(
             require_graph(directory, LM_STEP_NAME), options, providers, inputs, outputs, disabled
@@ -116,9 +118,16 @@ class OnnxLMBackend:
         self.rows = HostRowOps(LM_SPARE, BufferPool(room=LM_ROOM, rows=LM_ROWS, keep=LM_KEEP))
         log.info("onnx %s language model on %s (threads %s)", self.variant, self.provider, threads)
 
+    attention = LM_PLAIN
+
+    def _io_names(self) -> tuple[list[str], list[str]]:
+        return [*LM_INPUTS, *self._past], [LOGITS, *self._new]
+
     @classmethod
     def from_dir(cls, model_dir: str | Path, variant: str = "int8", **kwargs: Any) -> OnnxLMBackend:
-        return cls(read_decoder_config(model_dir), variant_dir(model_dir, variant), **kwargs)
+        return open_lm_backend(
+            read_decoder_config(model_dir), variant_dir(model_dir, variant), **kwargs
+        )
 
     @property
     def spec(self) -> ModelSpec:
@@ -208,3 +217,14 @@ class OnnxLMBackend:
         ]
         past = self.rows.concat([s.past for s in states], pads, [s.length for s in states])
         return LMState(past, np.concatenate(masks), t_max, Columns(t_max))
+
+
+def open_lm_backend(config: DecoderConfig, directory: str | Path, **kwargs: Any) -> OnnxLMBackend:
+    """The backend for the step graph in `directory`: plain attention, or GroupQueryAttention
+    (its manifest's `attention` option)."""
+    manifest = read_manifest(Path(directory))
+    if manifest.get("options", {}).get("attention", LM_PLAIN) == LM_GQA:
+        from attnserve.engine.onnx.lm_gqa import OnnxGqaLMBackend
+
+        return OnnxGqaLMBackend(config, directory, **kwargs)
+    return OnnxLMBackend(config, directory, **kwargs)

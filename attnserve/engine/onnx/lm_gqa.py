@@ -1,0 +1,185 @@
+"""A language model's step graph with ONNX Runtime's GroupQueryAttention, behind the Backend
+protocol (export/lm_graph.py, `attention="gqa"`).
+
+The cache of every layer is a (B, Hkv, W, D) buffer whose row b holds that row's tokens at
+columns 0 .. lengths[b] - 1 (right-aligned at 0, no mask): rows of any age share a batch, and
+each row's attention reads its own length only, where the plain graph reads the batch's widest
+past for every row. The buffers are bound as both `past` and `present` through IO binding, so
+the kernel writes the new tokens' K/V into them itself, in place (as ONNX Runtime GenAI does).
+
+The kernel's cases shape the calls: a first prompt for rows with nothing cached (right-padded,
+`seqlens_k` = each row's tokens - 1, `total_sequence_length` = the chunk's width), one token per
+row (any lengths), and a later prompt chunk of one row at a time (all its tokens real). So a
+prompt chunk is one call while no row has a past, else a call per row that has tokens in it.
+
+States that share buffers (a state stepped again after a newer one was made from it) are told
+apart by an `_Owner` version: only the newest state of a buffer set writes in place, an older
+one copies first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnserve.engine.backend import FloatArray, IntArray
+from attnserve.engine.onnx.layout import LM_GQA, LM_GQA_INPUTS, LOGITS, lm_present_names
+from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+from attnserve.engine.onnx.rowops import Tensor
+
+
+@dataclass
+class _Owner:
+    """The buffers of a cache and the version of the newest state written into them."""
+
+    version: int = 0
+
+
+@dataclass
+class GqaState:
+    past: list[Tensor]  # 2L x (B, Hkv, W, D): row b's first lengths[b] columns are its tokens
+    lengths: IntArray  # (B,) int64
+    owner: _Owner
+    version: int
+
+    @property
+    def width(self) -> int:
+        return int(self.past[0].shape[2])
+
+    @property
+    def longest(self) -> int:
+        return int(self.lengths.max(initial=0))
+
+
+class OnnxGqaLMBackend(OnnxLMBackend):
+    """step.onnx with GroupQueryAttention (CPU provider, numpy buffers from the pool)."""
+
+    attention = LM_GQA
+
+    def _io_names(self) -> tuple[list[str], list[str]]:
+        self._present = lm_present_names(len(self._past) // 2)
+        return [*LM_GQA_INPUTS, *self._past], [LOGITS, *self._present]
+
+    # -- buffers -----------------------------------------------------------------------------
+
+    def _buffers(self, rows: int, width: int) -> list[Tensor]:
+        heads, dim = self._kv_shape
+        return [self.rows.pool.get((rows, heads, width, dim), self.kv_dtype) for _ in self._past]
+
+    def _writable(self, state: GqaState, width: int) -> GqaState:
+        """`state` with buffers at least `width` wide that it may write into: its own when it
+        is their newest state and they are wide enough, else copies with spare columns."""
+        if state.version == state.owner.version and state.width >= width:
+            return state
+        new_width = max(width, state.longest) + self.rows.spare
+        past = self._buffers(state.lengths.shape[0], new_width)
+        used = state.longest
+        for old, new in zip(state.past, past, strict=True):
+            new[:, :, :used] = old[:, :, :used]
+        return GqaState(past, state.lengths, _Owner(), 0)
+
+    def _call(
+        self, ids: IntArray, seqlens: np.ndarray, total: int, past: Sequence[Tensor]
+    ) -> FloatArray:
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(LM_GQA_INPUTS[0], np.ascontiguousarray(ids, dtype=np.int64))
+        binding.bind_cpu_input(LM_GQA_INPUTS[1], np.ascontiguousarray(seqlens, dtype=np.int32))
+        binding.bind_cpu_input(LM_GQA_INPUTS[2], np.array(total, dtype=np.int32))
+        for name_in, name_out, buffer in zip(self._past, self._present, past, strict=True):
+            shape = list(buffer.shape)
+            pointer = buffer.ctypes.data
+            binding.bind_input(name_in, "cpu", 0, buffer.dtype, shape, pointer)
+            binding.bind_output(name_out, "cpu", 0, buffer.dtype, shape, pointer)
+        binding.bind_output(LOGITS, "cpu")
+        self.session.run_with_iobinding(binding)
+        return np.asarray(binding.get_outputs()[-1].numpy(), dtype=np.float32)
+
+    def _written(self, state: GqaState, lengths: IntArray) -> GqaState:
+        state.owner.version += 1
+        return GqaState(state.past, lengths, state.owner, state.owner.version)
+
+    # -- Backend -----------------------------------------------------------------------------
+
+    def empty(self, rows: int) -> GqaState:  # type: ignore[override]
+        past = self._buffers(rows, self.rows.spare)
+        return GqaState(past, np.zeros(rows, dtype=np.int64), _Owner(), 0)
+
+    def step(self, tokens: IntArray, state: GqaState) -> tuple[FloatArray, GqaState]:  # type: ignore[override]
+        # A live row ends at the context; a finished row a batch still steps (static batching
+        # answers when all are done) rewrites its last column: the kernel's rotary table has
+        # the context's positions only.
+        context = self.spec.max_positions
+        lengths = np.minimum(state.lengths, context - 1)
+        total = int(lengths.max(initial=0)) + 1
+        state = self._writable(state, total)
+        ids = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
+        logits = self._call(ids, lengths, total, state.past)
+        return logits, self._written(state, lengths + 1)
+
+    def extend(  # type: ignore[override]
+        self, state: GqaState, ids: IntArray, mask: IntArray
+    ) -> tuple[FloatArray, GqaState]:
+        """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
+        returns the logits of each row's last token (zeros for a row with none here)."""
+        counts = mask.sum(axis=1).astype(np.int64)
+        width = ids.shape[1]
+        if mask.all() and width == 1:
+            return self.step(ids[:, 0], state)
+        lengths = state.lengths + counts
+        state = self._writable(state, int(lengths.max(initial=0)))
+        logits = np.zeros((ids.shape[0], self.spec.vocab_size), dtype=np.float32)
+        if not state.lengths.any():
+            # a first prompt: the rows' tokens moved to the left, right-padded; a row with none
+            # runs one pad token at column 0 that its next token overwrites (length stays 0)
+            chunk = int(counts.max(initial=0))
+            if chunk == 0:
+                return logits, state
+            right = np.full((ids.shape[0], chunk), self.spec.pad_id, dtype=np.int64)
+            for row, n in enumerate(counts.tolist()):
+                right[row, :n] = ids[row, width - n :]
+            logits = self._call(right, np.maximum(counts, 1) - 1, chunk, state.past)
+            logits[counts == 0] = 0.0
+        else:
+            for row in np.flatnonzero(counts).tolist():
+                n, cached = int(counts[row]), int(state.lengths[row])
+                past = [t[row : row + 1] for t in state.past]  # contiguous: a row's slab
+                logits[row] = self._call(
+                    ids[row : row + 1, width - n :], np.array([cached + n - 1]), cached + n, past
+                )[0]
+        return logits, self._written(state, lengths)
+
+    def reorder(self, state: GqaState, rows: IntArray) -> GqaState:  # type: ignore[override]
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if rows.shape[0] != state.lengths.shape[0] or state.version != state.owner.version:
+            return self.select(state, rows)
+        past = self.rows.reorder(state.past, rows, state.longest)
+        return self._written(
+            GqaState(past, state.lengths, state.owner, state.version), state.lengths[rows]
+        )
+
+    def select(self, state: GqaState, rows: IntArray) -> GqaState:  # type: ignore[override]
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        lengths = state.lengths[rows]
+        longest = int(lengths.max(initial=0))
+        if longest + self.rows.spare // 2 >= state.width:  # whole rows, one copy each
+            return GqaState(self.rows.take_rows(state.past, rows), lengths, _Owner(), 0)
+        past = self._buffers(rows.shape[0], longest + self.rows.spare)  # trimmed to its rows
+        for old, new in zip(state.past, past, strict=True):
+            new[:, :, :longest] = old[rows, :, :longest]
+        return GqaState(past, lengths, _Owner(), 0)
+
+    def concat(self, states: Sequence[GqaState]) -> GqaState:  # type: ignore[override]
+        if len(states) == 1:
+            return states[0]
+        longest = max(s.longest for s in states)
+        rows = sum(s.lengths.shape[0] for s in states)
+        past = self._buffers(rows, longest + self.rows.spare)
+        start = 0
+        for s in states:
+            n, used = s.lengths.shape[0], s.longest
+            for old, new in zip(s.past, past, strict=True):
+                new[start : start + n, :, :used] = old[:, :, :used]
+            start += n
+        return GqaState(past, np.concatenate([s.lengths for s in states]), _Owner(), 0)
