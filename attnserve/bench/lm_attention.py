@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.engine.onnx.backend import CPU, SLOW_CPU_FUSIONS, session_options
 from attnserve.engine.onnx.layout import (
     LM_INPUTS,
     LM_STEP_NAME,
@@ -33,11 +34,10 @@ from attnserve.engine.onnx.layout import (
     read_manifest,
     variant_dir,
 )
+from attnserve.engine.onnx.lm_backend import LM_SPARE
 from attnserve.export.lm_graph import GQA, PLAIN
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
-
-SPARE = 16  # free cache columns past the used ones, as the backend keeps them
 
 
 class GqaStep:
@@ -76,18 +76,19 @@ class AttentionResult:
 
 
 def _session(path: Path, threads: int) -> Any:
+    """A session as the language model backends open theirs (options, disabled fusions)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options = session_options(threads)
     options.enable_cpu_mem_arena = False
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path), options, providers=[CPU], disabled_optimizers=list(SLOW_CPU_FUSIONS)
+    )
 
 
 def _plain_call(session: Any, config: DecoderConfig, rows: int, cached: int, t: int) -> Callable:
     kv, d = config.num_kv_heads, config.head_dim
-    width = cached + (SPARE if t == 1 else 0)
+    width = cached + (LM_SPARE if t == 1 else 0)
     past_mask = np.zeros((rows, width), dtype=np.int64)
     past_mask[:, :cached] = 1
     ids, mask, past = LM_INPUTS
@@ -105,7 +106,7 @@ def _plain_call(session: Any, config: DecoderConfig, rows: int, cached: int, t: 
 def _gqa_call(session: Any, config: DecoderConfig, rows: int, cached: int, t: int) -> Callable:
     step = GqaStep(session, config)
     kv, d = config.num_kv_heads, config.head_dim
-    shape = (rows, kv, cached + t + SPARE, d)
+    shape = (rows, kv, cached + t + LM_SPARE, d)
     buffers = [np.zeros(shape, dtype=np.float32) for _ in step.past]
     ids = np.full((rows, t), 5, dtype=np.int64)
     seqlens = np.full(rows, cached + t - 1, dtype=np.int32)
@@ -128,7 +129,8 @@ def _median_ms(call: Callable, calls: int, repeats: int) -> float:
 
 def attention_graphs(model_dir: Path, variant: str, work_dir: Path) -> dict[str, Path]:
     """The variant's step graph with each attention: the exported one, and the other exported
-    into work_dir/<attention>/<variant> once (same model and quantization, not verified)."""
+    into work_dir/<attention>/<variant> (same model and quantization, not verified; again at
+    every call, so that it follows the model)."""
     from attnserve.export.lm_export import export_lm_variants
     from attnserve.export.verify import CALIBRATION_MESSAGES, lm_prompts
     from attnserve.model.decoder_checkpoint import load_decoder_dir
@@ -138,7 +140,7 @@ def attention_graphs(model_dir: Path, variant: str, work_dir: Path) -> dict[str,
     graphs = {have: exported / LM_STEP_NAME}
     for attention in (PLAIN, GQA):
         path = work_dir / attention / variant / LM_STEP_NAME
-        if attention not in graphs and not path.is_file():
+        if attention not in graphs:
             export_lm_variants(
                 load_decoder_dir(model_dir), work_dir / attention, [variant], verify=False,
                 calibration=lm_prompts(model_dir, CALIBRATION_MESSAGES), attention=attention,

@@ -114,12 +114,17 @@ class EngineLoop:
     # -- the engine thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        trimmed = True  # memory given back since the last step
         while True:
             with self._lock:
                 while not (self._intake or self._cancels or self.scheduler.has_work):
                     if self._stopping:
                         return
+                    if not trimmed and self.trimmer is not None:
+                        self.trimmer.maybe_trim(force=True)  # going idle
+                    trimmed = True
                     self._wake.wait()
+                trimmed = False
                 if self._stopping and not self.scheduler.has_work and not self._intake:
                     return
                 intake, self._intake = self._intake, []

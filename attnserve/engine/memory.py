@@ -54,15 +54,16 @@ class MemoryTrimmer:
     def active(self) -> bool:
         return self._trim is not None
 
-    def maybe_trim(self) -> bool:
-        """Trim if the interval has passed since the last trim; True if it trimmed."""
+    def maybe_trim(self, *, force: bool = False) -> bool:
+        """Trim if the interval has passed since the last trim (or `force`: an engine going
+        idle, so that a burst's memory does not stay until the next one); True if it did."""
         if self._trim is None:
             return False
         now = self._clock()
         with self._lock:
-            if now - self._last < self.interval:
+            if not force and now - self._last < self.interval:
                 return False
             self._last = now
+            self.trims += 1
         self._trim(0)
-        self.trims += 1
         return True

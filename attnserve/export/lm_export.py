@@ -136,7 +136,7 @@ def export_lm_variants(
     prompts: list[list[int]] | None = None,
     calibration: list[list[int]] | None = None,
     smoothing: float = SMOOTHING_ALPHA,
-    attention: str = DEFAULT_ATTENTION,
+    attention: str | None = None,
 ) -> dict[str, Path]:
     """Export `variants` of a language model into onnx_root/<variant>/; returns their dirs.
 
@@ -145,16 +145,24 @@ def export_lm_variants(
     (ParityError otherwise; the previous export stays in place). int8 is quantized from the
     SmoothQuant-ed model (`smoothing` = alpha, 0 = off), calibrated on `calibration` prompts
     (default: random). `attention`: `plain` (masked attention over a padded cache) or `gqa`
-    (ONNX Runtime's GroupQueryAttention over each row's own length)."""
+    (ONNX Runtime's GroupQueryAttention over each row's own length); None: DEFAULT_ATTENTION
+    where the model allows it."""
     from attnserve.export.verify import INT4_GATE, check_fp32, check_int8, lm_parity, lm_reference
 
     unknown = [v for v in variants if v not in LM_VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(LM_VARIANTS)}")
-    if attention == GQA and not gqa_supported(model.config):
-        log.info("head size %d: plain attention (GroupQueryAttention rotates multiples of 16)",
-                 model.config.head_dim)  # fmt: skip
-        attention = PLAIN
+    if attention is None:  # the default, where the model allows it
+        attention = DEFAULT_ATTENTION
+        if attention == GQA and not gqa_supported(model.config):
+            log.info("head size %d: plain attention (GroupQueryAttention rotates multiples "
+                     "of 16 channels)", model.config.head_dim)  # fmt: skip
+            attention = PLAIN
+    elif attention == GQA and not gqa_supported(model.config):
+        raise ValueError(
+            f"GroupQueryAttention needs heads of a multiple of 16 channels, the model's have "
+            f"{model.config.head_dim}: export with attention plain"
+        )
     root = Path(onnx_root)
     written: dict[str, Path] = {}
     reference = lm_reference(model, prompts) if verify else None
@@ -224,7 +232,7 @@ def export_lm_model(
     variants: Sequence[str] = ("fp32", "int8"),
     *,
     verify: bool = True,
-    attention: str = DEFAULT_ATTENTION,
+    attention: str | None = None,
 ) -> dict[str, Path]:
     """Export a language model directory to MODEL_DIR/onnx/<variant>/ (+ manifest)."""
     from attnserve.export.verify import CALIBRATION_MESSAGES, lm_prompts

@@ -4,13 +4,17 @@ every request gets what it gets alone (offline `Generator`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from attnserve.engine.generator import Generator
+from attnserve.engine.onnx.lm_backend import open_lm_backend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.engine.torch_lm import TorchLMBackend
+from attnserve.export.lm_export import export_lm_variants
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
 
@@ -30,9 +34,11 @@ class NoText:
         return ""
 
 
-@pytest.fixture(scope="module")
-def backend() -> TorchLMBackend:
-    config = DecoderConfig.preset("tiny", max_positions=256, eos_ids=(2,))
+@pytest.fixture(scope="module", params=["torch", "onnx-gqa"])
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The torch backend, and the ONNX backend of the GroupQueryAttention graph (its prompt
+    chunks go a row at a time once a row has a past)."""
+    config = DecoderConfig.preset("tiny", max_positions=256, eos_ids=(2,), head_dim=16)
     torch.manual_seed(0)
     model = DecoderOnly(config).eval()
     generator = torch.Generator().manual_seed(0)
@@ -40,7 +46,11 @@ def backend() -> TorchLMBackend:
         for p in model.parameters():
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
-    return TorchLMBackend(model)
+    if request.param == "torch":
+        return TorchLMBackend(model)
+    root = tmp_path_factory.mktemp("gqa-lm") / "onnx"
+    export_lm_variants(model, root, ("fp32",), attention="gqa")
+    return open_lm_backend(config, root / "fp32", provider="cpu")
 
 
 def prompt(length: int, seed: int) -> list[int]:

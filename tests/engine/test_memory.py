@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes.util
+import time
 
 import numpy as np
 import pytest
@@ -37,6 +38,7 @@ def test_trims_at_most_once_per_interval() -> None:
     assert not trimmer.maybe_trim()
     clock.now += 1.5
     assert trimmer.maybe_trim() and trimmer.trims == 2
+    assert trimmer.maybe_trim(force=True) and trimmer.trims == 3  # an engine going idle
 
 
 def test_interval_zero_never_trims() -> None:
@@ -69,16 +71,18 @@ def test_the_engine_loop_trims_after_steps() -> None:
     class Counting(MemoryTrimmer):
         def __init__(self) -> None:
             super().__init__(0.0)
-            self.calls = 0
+            self.calls = self.forced = 0
 
-        def maybe_trim(self) -> bool:
+        def maybe_trim(self, *, force: bool = False) -> bool:
             self.calls += 1
+            self.forced += force
             return False
 
     def three_tokens(src: tuple[int, ...], prefix: tuple[int, ...]) -> list[float]:
         return [1.0, 0, 0, 0] if len(prefix) >= 3 else [0.1, 0, 0.9, 0]
 
     trimmer = Counting()
+    assert trimmer.calls == 0
     loop = EngineLoop(Scheduler(TableBackend(three_tokens, 4)), trimmer=trimmer)
     loop.start()
 
@@ -87,6 +91,10 @@ def test_the_engine_loop_trims_after_steps() -> None:
 
     try:
         asyncio.run(asyncio.wait_for(main(), 10))
+        deadline = time.monotonic() + 10
+        while not trimmer.forced and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         loop.stop(timeout=5)
     assert trimmer.calls >= 3  # once after every step
+    assert trimmer.forced == 1  # and once when the engine went idle

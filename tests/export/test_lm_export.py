@@ -217,3 +217,18 @@ def test_rows_at_the_context_keep_stepping(exported: tuple[DecoderOnly, Path]) -
         with torch.no_grad():
             full = model(torch.tensor([history]), torch.ones(1, len(history), dtype=torch.bool))
         np.testing.assert_allclose(logits[1], full[0, -1].numpy(), atol=1e-4)
+
+
+def test_an_older_state_steps_again(exported: tuple[DecoderOnly, Path]) -> None:
+    """Newer states append in place into the buffers they share with older ones; stepping an
+    older state again copies first (copy on write), so it decodes its own history."""
+    model, root = exported
+    backend = open_lm_backend(model.config, root / "fp32", provider="cpu")
+    old = backend.encode(np.array([[5, 6, 7], [9, 10, 0]]), np.array([3, 2]))
+    _, newer = backend.step(np.array([11, 12]), old)
+    backend.step(np.array([13, 14]), newer)
+    logits, _ = backend.step(np.array([15, 16]), old)
+    with torch.no_grad():
+        for row, history in enumerate([[5, 6, 7, 15], [9, 10, 16]]):
+            full = model(torch.tensor([history]), torch.ones(1, len(history), dtype=torch.bool))
+            np.testing.assert_allclose(logits[row], full[0, -1].numpy(), atol=1e-4)

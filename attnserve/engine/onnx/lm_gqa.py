@@ -2,7 +2,8 @@
 protocol (export/lm_graph.py, `attention="gqa"`).
 
 The cache of every layer is a (B, Hkv, W, D) buffer whose row b holds that row's tokens at
-columns 0 .. lengths[b] - 1 (right-aligned at 0, no mask): rows of any age share a batch, and
+columns 0 .. lengths[b] - 1 (the spare columns after them, no mask; the plain backend's rows
+are left-padded instead): rows of any age share a batch, and
 each row's attention reads its own length only, where the plain graph reads the batch's widest
 past for every row. The buffers are bound as both `past` and `present` through IO binding, so
 the kernel writes the new tokens' K/V into them itself, in place (as ONNX Runtime GenAI does).
@@ -19,8 +20,11 @@ one copies first.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +32,9 @@ from attnserve.engine.backend import FloatArray, IntArray
 from attnserve.engine.onnx.layout import LM_GQA, LM_GQA_INPUTS, LOGITS, lm_present_names
 from attnserve.engine.onnx.lm_backend import OnnxLMBackend
 from attnserve.engine.onnx.rowops import Tensor
+from attnserve.model.decoder_config import DecoderConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +64,16 @@ class OnnxGqaLMBackend(OnnxLMBackend):
     """step.onnx with GroupQueryAttention (CPU provider, numpy buffers from the pool)."""
 
     attention = LM_GQA
+
+    def __init__(
+        self, config: DecoderConfig, directory: str | Path, *, provider: str = "auto",
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        # The buffers are host memory bound as both past and present: on a GPU provider ORT
+        # would copy the whole cache to the device and back at every step.
+        if provider == "cuda":
+            log.warning("the GroupQueryAttention language model runs on the CPU provider")
+        super().__init__(config, directory, provider="cpu", **kwargs)
 
     def _io_names(self) -> tuple[list[str], list[str]]:
         self._present = lm_present_names(len(self._past) // 2)
@@ -109,7 +126,8 @@ class OnnxGqaLMBackend(OnnxLMBackend):
     def step(self, tokens: IntArray, state: GqaState) -> tuple[FloatArray, GqaState]:  # type: ignore[override]
         # A live row ends at the context; a finished row a batch still steps (static batching
         # answers when all are done) rewrites its last column: the kernel's rotary table has
-        # the context's positions only.
+        # the context's positions only. (A state older than that row's last step would see the
+        # column rewritten: nothing steps a finished row's older states.)
         context = self.spec.max_positions
         lengths = np.minimum(state.lengths, context - 1)
         total = int(lengths.max(initial=0)) + 1
@@ -128,11 +146,16 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         if mask.all() and width == 1:
             return self.step(ids[:, 0], state)
         lengths = state.lengths + counts
+        if lengths.max(initial=0) > self.spec.max_positions:
+            raise ValueError(
+                f"a prompt of {int(lengths.max())} tokens is longer than the model's context "
+                f"({self.spec.max_positions})"
+            )
         state = self._writable(state, int(lengths.max(initial=0)))
         logits = np.zeros((ids.shape[0], self.spec.vocab_size), dtype=np.float32)
         if not state.lengths.any():
-            # a first prompt: the rows' tokens moved to the left, right-padded; a row with none
-            # runs one pad token at column 0 that its next token overwrites (length stays 0)
+            # a first prompt: the rows' tokens moved to column 0, right-padded; a row with none
+            # runs pad tokens whose K/V its own tokens overwrite later (its length stays 0)
             chunk = int(counts.max(initial=0))
             if chunk == 0:
                 return logits, state
@@ -163,7 +186,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         lengths = state.lengths[rows]
         longest = int(lengths.max(initial=0))
-        if longest + self.rows.spare // 2 >= state.width:  # whole rows, one copy each
+        if longest < state.width <= longest + self.rows.spare:  # whole rows, one copy each
             return GqaState(self.rows.take_rows(state.past, rows), lengths, _Owner(), 0)
         past = self._buffers(rows.shape[0], longest + self.rows.spare)  # trimmed to its rows
         for old, new in zip(state.past, past, strict=True):
