@@ -298,14 +298,15 @@ def build_lm_graph(
 def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
     """The step graph with ONNX Runtime's GroupQueryAttention (com.microsoft) in each layer.
 
-    GroupQueryAttention keeps each row's cache right-aligned at columns 0..length-1 of a buffer
-    of any width and writes the new tokens' K/V into it itself: with `past` and `present` bound
-    to the same memory the cache grows in place. A row's positions are its cached columns, so
-    rows of any age share a batch with no mask. It rotates q and k (rotate-half, cos/sin tables
-    of `max_positions` rows), and runs scores, softmax and the product with V per (row, head),
-    causal within the new tokens. Its three cases: a first prompt (`total_sequence_length` = T,
-    rows right-padded, `seqlens_k` = real length - 1), one token a row (T = 1, `seqlens_k` = the
-    row's cached length), a later chunk of one row's prompt (batch 1, all T tokens real).
+    GroupQueryAttention keeps each row's cache at columns 0..length-1 of a buffer of any width
+    (the free columns after them) and writes the new tokens' K/V into it itself: with `past` and
+    `present` bound to the same memory the cache grows in place. A row's positions are its
+    cached columns, so rows of any age share a batch with no mask. It rotates q and k
+    (rotate-half, cos/sin tables of `max_positions` rows), and runs scores, softmax and the
+    product with V per (row, head), causal within the new tokens. Its three cases: a first
+    prompt (`total_sequence_length` = T, rows right-padded, `seqlens_k` = real length - 1), one
+    token a row (T = 1, `seqlens_k` = the row's cached length), a later chunk of one row's
+    prompt (batch 1, all T tokens real).
 
     Inputs `input_ids` (B, T), `seqlens_k` (B,) int32 (each row's length after this step,
     minus 1), `total_sequence_length` () int32, `past.{i}.key/value` (B, Hkv, P, D); outputs
