@@ -193,9 +193,29 @@ class OnnxGqaLMBackend(OnnxLMBackend):
             new[:, :, :longest] = old[rows, :, :longest]
         return GqaState(past, lengths, _Owner(), 0)
 
+    def _join_in_place(self, state: GqaState, new: GqaState) -> GqaState | None:
+        """`new`'s rows written into the spare rows of `state`'s buffers (their used columns
+        only), so a request joining a running batch does not copy the batch's cache; None when
+        the buffers have no room or `state` may not write into them."""
+        rows = new.lengths.shape[0]
+        if (
+            state.version != state.owner.version
+            or new.longest >= state.width
+            or not self.rows.room(state.past, rows)
+        ):
+            return None
+        used = new.longest
+        past = self.rows.extend(state.past, rows, [t[:, :, :used] for t in new.past])
+        joined = GqaState(past, state.lengths, state.owner, state.version)
+        return self._written(joined, np.concatenate([state.lengths, new.lengths]))
+
     def concat(self, states: Sequence[GqaState]) -> GqaState:  # type: ignore[override]
         if len(states) == 1:
             return states[0]
+        if len(states) == 2:
+            joined = self._join_in_place(states[0], states[1])
+            if joined is not None:
+                return joined
         longest = max(s.longest for s in states)
         rows = sum(s.lengths.shape[0] for s in states)
         past = self._buffers(rows, longest + self.rows.spare)
