@@ -10,7 +10,6 @@ the shared machine's drift hits them alike, and each figure is the median of `re
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.bench.report import write_table
 from attnserve.engine.generator import Generator
 from attnserve.engine.options import DecodingOptions
 
@@ -202,10 +202,7 @@ def write_report(
     results: Sequence[LMBenchResult], out_dir: Path, name: str, title: str = ""
 ) -> None:
     """NAME.json, NAME.md and, with matplotlib, NAME.png in `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = [asdict(r) for r in results]
-    (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out_dir / f"{name}.md").write_text(markdown(results))
+    write_table(out_dir, name, [asdict(r) for r in results], markdown(results))
     write_chart(results, out_dir / f"{name}.png", title or name)
 
 

@@ -13,7 +13,6 @@ from an empty cache.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,9 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.bench.report import write_table
 from attnserve.engine.onnx.backend import CPU, SLOW_CPU_FUSIONS, session_options
 from attnserve.engine.onnx.layout import (
+    LM_GQA,
     LM_INPUTS,
+    LM_PLAIN,
     LM_STEP_NAME,
     LOGITS,
     lm_new_names,
@@ -35,7 +37,6 @@ from attnserve.engine.onnx.layout import (
     variant_dir,
 )
 from attnserve.engine.onnx.lm_backend import LM_SPARE
-from attnserve.export.lm_graph import GQA, PLAIN
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
 
@@ -136,9 +137,9 @@ def attention_graphs(model_dir: Path, variant: str, work_dir: Path) -> dict[str,
     from attnserve.model.decoder_checkpoint import load_decoder_dir
 
     exported = variant_dir(model_dir, variant)
-    have = read_manifest(exported).get("options", {}).get("attention", PLAIN)
+    have = read_manifest(exported).get("options", {}).get("attention", LM_PLAIN)
     graphs = {have: exported / LM_STEP_NAME}
-    for attention in (PLAIN, GQA):
+    for attention in (LM_PLAIN, LM_GQA):
         path = work_dir / attention / variant / LM_STEP_NAME
         if attention not in graphs:
             export_lm_variants(
@@ -168,14 +169,14 @@ def compare_attention(
     cached = min(cached, config.max_positions - 1)  # the context holds the step's token
     prefill_tokens = min(prefill_tokens, config.max_positions)
     graphs = attention_graphs(model_dir, variant, work_dir)
-    sessions = {attention: _session(graphs[attention], threads) for attention in (PLAIN, GQA)}
-    makers = {PLAIN: _plain_call, GQA: _gqa_call}
+    sessions = {attention: _session(graphs[attention], threads) for attention in (LM_PLAIN, LM_GQA)}
+    makers = {LM_PLAIN: _plain_call, LM_GQA: _gqa_call}
     settings = [(n, cached, 1) for n in rows]
     if prefill_tokens > 0:
         settings.append((1, 0, prefill_tokens))
     results = []
     for n, past, t in settings:
-        times: dict[str, list[float]] = {PLAIN: [], GQA: []}
+        times: dict[str, list[float]] = {LM_PLAIN: [], LM_GQA: []}
         for _ in range(repeats):
             for graph, session in sessions.items():
                 call = makers[graph](session, config, n, past, t)
@@ -199,9 +200,9 @@ def attention_markdown(results: Sequence[AttentionResult]) -> str:
     ]
     by = {(r.graph, r.rows, r.cached): r for r in results}
     for r in results:
-        if r.graph != PLAIN:
+        if r.graph != LM_PLAIN:
             continue
-        other = by[(GQA, r.rows, r.cached)]
+        other = by[(LM_GQA, r.rows, r.cached)]
         setting = (
             f"prefill of {r.cached} tokens" if r.rows == 0 else f"step, {r.rows} rows x {r.cached}"
         )
@@ -210,7 +211,4 @@ def attention_markdown(results: Sequence[AttentionResult]) -> str:
 
 
 def write_attention_report(results: Sequence[AttentionResult], out_dir: Path, name: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.md").write_text(attention_markdown(results))
-    rows = [asdict(r) for r in results]
-    (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_table(out_dir, name, [asdict(r) for r in results], attention_markdown(results))

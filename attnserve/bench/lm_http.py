@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from attnserve.bench.lm_peers import gguf_source
+from attnserve.bench.report import write_table
 from attnserve.loadtest.runner import free_port, stop_server, wait_ready
 
 log = logging.getLogger(__name__)
@@ -346,8 +347,5 @@ def write_chat_report(
     results: Sequence[ChatLoadResult], out_dir: Path, name: str, title: str = ""
 ) -> None:
     """NAME.json, NAME.md and, with matplotlib, NAME.png in `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = [r.__dict__ for r in results]
-    (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out_dir / f"{name}.md").write_text(chat_markdown(results))
+    write_table(out_dir, name, [r.__dict__ for r in results], chat_markdown(results))
     write_chat_chart(results, out_dir / f"{name}.png", title or name)

@@ -29,6 +29,13 @@ def label(backend: str) -> str:
     return LABELS.get(backend, backend)
 
 
+def write_table(out_dir: Path, name: str, rows: Sequence[dict[str, Any]], table: str) -> None:
+    """NAME.json (the result rows) and NAME.md (their markdown table) in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(list(rows), indent=2) + "\n")
+    (out_dir / f"{name}.md").write_text(table)
+
+
 def write_jsonl(
     results: Sequence[BenchResult], path: Path, *, model: str, info: dict[str, Any]
 ) -> Path:

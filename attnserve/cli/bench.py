@@ -217,6 +217,7 @@ def _workload(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from attnserve.bench.lm import mixed_workload, workload_markdown
+    from attnserve.bench.report import write_table
 
     results = []
     for clients in (int(c) for c in args.clients.split(",") if c.strip()):
@@ -229,10 +230,8 @@ def _workload(args: argparse.Namespace) -> int:
             results.append(result)
     sys.stdout.write(workload_markdown(results))
     if args.output_dir is not None:
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        (args.output_dir / f"{args.name}.md").write_text(workload_markdown(results))
         rows = [asdict(r) for r in results]
-        (args.output_dir / f"{args.name}.json").write_text(json.dumps(rows, indent=2) + "\n")
+        write_table(args.output_dir, args.name, rows, workload_markdown(results))
     return 0
 
 

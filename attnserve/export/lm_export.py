@@ -31,10 +31,10 @@ from typing import Any
 
 import onnx
 
-from attnserve.engine.onnx.layout import LM_STEP_NAME, LOGITS, ONNX_DIR
+from attnserve.engine.onnx.layout import LM_GQA, LM_PLAIN, LM_STEP_NAME, LOGITS, ONNX_DIR
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
-from attnserve.export.lm_graph import GQA, LM_OPSET, PLAIN, build_lm_graph
+from attnserve.export.lm_graph import LM_OPSET, build_lm_graph
 from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
 from attnserve.export.smooth import activation_maxima, smooth
@@ -57,7 +57,7 @@ INT8_BLOCK_DOWN = True
 # which attends each row over its own length (SmolLM2 int8, one thread: 1.06x / 1.16x the
 # tokens/s of plain attention on a mixed workload at 16 / 64 clients, a step at one row 0.91x
 # the time; docs/BENCHMARKS.md). Models whose heads it cannot rotate get plain attention.
-DEFAULT_ATTENTION = GQA
+DEFAULT_ATTENTION = LM_GQA
 
 
 def gqa_supported(config: DecoderConfig) -> bool:
@@ -79,7 +79,7 @@ def down_projections(model: onnx.ModelProto, intermediate_size: int) -> list[str
     ]
 
 
-def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, attention: str = PLAIN) -> Path:
+def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, attention: str = LM_PLAIN) -> Path:
     """Write step.onnx (fp32; weights beside it when they near protobuf's limit) into
     `out_dir`."""
     out = Path(out_dir)
@@ -154,11 +154,11 @@ def export_lm_variants(
         raise ValueError(f"unknown variants {unknown}; choose from {', '.join(LM_VARIANTS)}")
     if attention is None:  # the default, where the model allows it
         attention = DEFAULT_ATTENTION
-        if attention == GQA and not gqa_supported(model.config):
+        if attention == LM_GQA and not gqa_supported(model.config):
             log.info("head size %d: plain attention (GroupQueryAttention rotates multiples "
                      "of 16 channels)", model.config.head_dim)  # fmt: skip
-            attention = PLAIN
-    elif attention == GQA and not gqa_supported(model.config):
+            attention = LM_PLAIN
+    elif attention == LM_GQA and not gqa_supported(model.config):
         raise ValueError(
             f"GroupQueryAttention needs heads of a multiple of 16 channels, the model's have "
             f"{model.config.head_dim}: export with attention plain"

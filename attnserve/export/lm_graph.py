@@ -57,8 +57,7 @@ INT64_MAX = np.iinfo(np.int64).max
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
 LM_IR_VERSION = 11
-PLAIN, GQA = LM_PLAIN, LM_GQA
-ATTENTIONS = (PLAIN, GQA)
+ATTENTIONS = (LM_PLAIN, LM_GQA)
 MS_DOMAIN = "com.microsoft"
 
 
@@ -148,12 +147,12 @@ def _head(g: _Graph, model: DecoderOnly, last: str, eps: float, *, squeeze: bool
 
 
 def build_lm_graph(
-    model: DecoderOnly, *, opset: int = LM_OPSET, attention: str = PLAIN
+    model: DecoderOnly, *, opset: int = LM_OPSET, attention: str = LM_PLAIN
 ) -> onnx.ModelProto:
     """The step graph of `model` (float32), its attention `plain` or `gqa`."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention {attention!r}: choose from {', '.join(ATTENTIONS)}")
-    if attention == GQA:
+    if attention == LM_GQA:
         return _build_gqa_graph(model, opset)
     cfg = model.config
     n, heads, kv, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
