@@ -95,6 +95,10 @@ class Backend(Protocol[State]):
     # Optional: `reorder(state, rows) -> State`, `select` for a caller that gives `state` up
     # (RunningBatch after a step) and keeps the number of rows: the backend may move rows in
     # place, so `state` and every state sharing its tensors must not be used again.
+    # Optional: `replace(state, rows, new) -> State`: `state` with its rows `rows` (rows of
+    # requests that left) holding `new`'s rows instead, for a caller that gives `state` up
+    # (RunningBatch, when requests join while it has dead rows): written in place, so the
+    # joining rows cost a copy of their own cache, not of the running batch's.
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[IntArray, IntArray]:

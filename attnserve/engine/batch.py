@@ -7,7 +7,10 @@ continuous-batching scheduler drive.
 Removing rows copies the cache of every row that stays, so the rows of a request that finished
 (or was cancelled) stay in the state as dead rows, decoded but never read, until they are a
 quarter of the batch. A step then costs a few wasted rows instead of a copy of the whole cache
-each time a request ends.
+each time a request ends. Where the backend can write rows in place (`replace`: the language
+model's GroupQueryAttention cache, whose rows each have their own length), requests of one row
+that join take over dead rows instead of being appended: neither the leaving nor the joining
+request copies the running batch's cache.
 """
 
 from __future__ import annotations
@@ -99,9 +102,35 @@ class RunningBatch(Generic[State]):
         """Add requests whose encoded rows are `state` (one row per search, same order)."""
         if not searches:
             return
+        if self.state is not None and self._join_into_dead_rows(searches, state):
+            return
         # The state first: if the backend fails to concatenate, the batch is as it was.
         self.state = state if self.state is None else self.backend.concat([self.state, state])
         self.entries.extend(searches)
+
+    def _join_into_dead_rows(self, searches: Sequence[Search], state: State) -> bool:
+        """Requests of one row each take over dead rows (the first ones), where the backend
+        can write rows in place (`replace`): the running batch's cache is not copied and the
+        batch does not grow. False (nothing done) if it cannot, or too few rows are dead."""
+        replace = getattr(self.backend, "replace", None)
+        if replace is None or any(s.num_rows != 1 for s in searches):
+            return False
+        rows: list[Search | _Dead] = []  # one entry a row for the dead, as they are in the state
+        for entry in self.entries:
+            if isinstance(entry, _Dead):
+                rows.extend(_Dead(1, entry.steps) for _ in range(entry.num_rows))
+            else:
+                rows.append(entry)
+        starts = np.cumsum([0] + [e.num_rows for e in rows])
+        dead = [i for i, e in enumerate(rows) if isinstance(e, _Dead)][: len(searches)]
+        if len(dead) < len(searches):
+            return False
+        # The state first: if the backend fails, the batch is as it was.
+        self.state = replace(self.state, starts[dead], state)
+        for i, search in zip(dead, searches, strict=True):
+            rows[i] = search
+        self.entries = rows
+        return True
 
     def step(self) -> list[Search]:
         """One decoding step for every row; returns the searches that finished in it."""

@@ -141,3 +141,39 @@ def test_cancel_and_deadline_during_a_prefill(backend: TorchLMBackend) -> None:
         scheduler.step()
     assert keep.outcome is Outcome.DONE
     assert list(keep.hypotheses[0].tokens) == alone(backend, prompt(30, 5), options)
+
+
+def test_joining_requests_take_over_rows_of_finished_ones(
+    backend: TorchLMBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that end at different steps leave dead rows; the ones that join later take
+    them over where the backend can (GroupQueryAttention's `replace`), and every request
+    still gets what it gets alone."""
+    replaced: list[int] = []
+    replace = getattr(backend, "replace", None)
+    if replace is not None:
+
+        def counting(state: Any, rows: Any, new: Any) -> Any:
+            replaced.append(len(rows))
+            return replace(state, rows, new)
+
+        monkeypatch.setattr(backend, "replace", counting)
+    scheduler = Scheduler(backend, SchedulerLimits(max_new_tokens=16, join_rows=1))
+    submitted: list[tuple[Request, list[int], DecodingOptions]] = []
+    for i in range(16):  # 8 at once (a dead row is an eighth of the batch), then one a step
+        tokens = prompt(4 + 3 * (i % 5), 30 + i)
+        options = DecodingOptions(max_new_tokens=2 + (7 * i) % 11, min_new_tokens=1)
+        if i % 3 == 2:
+            options = options.replace(sampling=True, seed=i, top_p=0.9)
+        request = lm_request(f"j{i}", tokens, options)
+        scheduler.submit(request)
+        submitted.append((request, tokens, options))
+        if i >= 7:
+            scheduler.step()
+    while scheduler.has_work:
+        scheduler.step()
+    for request, tokens, options in submitted:
+        assert request.outcome is Outcome.DONE
+        assert list(request.hypotheses[0].tokens) == alone(backend, tokens, options)
+    if replace is not None:
+        assert sum(replaced) >= 3  # dead rows were taken over, not appended after

@@ -252,3 +252,36 @@ def test_a_joining_request_is_written_into_spare_rows(exported: tuple[DecoderOnl
         for row, history in enumerate([[5, 6, 7, 8, 11, 20], [9, 10, 12, 21], [13, 14, 15, 22]]):
             full = model(torch.tensor([history]), torch.ones(1, len(history), dtype=torch.bool))
             np.testing.assert_allclose(logits[row], full[0, -1].numpy(), atol=1e-4)
+
+
+def test_rows_of_finished_requests_are_taken_over(exported: tuple[DecoderOnly, Path]) -> None:
+    """GroupQueryAttention's cache (`replace`): a joining request's row overwrites a dead row
+    in place (no copy of the running batch's cache), a prompt wider than the buffers goes into
+    a widened copy, and every row decodes as recomputed."""
+    model, root = exported
+    backend = open_lm_backend(model.config, root / "fp32", provider="cpu")
+    if not isinstance(backend, OnnxGqaLMBackend):
+        assert not hasattr(backend, "replace")  # its rows share one left-padded width
+        return
+    ids = np.array([[5, 6, 7, 8], [9, 10, 0, 0], [3, 4, 0, 0]])
+    running = backend.encode(ids, np.array([4, 2, 2]))
+    _, running = backend.step(np.array([11, 12, 13]), running)
+    late = backend.encode(np.array([[13, 14, 15]]), np.array([3]))
+    joined = backend.replace(running, np.array([1]), late)  # row 1's request has finished
+    assert joined.past[0].base is running.past[0].base  # written into the batch's buffers
+    logits, joined = backend.step(np.array([20, 21, 22]), joined)
+    histories = [[5, 6, 7, 8, 11, 20], [13, 14, 15, 21], [3, 4, 13, 22]]
+    wide = list(range(3, 3 + joined.width + 5))  # wider than the buffers: they are widened
+    long = backend.encode(np.array([wide]), np.array([len(wide)]))
+    widened = backend.replace(joined, np.array([0]), long)
+    assert widened.width > len(wide) and widened.past[0].base is not joined.past[0].base
+    more, _ = backend.step(np.array([30, 31, 32]), widened)
+    with torch.no_grad():
+        for row, history in enumerate(histories):
+            full = model(torch.tensor([history]), torch.ones(1, len(history), dtype=torch.bool))
+            np.testing.assert_allclose(logits[row], full[0, -1].numpy(), atol=1e-4)
+        for row, history in enumerate([[*wide, 30], [*histories[1], 31], [*histories[2], 32]]):
+            full = model(torch.tensor([history]), torch.ones(1, len(history), dtype=torch.bool))
+            np.testing.assert_allclose(more[row], full[0, -1].numpy(), atol=1e-4)
+    with pytest.raises(ValueError, match="rows"):
+        backend.replace(widened, np.array([0, 1]), late)

@@ -61,28 +61,34 @@ class BufferPool:
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An array of this shape and dtype, with finite but arbitrary contents."""
+        return self.get_many(shape, dtype, 1)[0]
+
+    def get_many(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], count: int
+    ) -> list[np.ndarray]:
+        """`count` arrays of this shape and dtype (a cache's layers): one pass over the pool
+        for all of them, the smallest free buffers that fit first."""
         need = int(np.prod(shape))
-        best = -1
-        for i in range(len(self._buffers)):  # no loop variable: it would hold a reference
-            size = self._buffers[i].size
-            if (
-                self._buffers[i].dtype == dtype
-                and need <= size <= self.REUSE * need + 1024
-                and (best < 0 or size < self._buffers[best].size)
-                and self._free(i)
-            ):
-                best = i
-        if best >= 0:
-            self._claimed[best] = need
-            view = self._buffers[best][:need].reshape(shape)
-        else:
-            row = int(np.prod(shape[1:]))
-            size = int(self.capacity(shape[0]) * row * self.room_factor)
+        fitting = [
+            i
+            for i in range(len(self._buffers))  # indices: a loop variable would hold a reference
+            if self._buffers[i].dtype == dtype
+            and need <= self._buffers[i].size <= self.REUSE * need + 1024
+            and self._free(i)
+        ]
+        fitting.sort(key=lambda i: self._buffers[i].size)
+        views = []
+        for i in fitting[:count]:
+            self._claimed[i] = need
+            views.append(self._buffers[i][:need].reshape(shape))
+        row = int(np.prod(shape[1:]))
+        size = int(self.capacity(shape[0]) * row * self.room_factor)
+        for _ in range(count - len(views)):
             self._buffers.append(np.zeros(size, dtype=dtype))
             self._claimed.append(need)
-            view = self._buffers[-1][:need].reshape(shape)
+            views.append(self._buffers[-1][:need].reshape(shape))
         self._trim()
-        return view
+        return views
 
     def _trim(self) -> None:
         """Drop the largest free buffers while the free ones outweigh the recent high-water mark

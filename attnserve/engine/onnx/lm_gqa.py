@@ -37,6 +37,12 @@ from attnserve.model.decoder_config import DecoderConfig
 log = logging.getLogger(__name__)
 
 
+# A cache that outgrows its buffers is copied into ones with room for a quarter more columns
+# (at least the spare ones), so a batch of long rows copies its cache every ~W/4 steps, not
+# every 32 (columns never written cost no memory: the pool's fresh buffers are untouched pages).
+GROWTH = 4
+
+
 @dataclass
 class _Owner:
     """The buffers of a cache and the version of the newest state written into them."""
@@ -83,15 +89,18 @@ class OnnxGqaLMBackend(OnnxLMBackend):
 
     def _buffers(self, rows: int, width: int) -> list[Tensor]:
         heads, dim = self._kv_shape
-        return [self.rows.pool.get((rows, heads, width, dim), self.kv_dtype) for _ in self._past]
+        return self.rows.pool.get_many((rows, heads, width, dim), self.kv_dtype, len(self._past))
+
+    def _room(self, columns: int) -> int:
+        """The width of new buffers for `columns` columns: a quarter more, at least spare."""
+        return columns + max(self.rows.spare, columns // GROWTH)
 
     def _writable(self, state: GqaState, width: int) -> GqaState:
         """`state` with buffers at least `width` wide that it may write into: its own when it
         is their newest state and they are wide enough, else copies with spare columns."""
         if state.version == state.owner.version and state.width >= width:
             return state
-        new_width = max(width, state.longest) + self.rows.spare
-        past = self._buffers(state.lengths.shape[0], new_width)
+        past = self._buffers(state.lengths.shape[0], self._room(max(width, state.longest)))
         used = state.longest
         for old, new in zip(state.past, past, strict=True):
             new[:, :, :used] = old[:, :, :used]
@@ -186,12 +195,28 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         lengths = state.lengths[rows]
         longest = int(lengths.max(initial=0))
-        if longest < state.width <= longest + self.rows.spare:  # whole rows, one copy each
+        if longest < state.width <= self._room(longest):  # whole rows, one copy each
             return GqaState(self.rows.take_rows(state.past, rows), lengths, _Owner(), 0)
-        past = self._buffers(rows.shape[0], longest + self.rows.spare)  # trimmed to its rows
+        past = self._buffers(rows.shape[0], self._room(longest))  # trimmed to its rows
         for old, new in zip(state.past, past, strict=True):
-            new[:, :, :longest] = old[rows, :, :longest]
+            for i, row in enumerate(rows.tolist()):  # no gathered temporary of the cache
+                new[i, :, :longest] = old[row, :, :longest]
         return GqaState(past, lengths, _Owner(), 0)
+
+    def replace(self, state: GqaState, rows: IntArray, new: GqaState) -> GqaState:
+        """`state` with rows `rows` holding `new`'s rows (their used columns): in place when
+        `state` is the newest of its buffers and wide enough, else in a copy. `state` and
+        the states sharing its buffers must not be used again (as after `reorder`)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if rows.shape[0] != new.lengths.shape[0]:
+            raise ValueError(f"{rows.shape[0]} rows for a state of {new.lengths.shape[0]}")
+        used = new.longest
+        state = self._writable(state, used + 1)  # the next step writes column `used`
+        for old, joining in zip(state.past, new.past, strict=True):
+            old[rows, :, :used] = joining[:, :, :used]
+        lengths = state.lengths.copy()
+        lengths[rows] = new.lengths
+        return self._written(state, lengths)
 
     def _join_in_place(self, state: GqaState, new: GqaState) -> GqaState | None:
         """`new`'s rows written into the spare rows of `state`'s buffers (their used columns
@@ -218,7 +243,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
                 return joined
         longest = max(s.longest for s in states)
         rows = sum(s.lengths.shape[0] for s in states)
-        past = self._buffers(rows, longest + self.rows.spare)
+        past = self._buffers(rows, self._room(longest))
         start = 0
         for s in states:
             n, used = s.lengths.shape[0], s.longest

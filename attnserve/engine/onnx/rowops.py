@@ -102,11 +102,15 @@ class HostRowOps:
 
     def take_rows(self, tensors: Sequence[Tensor], rows: IntArray) -> list[Tensor]:
         """tensors[j][rows], whole rows (spare columns included): a single copy each."""
-        out = []
-        for t in tensors:
-            y = self.pool.get((rows.shape[0], *t.shape[1:]), t.dtype)
-            out.append(np.take(t, rows, axis=0, out=y, mode="clip"))
-        return out
+        shapes = {(t.shape[1:], t.dtype) for t in tensors}
+        if len(shapes) == 1:  # a language model's layers: one pass over the pool for all
+            ((shape, dtype),) = shapes
+            ys = self.pool.get_many((rows.shape[0], *shape), dtype, len(tensors))
+        else:
+            ys = [self.pool.get((rows.shape[0], *t.shape[1:]), t.dtype) for t in tensors]
+        return [
+            np.take(t, rows, axis=0, out=y, mode="clip") for t, y in zip(tensors, ys, strict=True)
+        ]
 
     def resize(
         self,
