@@ -310,3 +310,43 @@ def workload_markdown(results: Sequence[WorkloadResult]) -> str:
             f"{r.ttft_p50:.2f} | {r.ttft_p99:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write_workload_chart(results: Sequence[WorkloadResult], path: Path, title: str) -> Path | None:
+    """Bars of output tokens/s and TTFT p99 per client count, one bar per batching mode;
+    None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no chart (pip install matplotlib)")
+        return None
+    clients = sorted({r.clients for r in results})
+    modes = list(dict.fromkeys(r.mode for r in results))
+    by = {(r.clients, r.mode): r for r in results}
+    width = 0.8 / len(modes)
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.2), dpi=80)
+    panels = (
+        ("output tokens/s", "tokens_per_second"),
+        ("time to first token, p99 (s)", "ttft_p99"),
+    )
+    for ax, (label, field) in zip(axes, panels, strict=True):
+        for m, mode in enumerate(modes):
+            xs = [i + (m - (len(modes) - 1) / 2) * width for i in range(len(clients))]
+            values = [getattr(by[c, mode], field) if (c, mode) in by else 0.0 for c in clients]
+            ax.bar(xs, values, width, label=mode, color=f"C{m % 10}")
+            for x, value in zip(xs, values, strict=True):
+                ax.text(x, value, f"{value:.1f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(clients)))
+        ax.set_xticklabels([f"{c} clients" for c in clients], fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.margins(y=0.15)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

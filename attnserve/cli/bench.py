@@ -216,7 +216,7 @@ def _workload(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import asdict
 
-    from attnserve.bench.lm import mixed_workload, workload_markdown
+    from attnserve.bench.lm import mixed_workload, workload_markdown, write_workload_chart
     from attnserve.bench.report import write_table
 
     results = []
@@ -232,6 +232,8 @@ def _workload(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         rows = [asdict(r) for r in results]
         write_table(args.output_dir, args.name, rows, workload_markdown(results))
+        title = f"{Path(args.model).name} {args.variant}: mixed workload, batching modes"
+        write_workload_chart(results, Path(args.output_dir) / f"{args.name}.png", title)
     return 0
 
 

@@ -61,3 +61,16 @@ def test_mixed_workload_through_the_scheduler(lm_dir: Path) -> None:
         assert 0 < r.ttft_p50 <= r.ttft_p99
     table = workload_markdown(results)
     assert "| 4 | static |" in table and "| 4 | continuous |" in table
+
+
+def test_workload_chart(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from attnserve.bench.lm import WorkloadResult, write_workload_chart
+
+    results = [
+        WorkloadResult(mode, clients, 60.0, 10, 600, rate, 0.5, p99)
+        for clients in (16, 64)
+        for mode, rate, p99 in (("static", 80.0, 3.8), ("continuous", 140.0, 1.2))
+    ]
+    path = write_workload_chart(results, tmp_path / "w.png", "workload")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
