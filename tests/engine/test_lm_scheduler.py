@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from attnserve.engine.batch import RunningBatch
 from attnserve.engine.generator import Generator
 from attnserve.engine.onnx.lm_backend import open_lm_backend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
+from attnserve.engine.search import Search, make_search
 from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.export.lm_export import export_lm_variants
 from attnserve.model.decoder_config import DecoderConfig
@@ -177,3 +179,58 @@ def test_joining_requests_take_over_rows_of_finished_ones(
         assert list(request.hypotheses[0].tokens) == alone(backend, tokens, options)
     if replace is not None:
         assert sum(replaced) >= 3  # dead rows were taken over, not appended after
+
+
+def test_dead_rows_are_taken_over_row_for_row(
+    backend: TorchLMBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dead rows after a beam search's rows, taken over by two requests at once (one prompt
+    longer than the dead rows' cache, one shorter), then a cancelled request's row, and a join
+    with more requests than dead rows (appended instead): each request gets what it gets alone,
+    and `replace` is handed the state's row numbers of the dead rows."""
+    replaced: list[list[int]] = []
+    replace = getattr(backend, "replace", None)
+    if replace is not None:
+
+        def recording(state: Any, rows: Any, new: Any) -> Any:
+            replaced.append([int(r) for r in rows])
+            return replace(state, rows, new)
+
+        monkeypatch.setattr(backend, "replace", recording)
+    batch = RunningBatch(backend, dead_fraction=1.0)  # dead rows stay until taken over
+    done: list[tuple[Search, list[int], DecodingOptions]] = []
+
+    def join(plan: list[tuple[list[int], DecodingOptions]]) -> list[Search]:
+        searches = [make_search(o, backend.spec, start=t[-1], prefix=t) for t, o in plan]
+        batch.join(searches, batch.encode([t[:-1] for t, _ in plan]))
+        done.extend((s, t, o) for s, (t, o) in zip(searches, plan, strict=True))
+        return searches
+
+    beam = DecodingOptions(max_new_tokens=12, beam_size=3, num_hypotheses=2)
+    short = DecodingOptions(max_new_tokens=2, min_new_tokens=2)
+    long = DecodingOptions(max_new_tokens=12, min_new_tokens=12)
+    sampled = long.replace(sampling=True, seed=5, top_p=0.9)
+    join([(prompt(6, 1), beam), (prompt(5, 2), short), (prompt(7, 3), short)])
+    first = join([(prompt(4 + i, 10 + i), long) for i in range(3)])
+    for _ in range(3):
+        batch.step()  # the beam has 3 rows; the two short requests are dead rows 3 and 4
+    assert batch.dead_rows == 2
+    join([(prompt(20, 20), long), (prompt(3, 21), sampled)])  # wider and narrower than theirs
+    taken = replace is not None  # the torch backend appends them: its dead rows stay
+    assert batch.dead_rows == (0 if taken else 2)
+    batch.step()
+    batch.remove([first[1]])  # cancelled: its row (6) is dead
+    cancelled = first[1]
+    batch.step()
+    join([(prompt(5, 30), long), (prompt(8, 31), sampled)])  # 2 joiners, 1 dead row: appended
+    assert batch.dead_rows == (1 if taken else 3)
+    join([(prompt(9, 40), long)])  # takes over the cancelled row
+    while batch.searches:
+        batch.step()
+    for search, tokens, options in done:
+        if search is cancelled:
+            continue
+        result = Generator(backend, NoText()).generate([tokens], options)[0]  # type: ignore[arg-type]
+        got = [list(h.tokens) for h in search.hypotheses()]
+        assert got == [c.token_ids for c in result.completions]
+    assert replaced == ([[3, 4], [6]] if taken else [])

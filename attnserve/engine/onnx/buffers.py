@@ -87,16 +87,16 @@ class BufferPool:
             self._buffers.append(np.zeros(size, dtype=dtype))
             self._claimed.append(need)
             views.append(self._buffers[-1][:need].reshape(shape))
-        self._trim()
+        self._trim(count)
         return views
 
-    def _trim(self) -> None:
+    def _trim(self, requests: int = 1) -> None:
         """Drop the largest free buffers while the free ones outweigh the recent high-water mark
-        of those in use (it decays by HIGH_DECAY a request)."""
+        of those in use (it decays by HIGH_DECAY a request: `requests` of them for `get_many`)."""
         free = [i for i in range(len(self._buffers)) if self._free(i)]
         free_bytes = sum(self._buffers[i].nbytes for i in free)
         busy_bytes = sum(b.nbytes for b in self._buffers) - free_bytes
-        self._high = max(float(busy_bytes), self._high * self.HIGH_DECAY)
+        self._high = max(float(busy_bytes), self._high * self.HIGH_DECAY**requests)
         dropped = set()
         for i in sorted(free, key=lambda i: -self._buffers[i].nbytes):
             if free_bytes <= self._high * self.keep:

@@ -97,8 +97,10 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         return self.rows.pool.get_many((rows, heads, width, dim), self.kv_dtype, len(self._past))
 
     def _room(self, columns: int) -> int:
-        """The width of new buffers for `columns` columns: a quarter more, at least spare."""
-        return columns + max(self.rows.spare, columns // GROWTH)
+        """The width of new buffers for `columns` columns: a quarter more, at least spare, but
+        no wider than the context (a row never holds more)."""
+        grown = columns + max(self.rows.spare, columns // GROWTH)
+        return min(grown, max(columns, self.spec.max_positions))
 
     def _writable(self, state: GqaState, width: int) -> GqaState:
         """`state` with buffers at least `width` wide that it may write into: its own when it

@@ -92,6 +92,26 @@ def test_buffer_pool_gives_memory_back_after_a_peak() -> None:
     assert sum(b.nbytes for b in pool._buffers) <= 2 * small.base.nbytes
 
 
+def test_buffer_pool_decays_once_per_array_handed_out() -> None:
+    """`get_many(shape, dtype, n)` counts as n requests: a language model's cache (2 arrays a
+    layer, taken in one call) gives memory back after a peak as fast as one `get` per array."""
+    f32 = np.dtype(np.float32)
+
+    def after_light_load(take: int) -> int:
+        pool = BufferPool()
+        peak = pool.get_many((128, 8, 40, 64), f32, 6)
+        del peak
+        held = [pool.get_many((4, 8, 9, 64), f32, take)]  # in use while the pool is weighed
+        for _ in range(2000 // take):
+            held.clear()
+            held.append(pool.get_many((4, 8, 9, 64), f32, take))
+        return sum(b.nbytes for b in pool._buffers)
+
+    light = after_light_load(1)
+    assert light <= 2 * BufferPool().capacity(4) * 8 * 9 * 64 * 4 * BufferPool.ROOM
+    assert after_light_load(20) <= 20 * light
+
+
 def test_rows_join_in_place_once_per_array() -> None:
     """`extend` grows a view into its array's spare rows, unless another view grew there."""
     f32 = np.dtype(np.float32)
