@@ -44,6 +44,8 @@ from attnserve.training.evaluate import dev_bleu
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+# Model config fields `--init-from` lets differ from the packaged model's.
+DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 # A step longer than this means the process was stopped (SIGSTOP, a suspended machine).
@@ -202,11 +204,16 @@ class Trainer:
         )  # fmt: skip
 
     def _init_from(self, directory: Path) -> None:
-        """Copy the weights of a model directory into the fresh model (same architecture)."""
+        """Copy the weights of a model directory into the fresh model (same architecture;
+        the dropout rates may differ: they are not weights, and fine-tuning often changes them)."""
         from attnserve.model.checkpoint import load_model_dir
 
         source, _ = load_model_dir(directory)
-        if source.config.to_dict() != self.model_config.to_dict():
+        theirs, ours = source.config.to_dict(), self.model_config.to_dict()
+        for config in (theirs, ours):
+            for name in DROPOUT_FIELDS:
+                config.pop(name, None)
+        if theirs != ours:
             raise ValueError(f"{directory}: config.json differs from this run's model config")
         self.model.load_state_dict(source.state_dict())
         log.info("weights initialised from %s", directory)

@@ -200,8 +200,8 @@ def test_cli_package_and_eval(
 
 def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
     """--init-from copies a packaged model's weights (fresh optimizer); a different architecture
-    is refused; a resumed run keeps its checkpoint's weights; dev losses are logged per
-    direction."""
+    is refused, other dropout rates are not; a resumed run keeps its checkpoint's weights; dev
+    losses are logged per direction."""
     from attnserve.training.train import Trainer
 
     data, spm_model = tiny_data
@@ -221,3 +221,12 @@ def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_pat
                 model_overrides={"decoder_layers": 1},
             )
         )  # fmt: skip
+    # Dropout is not a weight: fine-tuning may change it.
+    regularized = Trainer(
+        config(
+            data, spm_model, tmp_path / "d", init_from=str(packaged),
+            model_overrides={"dropout": 0.3, "attention_dropout": 0.1},
+        )
+    )  # fmt: skip
+    assert regularized.model_config.dropout == 0.3
+    assert all(torch.equal(v, saved[k]) for k, v in regularized.model.state_dict().items())
