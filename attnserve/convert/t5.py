@@ -8,7 +8,9 @@ first layer and shared by the others), no 1/sqrt(d) in the attention scores, a p
 no embedding scale, and a tied output projection that rescales the decoder output by
 d_model ** -0.5 (v1.1 and Flan-T5 untie it and do not). The decoder starts from the pad token.
 T5 names the task in the source text: the translation prefixes of `task_specific_params` become
-the tokenizer's prefixes by target language (a request's `target_lang` picks one).
+the tokenizer's prefixes by target language (a request's `target_lang` picks one). MADLAD-400
+names the target language with a `<2xx>` token instead (`<2de> I love pizza.`): a vocabulary
+with such tokens gets one prefix per tag (`de` -> `<2de> `), and any source language.
 Never imports transformers; weights are converted to float32.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,8 @@ HF_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 # task_specific_params keys of translation tasks: translation_en_to_de
 TRANSLATION_TASK = re.compile(r"translation_(?P<source>[A-Za-z-]+)_to_(?P<target>[A-Za-z-]+)")
+# MADLAD-400's target language tokens: <2de>, <2zh_Latn>, <2ber_Tfng>
+LANGUAGE_TAG = re.compile(r"<2(?P<code>[a-z]{2,3}(?:_[A-Za-z0-9]+)?)>")
 # feed_forward_proj -> (gated, our activation)
 FEED_FORWARD = {
     "relu": (False, "relu"),
@@ -253,6 +258,12 @@ def task_prefixes(hf_config: dict[str, Any]) -> tuple[dict[str, str], str | None
     return prefixes, (sources.pop() if len(sources) == 1 else None)
 
 
+def language_tag_prefixes(vocab: Iterable[str]) -> dict[str, str]:
+    """MADLAD-400's `<2xx>` target language tokens of a vocabulary as prefixes by language
+    code, in vocabulary order (``de`` -> ``<2de> ``, as its model card writes a source)."""
+    return {m["code"]: f"{token} " for token in vocab if (m := LANGUAGE_TAG.fullmatch(token))}
+
+
 def convert_t5(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[str, Any]]:
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
@@ -261,6 +272,9 @@ def convert_t5(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[str,
     prefixes, source_lang = task_prefixes(hf_config)
     try:
         tokenizer = Tokenizer.from_hf_json(hf_dir, prefixes=prefixes, source_lang=source_lang)
+        tags = language_tag_prefixes(tokenizer.source_vocabulary())
+        if tags and not prefixes:  # MADLAD-400: any source language, the target by its tag
+            tokenizer = Tokenizer.from_hf_json(hf_dir, prefixes=tags)
     except FileNotFoundError as exc:
         raise ModelFileMissingError(Path(exc.filename or str(exc)).name, hf_dir) from exc
     except (ValueError, RuntimeError) as exc:

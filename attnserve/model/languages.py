@@ -1,9 +1,11 @@
 """Language codes: ISO 639-1 (two letters) to ISO 639-3, and a model's own codes from them.
 
 Translation families name languages in their own codes: NLLB `deu_Latn` (ISO 639-3 + script),
-M2M100 `__de__`, mBART-50 `de_DE`, Marian `>>de<<` tags. A request may name a language in the
-model's code or by its ISO 639-1 / 639-3 code where that picks exactly one of the model's codes
-(`de` -> `deu_Latn`; `zh` is ambiguous for NLLB: `zho_Hans` or `zho_Hant`).
+M2M100 `__de__`, mBART-50 `de_DE`, MADLAD-400 `<2de>` tokens (ISO 639-1 where a language has a
+two-letter code), Marian `>>de<<` tags. A request may name a language in the model's code or by
+its ISO 639-1 / 639-3 code where that picks exactly one of the model's codes (`de` ->
+`deu_Latn`, `deu` -> `de`; `zh` is ambiguous for NLLB: `zho_Hans` or `zho_Hant`; for MADLAD-400
+`zho` is `zh`, the one code of that language without a script).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _ISO639_1_TO_3 = """
     zh:zho zu:zul
 """
 ISO639_1_TO_3: dict[str, str] = dict(pair.split(":") for pair in _ISO639_1_TO_3.split())
+ISO639_3_TO_1: dict[str, str] = {three: two for two, three in ISO639_1_TO_3.items()}
 
 
 # M2M100's language codes in id order (its tokenizer's `language_codes` setting): a code's token
@@ -56,10 +59,14 @@ def resolve_language(name: str, codes: Sequence[str]) -> str:
     exact = [c for c in codes if c.lower() == lowered]
     if len(exact) == 1:
         return exact[0]
-    wanted = {lowered, ISO639_1_TO_3.get(lowered, lowered)}
+    wanted = {lowered, ISO639_1_TO_3.get(lowered, lowered), ISO639_3_TO_1.get(lowered, lowered)}
     matches = [c for c in codes if code_language(c) in wanted]
     if len(matches) == 1:
         return matches[0]
+    # MADLAD's `zh` beside `zh_Latn`: the one code without a script is the language's default
+    plain = [c for c in matches if c.strip("_").lower() == code_language(c)]
+    if len(plain) == 1:
+        return plain[0]
     if matches:
         raise ValueError(
             f"language {name!r} is ambiguous for this model: one of {', '.join(matches)}"

@@ -341,6 +341,10 @@ class Tokenizer:
         """The largest source and target ids (each must be < the model's vocab size)."""
         return max(self._source.vocab.values()), max(self._target.vocab.values())
 
+    def source_vocabulary(self) -> list[str]:
+        """The source vocabulary's tokens in id order."""
+        return sorted(self._source.vocab, key=self._source.vocab.__getitem__)
+
     @property
     def separate_vocabs(self) -> bool:
         return self._target.vocab is not self._source.vocab
@@ -383,11 +387,12 @@ class Tokenizer:
         if self.layout == "fairseq":
             return resolve_language(target_lang, self.languages)
         if self.layout == "hf":
-            found = {lang.lower(): lang for lang in self.prefixes}.get(target_lang.lower())
-            if found is None:
-                supported = ", ".join(self.prefixes) or "none (no task prefixes)"
-                raise ValueError(f"unknown target language {target_lang!r}; supported: {supported}")
-            return found
+            if not self.prefixes:
+                raise ValueError(
+                    f"unknown target language {target_lang!r}; supported: none (no task prefixes)"
+                )
+            # exact (any case), then by ISO 639-1 / 639-3 code (`deu` -> `de`)
+            return resolve_language(target_lang, list(self.prefixes))
         tag = target_lang if _is_tag(target_lang) else f">>{target_lang}<<"
         if tag not in self._source.vocab:
             supported = ", ".join(self.target_languages) or "none (single-target model)"

@@ -181,20 +181,27 @@ PREFIXES = {
 }
 
 
-def write_t5_dir(hf_dir: Path, std: float = 0.2) -> tuple[Any, Any]:
+def write_t5_dir(
+    hf_dir: Path, std: float = 0.2, language_tags: tuple[str, ...] = ()
+) -> tuple[Any, Any]:
     """A T5 v1.1 directory as transformers saves it: a SentencePiece unigram tokenizer trained
     here (spiece.model, tokenizer.json), translation prefixes in task_specific_params; weights
-    drawn with `std`."""
+    drawn with `std`. `language_tags` (MADLAD-400's `<2de>`): the spm's user-defined pieces,
+    and no task prefixes."""
     from tests.conftest import train_spm
     from tests.convert.test_fairseq_tokenizer import training_text
 
     hf_dir.mkdir(parents=True)
-    spm_model = train_spm(training_text(), 300, pad_id=PAD, eos_id=EOS, unk_id=UNK, bos_id=-1)
+    spm_model = train_spm(
+        training_text(), 300, pad_id=PAD, eos_id=EOS, unk_id=UNK, bos_id=-1,
+        user_defined_symbols=list(language_tags),
+    )  # fmt: skip
     (hf_dir / "spiece.model").write_bytes(spm_model)
     hf_tok = transformers.T5Tokenizer.from_pretrained(hf_dir, extra_ids=4)
     hf_tok.save_pretrained(hf_dir)
     model = tiny_t5("v1.1", vocab=len(hf_tok), std=std)
-    model.config.task_specific_params = PREFIXES
+    if not language_tags:
+        model.config.task_specific_params = PREFIXES
     model.save_pretrained(hf_dir)
     return model, hf_tok
 
@@ -221,7 +228,7 @@ def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
     assert not tokenizer.needs_target_lang  # a text may name its own task
     german = "translate English to German: "
     assert tokenizer.encode_source("Ka ro.", "DE") == hf_tok(german + "Ka ro.").input_ids
-    with pytest.raises(ValueError, match="supported: de, fr"):
+    with pytest.raises(ValueError, match="codes: de, fr"):
         tokenizer.encode_source("Ka ro.", "ro")
     assert Tokenizer.load(out).prefixes == tokenizer.prefixes  # saved with the model
     texts = [f"{german}{t}" for t in training_text()[:5]]
@@ -234,3 +241,40 @@ def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
     plain = [t[len(german) :] for t in texts]
     by_language = translator.translate(plain, options, target_lang="de")
     assert [t.text for t in by_language] == expected
+
+
+def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
+    """MADLAD-400 names the target language with a `<2xx>` token: each becomes a language
+    whose prefix is the token; ISO 639-3 names resolve; ids and generate() == Hugging Face's
+    on the text that carries the token."""
+    from attnserve.convert import import_model
+    from attnserve.engine.translator import Translator
+    from tests.convert.test_fairseq_tokenizer import training_text
+
+    hf_dir = tmp_path / "madlad"
+    tags = ("<2de>", "<2fr>", "<2zh>", "<2zh_Latn>")
+    model, hf_tok = write_t5_dir(hf_dir, language_tags=tags)
+    out = tmp_path / "ours"
+    assert import_model(hf_dir, out) == "t5"
+    translator = Translator.from_model_dir(out, backend="torch")
+    tokenizer = translator.tokenizer
+    assert tokenizer.target_languages == ["de", "fr", "zh", "zh_Latn"]
+    assert tokenizer.source_lang is None and not tokenizer.needs_target_lang
+    text = training_text()[7]
+    tagged = hf_tok("<2de> " + text).input_ids
+    assert tagged[0] == hf_tok.convert_tokens_to_ids("<2de>")  # one token, as MADLAD's
+    for name in ("de", "DE", "deu"):
+        assert tokenizer.encode_source(text, name) == tagged, name
+    assert tokenizer.encode_source(text, "zh_Latn")[0] == hf_tok.convert_tokens_to_ids("<2zh_Latn>")
+    assert tokenizer.encode_source(text, "zho") == hf_tok("<2zh> " + text).input_ids
+    with pytest.raises(ValueError, match="codes: de, fr, zh, zh_Latn"):
+        tokenizer.encode_source(text, "ro")
+    texts = [f"<2fr> {t}" for t in training_text()[:4]]
+    batch = hf_tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**batch, num_beams=3, max_new_tokens=10, do_sample=False)
+    expected = hf_tok.batch_decode(ids, skip_special_tokens=True)
+    options = translator.defaults.replace(beam_size=3, max_new_tokens=10)
+    plain = [t.removeprefix("<2fr> ") for t in texts]
+    assert [t.text for t in translator.translate(plain, options, target_lang="fr")] == expected
+    assert [t.text for t in translator.translate(texts, options)] == expected
