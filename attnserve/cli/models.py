@@ -75,6 +75,10 @@ def register(sub: Any) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--which", choices=["best", "checkpoint"], default="best")
+    p.add_argument(
+        "--average", type=int, default=0, metavar="N",
+        help="the mean of the weights at the run's last N dev evaluations (its snapshots/)",
+    )  # fmt: skip
     p.add_argument("--curve", type=Path, default=None, help="also plot dev BLEU vs hours (PNG)")
     p.set_defaults(func=cmd_package)
 
@@ -123,7 +127,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_package(args: argparse.Namespace) -> int:
     from attnserve.training.train import export_model_dir
 
-    out = export_model_dir(args.run_dir, args.out, which=args.which)
+    out = export_model_dir(args.run_dir, args.out, which=args.which, average=args.average)
     sys.stderr.write(f"wrote {out}\n")
     if args.curve is not None:
         from attnserve.training.curve import curve_table, dev_history, plot_curve

@@ -40,6 +40,9 @@ class TrainConfig:
     # initialisation; the optimizer and schedule start fresh. Its config must match this run's.
     init_from: str = ""
     compile: bool = False  # torch.compile the training forward pass
+    # The weights at each of the last N dev evaluations (RUN/snapshots/), for `attnserve
+    # package --average N`; 0: none.
+    keep_snapshots: int = 5
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

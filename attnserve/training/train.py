@@ -44,6 +44,7 @@ from attnserve.training.evaluate import dev_bleu
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+SNAPSHOTS = "snapshots"  # the weights at the last dev evaluations: step-00012000.pt
 # Model config fields `--init-from` lets differ from the packaged model's.
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
@@ -313,7 +314,21 @@ class Trainer:
         if mean > self.state.best_bleu:
             self.state.best_bleu = mean
             self.save_best(scores)
+        self.save_snapshot()
         log.info("dev %s (best mean %.2f)", json.dumps(record), self.state.best_bleu)
+
+    def save_snapshot(self) -> None:
+        """The weights now, as RUN/snapshots/step-N.pt; only the newest `keep_snapshots` stay."""
+        if self.cfg.keep_snapshots <= 0:
+            return
+        directory = self.run_dir / SNAPSHOTS
+        directory.mkdir(exist_ok=True)
+        _atomic_save(
+            {"model": self.model.state_dict(), "step": self.state.step},
+            directory / f"step-{self.state.step:08d}.pt",
+        )
+        for old in snapshot_paths(self.run_dir)[: -self.cfg.keep_snapshots]:
+            old.unlink()
 
     def run(self) -> TrainState:
         cfg, st = self.cfg, self.state
@@ -386,15 +401,45 @@ def train(cfg: TrainConfig) -> TrainState:
         handler.close()
 
 
-def export_model_dir(run_dir: str | Path, out_dir: str | Path, which: str = "best") -> Path:
-    """Write `best.pt` (or `which="checkpoint"`) of a run as a model directory."""
+def snapshot_paths(run_dir: str | Path) -> list[Path]:
+    """A run's weight snapshots, oldest first."""
+    return sorted((Path(run_dir) / SNAPSHOTS).glob("step-*.pt"))
+
+
+def average_snapshots(run_dir: str | Path, count: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The mean of the newest `count` snapshots' weights (float32), and their steps."""
+    paths = snapshot_paths(run_dir)[-count:]
+    if count < 1 or len(paths) < count:
+        raise ValueError(f"{run_dir}: {len(paths)} snapshots in {SNAPSHOTS}/, {count} wanted")
+    total: dict[str, torch.Tensor] = {}
+    steps = []
+    for path in paths:
+        snapshot = torch.load(path, map_location="cpu", weights_only=True)
+        steps.append(int(snapshot["step"]))
+        for name, tensor in snapshot["model"].items():
+            total[name] = total.get(name, 0) + tensor.double()
+    return {name: (t / len(paths)).float() for name, t in total.items()}, steps
+
+
+def export_model_dir(
+    run_dir: str | Path, out_dir: str | Path, which: str = "best", average: int = 0
+) -> Path:
+    """Write `best.pt` (or `which="checkpoint"`) of a run as a model directory; `average` N:
+    the mean of the weights at the last N dev evaluations (snapshots) instead."""
     from attnserve.model.checkpoint import save_model_dir
 
     run = Path(run_dir)
-    saved = torch.load(run / f"{which}.pt", map_location="cpu", weights_only=False)
     ckpt = torch.load(run / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    saved = (
+        ckpt if average else torch.load(run / f"{which}.pt", map_location="cpu", weights_only=False)
+    )
     model = EncoderDecoder(ModelConfig.from_dict(saved["model_config"]))
-    model.load_state_dict(saved["model"])
+    averaged_steps: list[int] = []
+    if average:
+        weights, averaged_steps = average_snapshots(run, average)
+        model.load_state_dict(weights)
+    else:
+        model.load_state_dict(saved["model"])
     # The step, time and dev history of the weights written: best.pt records its own (older
     # best.pt files do not: then the latest checkpoint's, which may be later than the weights).
     state = saved if "step" in saved else ckpt["state"]
@@ -404,6 +449,7 @@ def export_model_dir(run_dir: str | Path, out_dir: str | Path, which: str = "bes
         "train_hours": round(state["seconds"] / 3600, 3),
         "dev_history": state["history"],
         "dev": saved.get("dev"),
+        "averaged_steps": averaged_steps,
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
         "generation": {"num_beams": 4},

@@ -162,6 +162,36 @@ def test_dev_bleu_best_weights_and_export(tiny_data: tuple[Path, Path], tmp_path
     assert len(out) == 1 and isinstance(out[0].text, str)
 
 
+def test_snapshots_and_averaged_packaging(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """Each dev evaluation keeps the weights (the newest `keep_snapshots`); `package --average
+    N` writes the mean of the newest N, and names their steps in the metadata."""
+    from attnserve.cli import main
+    from attnserve.model.checkpoint import load_model_dir
+    from attnserve.training.train import snapshot_paths
+
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    train(
+        config(data, spm_model, run, max_steps=8, eval_every=2, dev_sentences=2, keep_snapshots=3)
+    )
+    paths = snapshot_paths(run)
+    assert [p.name for p in paths] == ["step-00000004.pt", "step-00000006.pt", "step-00000008.pt"]
+    last = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(torch.equal(v, torch.load(paths[-1])["model"][k]) for k, v in last.items())
+    assert main(["package", str(run), str(tmp_path / "avg"), "--average", "2"]) == 0
+    model, _ = load_model_dir(tmp_path / "avg")
+    a, b = (torch.load(p)["model"] for p in paths[-2:])
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, (a[name] + b[name]) / 2)
+    assert not torch.equal(
+        a["encoder_layers.0.ffn.fc1.weight"], b["encoder_layers.0.ffn.fc1.weight"]
+    )
+    meta = json.loads((tmp_path / "avg" / "metadata.json").read_text())
+    assert meta["averaged_steps"] == [6, 8] and meta["steps"] == 8
+    with pytest.raises(ValueError, match="3 snapshots"):
+        export_model_dir(run, tmp_path / "too-many", average=4)
+
+
 def test_cli_package_and_eval(
     tiny_data: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
