@@ -241,7 +241,8 @@ class Trainer:
 
     def load_checkpoint(self) -> None:
         ckpt = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
-        if ckpt["model_config"] != self.model_config.to_dict():
+        # Through ModelConfig: a checkpoint of older code lacks fields added since (defaults).
+        if ModelConfig.from_dict(ckpt["model_config"]).to_dict() != self.model_config.to_dict():
             raise ValueError("checkpoint model config differs from this run's")
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])

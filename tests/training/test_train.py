@@ -111,6 +111,24 @@ def test_resumed_run_continues_from_the_same_step(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_checkpoint_of_older_code_resumes(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """A checkpoint written before ModelConfig gained fields (their defaults) still resumes;
+    a different architecture is still refused."""
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    train(config(data, spm_model, run, max_steps=2))
+    path = run / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=False)
+    for name in ("positions", "norm", "linear_bias", "kv_dim"):  # added for other families
+        del ckpt["model_config"][name]
+    torch.save(ckpt, path)
+    assert train(config(data, spm_model, run, max_steps=4, resume=True)).step == 4
+    with pytest.raises(ValueError, match="model config differs"):
+        train(
+            config(data, spm_model, run, max_steps=6, resume=True, model_overrides={"d_model": 64})
+        )
+
+
 def test_training_time_leaves_out_evaluations_and_pauses(
     tiny_data: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
