@@ -10,7 +10,8 @@ d_model ** -0.5 (v1.1 and Flan-T5 untie it and do not). The decoder starts from 
 T5 names the task in the source text: the translation prefixes of `task_specific_params` become
 the tokenizer's prefixes by target language (a request's `target_lang` picks one). MADLAD-400
 names the target language with a `<2xx>` token instead (`<2de> I love pizza.`): a vocabulary
-with such tokens gets one prefix per tag (`de` -> `<2de> `), and any source language.
+with such tokens and no translation task prefixes gets one prefix per tag (`de` -> `<2de> `;
+a tag typed in the text is replaced), and any source language.
 Never imports transformers; weights are converted to float32.
 """
 
@@ -50,8 +51,8 @@ HF_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 # task_specific_params keys of translation tasks: translation_en_to_de
 TRANSLATION_TASK = re.compile(r"translation_(?P<source>[A-Za-z-]+)_to_(?P<target>[A-Za-z-]+)")
-# MADLAD-400's target language tokens: <2de>, <2zh_Latn>, <2ber_Tfng>
-LANGUAGE_TAG = re.compile(r"<2(?P<code>[a-z]{2,3}(?:_[A-Za-z0-9]+)?)>")
+# MADLAD-400's target language tokens: <2de>, <2zh_Latn>, <2ms_Arab_BN>
+LANGUAGE_TAG = re.compile(r"<2(?P<code>[a-z]{2,3}(?:_[A-Za-z0-9]+)*)>")
 # feed_forward_proj -> (gated, our activation)
 FEED_FORWARD = {
     "relu": (False, "relu"),

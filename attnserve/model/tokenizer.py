@@ -57,6 +57,8 @@ SPIECE_UNDERLINE = "▁"
 JOINT_SPM_SPECIAL_IDS: dict[str, Any] = {"eos_id": 0, "pad_id": 1, "unk_id": 2, "bos_id": -1}
 
 # fairseq's special tokens and the shift of SentencePiece ids (NLLB, mBART-50: spm id i -> i + 1).
+# MADLAD-400's target language tokens (<2de>, <2zh_Latn>, <2ms_Arab_BN>) at the start of a text
+_TARGET_TOKEN = re.compile(r"^<2[a-z]{2,3}(?:_[A-Za-z0-9]+)*>")
 FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 FAIRSEQ_OFFSET = 1
 FAIRSEQ_SPM_NAME = "sentencepiece.bpe.model"
@@ -434,7 +436,10 @@ class Tokenizer:
         """
         if self.layout == "hf":
             if target_lang is not None:
-                text = self.prefixes[self.language_tag(target_lang)] + text
+                prefix = self.prefixes[self.language_tag(target_lang)]
+                if _TARGET_TOKEN.fullmatch(prefix.strip()):  # MADLAD: it replaces a typed tag
+                    text = _TARGET_TOKEN.sub("", text.lstrip(), count=1).lstrip()
+                text = prefix + text
             segmenter = self._source.segmenter
             encoding = segmenter.encode(text, add_special_tokens=False)
             if max_length is not None:

@@ -252,13 +252,13 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
     from tests.convert.test_fairseq_tokenizer import training_text
 
     hf_dir = tmp_path / "madlad"
-    tags = ("<2de>", "<2fr>", "<2zh>", "<2zh_Latn>")
+    tags = ("<2de>", "<2fr>", "<2zh>", "<2zh_Latn>", "<2ms_Arab_BN>", "<2>", "<2Latn>")
     model, hf_tok = write_t5_dir(hf_dir, language_tags=tags)
     out = tmp_path / "ours"
     assert import_model(hf_dir, out) == "t5"
     translator = Translator.from_model_dir(out, backend="torch")
     tokenizer = translator.tokenizer
-    assert tokenizer.target_languages == ["de", "fr", "zh", "zh_Latn"]
+    assert tokenizer.target_languages == ["de", "fr", "zh", "zh_Latn", "ms_Arab_BN"]
     assert tokenizer.source_lang is None and not tokenizer.needs_target_lang
     text = training_text()[7]
     tagged = hf_tok("<2de> " + text).input_ids
@@ -267,7 +267,8 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
         assert tokenizer.encode_source(text, name) == tagged, name
     assert tokenizer.encode_source(text, "zh_Latn")[0] == hf_tok.convert_tokens_to_ids("<2zh_Latn>")
     assert tokenizer.encode_source(text, "zho") == hf_tok("<2zh> " + text).input_ids
-    with pytest.raises(ValueError, match="codes: de, fr, zh, zh_Latn"):
+    assert tokenizer.encode_source("<2fr> " + text, "de") == tagged  # the request's tag wins
+    with pytest.raises(ValueError, match="codes: de, fr, zh, zh_Latn, ms_Arab_BN"):
         tokenizer.encode_source(text, "ro")
     texts = [f"<2fr> {t}" for t in training_text()[:4]]
     batch = hf_tok(texts, padding=True, return_tensors="pt")
