@@ -36,7 +36,7 @@ from attnserve.model.checkpoint import (
     save_model_dir,
 )
 from attnserve.model.config import ModelConfig
-from attnserve.model.tokenizer import Tokenizer
+from attnserve.model.tokenizer import LANGUAGE_TOKEN, Tokenizer
 from attnserve.model.transformer import EncoderDecoder
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,6 @@ HF_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 # task_specific_params keys of translation tasks: translation_en_to_de
 TRANSLATION_TASK = re.compile(r"translation_(?P<source>[A-Za-z-]+)_to_(?P<target>[A-Za-z-]+)")
-# MADLAD-400's target language tokens: <2de>, <2zh_Latn>, <2ms_Arab_BN>
-LANGUAGE_TAG = re.compile(r"<2(?P<code>[a-z]{2,3}(?:_[A-Za-z0-9]+)*)>")
 # feed_forward_proj -> (gated, our activation)
 FEED_FORWARD = {
     "relu": (False, "relu"),
@@ -262,7 +260,7 @@ def task_prefixes(hf_config: dict[str, Any]) -> tuple[dict[str, str], str | None
 def language_tag_prefixes(vocab: Iterable[str]) -> dict[str, str]:
     """MADLAD-400's `<2xx>` target language tokens of a vocabulary as prefixes by language
     code, in vocabulary order (``de`` -> ``<2de> ``, as its model card writes a source)."""
-    return {m["code"]: f"{token} " for token in vocab if (m := LANGUAGE_TAG.fullmatch(token))}
+    return {m["code"]: f"{token} " for token in vocab if (m := LANGUAGE_TOKEN.fullmatch(token))}
 
 
 def convert_t5(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[str, Any]]:
@@ -273,9 +271,8 @@ def convert_t5(hf_dir: str | Path) -> tuple[EncoderDecoder, Tokenizer, dict[str,
     prefixes, source_lang = task_prefixes(hf_config)
     try:
         tokenizer = Tokenizer.from_hf_json(hf_dir, prefixes=prefixes, source_lang=source_lang)
-        tags = language_tag_prefixes(tokenizer.source_vocabulary())
-        if tags and not prefixes:  # MADLAD-400: any source language, the target by its tag
-            tokenizer = Tokenizer.from_hf_json(hf_dir, prefixes=tags)
+        if not prefixes:  # MADLAD-400: any source language, the target by its tag
+            tokenizer.prefixes = language_tag_prefixes(tokenizer.source_vocabulary())
     except FileNotFoundError as exc:
         raise ModelFileMissingError(Path(exc.filename or str(exc)).name, hf_dir) from exc
     except (ValueError, RuntimeError) as exc:

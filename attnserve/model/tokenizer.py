@@ -56,9 +56,10 @@ SPIECE_UNDERLINE = "▁"
 # SentencePieceTrainer.train(...) arguments that give ModelConfig's default special ids.
 JOINT_SPM_SPECIAL_IDS: dict[str, Any] = {"eos_id": 0, "pad_id": 1, "unk_id": 2, "bos_id": -1}
 
+# MADLAD-400's target language tokens: <2de>, <2zh_Latn>, <2ms_Arab_BN>
+LANGUAGE_TOKEN = re.compile(r"<2(?P<code>[a-z]{2,3}(?:_[A-Za-z0-9]+)*)>")
+
 # fairseq's special tokens and the shift of SentencePiece ids (NLLB, mBART-50: spm id i -> i + 1).
-# MADLAD-400's target language tokens (<2de>, <2zh_Latn>, <2ms_Arab_BN>) at the start of a text
-_TARGET_TOKEN = re.compile(r"^<2[a-z]{2,3}(?:_[A-Za-z0-9]+)*>")
 FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 FAIRSEQ_OFFSET = 1
 FAIRSEQ_SPM_NAME = "sentencepiece.bpe.model"
@@ -437,8 +438,9 @@ class Tokenizer:
         if self.layout == "hf":
             if target_lang is not None:
                 prefix = self.prefixes[self.language_tag(target_lang)]
-                if _TARGET_TOKEN.fullmatch(prefix.strip()):  # MADLAD: it replaces a typed tag
-                    text = _TARGET_TOKEN.sub("", text.lstrip(), count=1).lstrip()
+                typed = LANGUAGE_TOKEN.match(text.lstrip())
+                if typed and LANGUAGE_TOKEN.fullmatch(prefix.strip()):  # MADLAD: replace it
+                    text = text.lstrip()[typed.end() :].lstrip()
                 text = prefix + text
             segmenter = self._source.segmenter
             encoding = segmenter.encode(text, add_special_tokens=False)

@@ -206,6 +206,14 @@ def write_t5_dir(
     return model, hf_tok
 
 
+def hf_beam3(model: Any, hf_tok: Any, texts: list[str]) -> list[str]:
+    """Hugging Face's generate() of `texts`, beam 3, 10 new tokens, decoded."""
+    batch = hf_tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**batch, num_beams=3, max_new_tokens=10, do_sample=False)
+    return list(hf_tok.batch_decode(ids, skip_special_tokens=True))
+
+
 def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
     """`attnserve import` of a T5 directory with its tokenizer.json (a SentencePiece unigram
     model as transformers converts it): the same ids, and translate() == generate() decoded;
@@ -232,10 +240,7 @@ def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
         tokenizer.encode_source("Ka ro.", "ro")
     assert Tokenizer.load(out).prefixes == tokenizer.prefixes  # saved with the model
     texts = [f"{german}{t}" for t in training_text()[:5]]
-    batch = hf_tok(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        ids = model.generate(**batch, num_beams=3, max_new_tokens=10, do_sample=False)
-    expected = hf_tok.batch_decode(ids, skip_special_tokens=True)
+    expected = hf_beam3(model, hf_tok, texts)
     options = translator.defaults.replace(beam_size=3, max_new_tokens=10)
     assert [t.text for t in translator.translate(texts, options)] == expected
     plain = [t[len(german) :] for t in texts]
@@ -271,10 +276,7 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="codes: de, fr, zh, zh_Latn, ms_Arab_BN"):
         tokenizer.encode_source(text, "ro")
     texts = [f"<2fr> {t}" for t in training_text()[:4]]
-    batch = hf_tok(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        ids = model.generate(**batch, num_beams=3, max_new_tokens=10, do_sample=False)
-    expected = hf_tok.batch_decode(ids, skip_special_tokens=True)
+    expected = hf_beam3(model, hf_tok, texts)
     options = translator.defaults.replace(beam_size=3, max_new_tokens=10)
     plain = [t.removeprefix("<2fr> ") for t in texts]
     assert [t.text for t in translator.translate(plain, options, target_lang="fr")] == expected
