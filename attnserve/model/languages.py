@@ -51,6 +51,17 @@ def code_language(code: str) -> str:
     return code.strip("_").split("_")[0].lower()
 
 
+def same_language(a: str, b: str) -> bool:
+    """Whether two names mean one language: a family's codes and ISO 639-1 / 639-3 codes
+    (`en`, `eng`, `EN`, `eng_Latn`, `__en__` and `en_XX` are all English)."""
+
+    def iso639_3(name: str) -> str:
+        language = code_language(name)
+        return ISO639_1_TO_3.get(language, language)
+
+    return iso639_3(a) == iso639_3(b)
+
+
 def resolve_language(name: str, codes: Sequence[str]) -> str:
     """The one code of `codes` that `name` means; ValueError naming the choices otherwise."""
     if name in codes:

@@ -372,10 +372,44 @@ class Tokenizer:
         return [tag[2:-2] for tag in self.language_tags]
 
     @property
+    def tags_target_in_text(self) -> bool:
+        """Whether a source names its target by a language token at its start: MADLAD-400's
+        ``<2de>`` (its task prefixes are all language tokens), Marian's ``>>de<<``."""
+        if self.layout == "hf":
+            return bool(self.prefixes) and all(
+                LANGUAGE_TOKEN.fullmatch(p.strip()) for p in self.prefixes.values()
+            )
+        return self.layout != "fairseq" and bool(self.target_languages)
+
+    @property
     def needs_target_lang(self) -> bool:
-        """Whether a source must name its target language: multi-target models whose text
-        cannot carry it (a T5 text may hold its own task prefix)."""
-        return bool(self.target_languages) and not self.prefixes
+        """Whether a source must name its target language (a request's `target_lang`, or a
+        language token typed at the start of the text where `tags_target_in_text`):
+        multi-target models, but not T5 with task prefixes (a text may name its own task)."""
+        if self.layout == "hf":
+            return self.tags_target_in_text
+        return bool(self.target_languages)
+
+    def typed_target(self, text: str) -> str | None:
+        """The target language of a language token typed at the start of `text` (``de`` for
+        ``<2de> Hallo`` or ``>>de<< Hallo``); None if it starts with none. ValueError for a
+        token of a language the model does not know."""
+        if not self.tags_target_in_text:
+            return None
+        if self.layout == "hf":
+            typed = LANGUAGE_TOKEN.match(text.lstrip())
+            code = typed["code"] if typed else None
+            known = code in self.prefixes  # a prefix is its language's token
+        else:
+            tag, _ = split_language_code(text)
+            code = tag[2:-2] if tag is not None else None
+            known = tag in self._source.vocab
+        if code is not None and not known:
+            supported = ", ".join(self.target_languages)
+            raise ValueError(
+                f"unknown target language {code!r} in the text; supported: {supported}"
+            )
+        return code
 
     @property
     def multilingual_source(self) -> bool:

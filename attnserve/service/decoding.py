@@ -19,6 +19,7 @@ from starlette.types import Receive
 
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.scheduler import Outcome, QueueFull, Request, RequestTooLarge
+from attnserve.model.languages import same_language
 from attnserve.service.errors import ApiError
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import GenerateRequest, Hypothesis, TranslateRequest, Translation
@@ -122,12 +123,16 @@ def _check_source_language(body: TranslateRequest, model: ServedModel) -> str | 
         raise ApiError(422, str(exc), param="source_lang") from exc
 
 
-def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
-    """The target language to tag sources with (None: no tag); 422 for unsupported ones."""
+def _check_languages(
+    body: TranslateRequest, texts: Sequence[str], model: ServedModel
+) -> str | None:
+    """The target language to tag sources with (None: no tag); 422 for unsupported ones, and
+    for a multi-target model's text that names no target (no `target_lang`, no language token
+    typed at its start)."""
     tokenizer = model.tokenizer
     source = tokenizer.source_lang or ""
     declared = source not in ("", "mul", "multi") and not tokenizer.multilingual_source
-    if body.source_lang is not None and declared and body.source_lang.lower() != source.lower():
+    if body.source_lang is not None and declared and not same_language(body.source_lang, source):
         raise ApiError(
             422,
             f"model {model.name} translates from {source!r}, not {body.source_lang!r}",
@@ -136,13 +141,8 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
     tags = tokenizer.target_languages
     target = body.target_lang
     if target is None:
-        if tokenizer.needs_target_lang:  # an untagged source has no direction
-            raise ApiError(
-                422,
-                f"model {model.name} translates into several languages: give target_lang "
-                f"(one of {', '.join(tags)})",
-                param="target_lang",
-            )
+        if tokenizer.needs_target_lang:
+            _check_typed_targets(texts, model)
         return None
     if not tags:  # single-target model: only its own language is fine
         if tokenizer.target_lang and target.lower() == tokenizer.target_lang.lower():
@@ -159,13 +159,37 @@ def _check_languages(body: TranslateRequest, model: ServedModel) -> str | None:
     return target
 
 
+def _check_typed_targets(texts: Sequence[str], model: ServedModel) -> None:
+    """422 unless every text starts with a known target-language token (a multi-target
+    model's source with neither that nor `target_lang` has no direction)."""
+    tokenizer = model.tokenizer
+    for i, text in enumerate(texts):
+        where = "text" if len(texts) == 1 else f"text[{i}]"
+        try:
+            typed = tokenizer.typed_target(text)
+        except ValueError as exc:
+            raise ApiError(422, f"{where}: {exc}", param="text") from exc
+        if typed is None:
+            example = tokenizer.language_tag(tokenizer.target_languages[0])
+            if tokenizer.layout == "hf":
+                example = tokenizer.prefixes[example].strip()
+            typing = f" or start {where} with its language token ({example}, ...)"
+            raise ApiError(
+                422,
+                f"model {model.name} translates into several languages: give target_lang "
+                f"(one of {', '.join(tokenizer.target_languages)})"
+                + (typing if tokenizer.tags_target_in_text else ""),
+                param="target_lang",
+            )
+
+
 async def tokenize(
     body: TranslateRequest, texts: Sequence[str], model: ServedModel, options: DecodingOptions
 ) -> tuple[list[list[int]], DecodingOptions]:
     """Source ids of every text and the options with the target language's forced first token
     (NLLB, M2M100, mBART-50: its code; models whose sources carry the target need none); 422
     for an unsupported language or a text over the model's input limit."""
-    target = _check_languages(body, model)
+    target = _check_languages(body, texts, model)
     source = _check_source_language(body, model)
     forced = model.tokenizer.forced_bos_id(target)
     if forced is not None:

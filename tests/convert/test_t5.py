@@ -234,6 +234,7 @@ def test_import_whole_translates_as_hf_generate(tmp_path: Path) -> None:
         assert tokenizer.encode_source(text) == hf_tok(text).input_ids, repr(text)
     assert tokenizer.target_languages == ["de", "fr"] and tokenizer.source_lang == "en"
     assert not tokenizer.needs_target_lang  # a text may name its own task
+    assert not tokenizer.tags_target_in_text and tokenizer.typed_target("<2de> Ka") is None
     german = "translate English to German: "
     assert tokenizer.encode_source("Ka ro.", "DE") == hf_tok(german + "Ka ro.").input_ids
     with pytest.raises(ValueError, match="codes: de, fr"):
@@ -264,7 +265,13 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
     translator = Translator.from_model_dir(out, backend="torch")
     tokenizer = translator.tokenizer
     assert tokenizer.target_languages == ["de", "fr", "zh", "zh_Latn", "ms_Arab_BN"]
-    assert tokenizer.source_lang is None and not tokenizer.needs_target_lang
+    assert tokenizer.source_lang is None
+    # a source names its target: by target_lang, or by the token typed at its start
+    assert tokenizer.needs_target_lang and tokenizer.tags_target_in_text
+    assert tokenizer.typed_target(" <2zh_Latn> Ka") == "zh_Latn"
+    assert tokenizer.typed_target("Ka <2de>") is None
+    with pytest.raises(ValueError, match="unknown target language 'ro' in the text"):
+        tokenizer.typed_target("<2ro> Ka")
     text = training_text()[7]
     tagged = hf_tok("<2de> " + text).input_ids
     assert tagged[0] == hf_tok.convert_tokens_to_ids("<2de>")  # one token, as MADLAD's

@@ -121,6 +121,11 @@ def test_special_ids_and_language_tags(hf_marian_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown target language 'fr'.*de, nl"):
         tok.encode_source("Kato", target_lang="fr")
     assert tok.encode_source(">>xx<< Kato")[0] == tok.unk_id  # as HF: an unknown tag is <unk>
+    # What the service checks before it encodes: a request without target_lang must type one.
+    assert tok.needs_target_lang and tok.tags_target_in_text
+    assert tok.typed_target(">>nl<< Kato") == "nl" and tok.typed_target("Kato") is None
+    with pytest.raises(ValueError, match=r"unknown target language 'xx' in the text.*de, nl"):
+        tok.typed_target(">>xx<< Kato")
 
 
 def test_unknown_characters_map_to_unk(hf_marian_dir: Path) -> None:

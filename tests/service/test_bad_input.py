@@ -37,6 +37,7 @@ JSON_CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("text list of numbers", "/v1/translate", {"text": [1, 2]}, 422, "text"),
     ("no text", "/v1/translate", {"beam_size": 2}, 422, "text"),
     ("no target_lang, multi-target model", "/v1/translate", {"text": "ka"}, 422, "target_lang"),
+    ("unknown language token typed", "/v1/translate", {"text": ">>xx<< ka"}, 422, "text"),
     ("beam_size a string", "/v1/translate", {"text": "ka", "beam_size": "4"}, 422, "beam_size"),
     ("beam_size a float", "/v1/translate", {"text": "ka", "beam_size": 2.5}, 422, "beam_size"),
     ("beam_size 0", "/v1/translate", {"text": "ka", "beam_size": 0}, 422, "beam_size"),

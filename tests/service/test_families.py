@@ -59,21 +59,37 @@ def t5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def madlad_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny T5 whose targets are MADLAD-400's `<2xx>` tokens, in a directory named `madlad`."""
+    from tests.convert.test_t5 import write_t5_dir
+
+    hf_dir = tmp_path_factory.mktemp("hf") / "madlad-hf"
+    write_t5_dir(hf_dir, std=0.1, language_tags=("<2de>", "<2fr>"))
+    out = tmp_path_factory.mktemp("served") / "madlad"
+    import_model(hf_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def server(
-    nllb_dir: Path, t5_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    nllb_dir: Path,
+    t5_dir: Path,
+    madlad_dir: Path,
+    model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LiveServer]:
     from attnserve.service.launch import check_models
 
     marian = tmp_path_factory.mktemp("served") / "marian"
     shutil.copytree(model_dir, marian)
-    models = [str(marian), str(nllb_dir), str(t5_dir)]
+    models = [str(marian), str(nllb_dir), str(t5_dir), str(madlad_dir)]
     settings = make_settings(marian, models=models, variant="int8", max_batch_rows=64)
     check_models(settings)  # exports the NLLB model's int8 graphs (as `attnserve serve`)
     with LiveServer(settings) as live:
         yield live
 
 
-def translate(server: LiveServer, text: str, **fields: Any) -> httpx.Response:
+def translate(server: LiveServer, text: str | list[str], **fields: Any) -> httpx.Response:
     body = {"model": "nllb", "text": text, "beam_size": 3, "return_scores": True}
     body |= {"max_new_tokens": 12} | fields
     return httpx.post(server.url + "/v1/translate", json=body, timeout=120.0)
@@ -102,6 +118,36 @@ def test_t5_takes_its_task_prefix_from_the_target_language(server: LiveServer) -
     assert french["text"] != by_language["text"] or french["score"] != by_language["score"]
     response = translate(server, TEXTS[0], model="t5", target_lang="ro")
     assert response.status_code == 422 and response.json()["error"]["param"] == "target_lang"
+
+
+def test_a_language_token_typed_in_the_text_names_the_target(server: LiveServer) -> None:
+    """Marian's `>>de<<` and MADLAD-400's `<2de>` at the start of a text stand for target_lang;
+    a multi-target model's text that names no target, or an unknown one, is a 422."""
+    for model, token in (("marian", ">>de<<"), ("madlad", "<2de>")):
+        typed = ok(translate(server, f"{token} {TEXTS[2]}", model=model))
+        assert typed == ok(translate(server, TEXTS[2], model=model, target_lang="de")), model
+        response = translate(server, TEXTS[2], model=model)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["param"] == "target_lang" and f"({token}, ...)" in error["message"]
+        unknown = token.replace("de", "ro")
+        response = translate(server, [f"{token} {TEXTS[1]}", f"{unknown} {TEXTS[2]}"], model=model)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert (
+            error["param"] == "text" and "text[1]: unknown target language 'ro'" in error["message"]
+        )
+
+
+def test_a_single_source_model_takes_its_language_by_any_name(server: LiveServer) -> None:
+    german = ok(translate(server, TEXTS[0], model="t5", target_lang="de"))
+    for name in ("en", "EN", "eng", "eng_Latn"):
+        assert (
+            ok(translate(server, TEXTS[0], model="t5", target_lang="de", source_lang=name))
+            == german
+        )
+    response = translate(server, TEXTS[0], model="t5", target_lang="de", source_lang="fra")
+    assert response.status_code == 422 and response.json()["error"]["param"] == "source_lang"
 
 
 def test_iso_names_and_codes_give_the_same_answer(server: LiveServer) -> None:
