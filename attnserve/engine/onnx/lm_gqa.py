@@ -97,8 +97,9 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         return self.rows.pool.get_many((rows, heads, width, dim), self.kv_dtype, len(self._past))
 
     def _room(self, columns: int) -> int:
-        """The width of new buffers for `columns` columns: a quarter more, at least spare, but
-        no wider than the context (a row never holds more)."""
+        """The width of new buffers for `columns` columns: a quarter more, at least spare,
+        capped at the context (a row never holds more) but never below `columns` (the
+        scheduler's rows stay within the context, so no caller asks for more)."""
         grown = columns + max(self.rows.spare, columns // GROWTH)
         return min(grown, max(columns, self.spec.max_positions))
 
