@@ -2,14 +2,17 @@
 
 Every `MatMul` whose second input is a constant 2-D weight `W (K, N)` becomes
 
-    s    = max(|x|, over K) / 127                      one scale per row (token position)
-    x_q  = QuantizeLinear(x / s, 1, 128)               round(x / s) + 128 as uint8
-    y    = MatMulIntegerToFloat(x_q, W_q, s, s_w, 128)  (+ the bias Add, as before)
+    m    = max(|x|, over K)                               one scale per row (token position)
+    x_q  = QuantizeLinear(x / m, 1/127, 128)              round(127 x / m) + 128 as uint8
+    y    = MatMulIntegerToFloat(x_q, W_q, m, s_w/127, 128)  (+ the bias Add, as before)
 
-with `W_q` int8, symmetric per output column (`s_w`). A row's scale comes from that row's values
-alone and the integer product is exact, so a row's result does not depend on the other rows of
-the batch: padding, dead rows and other requests cannot change it. The quantization of an input
-is shared by the products that read it (the q/k/v projections of one layer).
+with `W_q` int8, symmetric per output column (`s_w`): the row's scale is m / 127, its 1/127
+folded into the column scales. A row's scale comes from that row's values alone and the integer
+product is exact, so a row's result does not depend on the other rows of the batch: padding,
+dead rows and other requests cannot change it. An all-zero row has m = 0: its quantized values
+are those of 0/0 (whatever the kernel makes of NaN), and its scale 0 makes its products exactly
+0, as they should be. The quantization of an input is shared by the products that read it (the
+q/k/v projections of one layer).
 
 u8 activations with s8 weights is the fast integer path of ONNX Runtime's CPU GEMM on x86 (s8
 activations run several times slower there). `MatMulIntegerToFloat` (ORT's contrib op, the one
@@ -17,15 +20,17 @@ ORT's own dynamic quantization fuses into) applies the per-column weight scale i
 output stage. Its activation scale `s` may be a tensor (ONNX Runtime 1.18 and later): the kernel
 then multiplies its output by `s`, broadcast, so the (..., 1) per-row scales need no node of their
 own after the product. On a decoder step the tensors are small, so the cost is the number of
-nodes: the rewrite uses as few as it can (6 per quantized activation, 1 per product).
+nodes: the rewrite uses as few as it can (4 per quantized activation: Abs, ReduceMax, Div and
+QuantizeLinear; 1 per product).
 
 Token embeddings (`Gather` from a constant (V, C) table with `embedding_rows` = V rows) are
 stored int8 with one scale per row (token), dequantized after the lookup: a row's values are its
 own, so batch invariance holds. A table whose transpose is a quantized product's weight (tied
-input and output embeddings) is stored once: per-row scales of the table are per-column scales of
-its transpose, so the int8 values are identical, and the lookup reads the (C, V) weight along
-axis 1. For a 256k x 1024 vocabulary this is 1 GB of float32 per graph down to 256 MB, shared
-with the output projection.
+input and output embeddings) has the same int8 values: per-row scales of the table are
+per-column scales of its transpose. A large one is stored once, and the lookup reads the (C, V)
+weight along axis 1 (for a 256k x 1024 vocabulary: 1 GB of float32 per graph down to 256 MB,
+shared with the output projection); a small one (`SHARED_LOOKUP_BYTES`) is also stored as rows,
+because gathering columns costs a copy per value.
 """
 
 from __future__ import annotations
@@ -40,7 +45,11 @@ from onnx import helper, numpy_helper
 MS_DOMAIN = "com.microsoft"
 ZERO_POINT = 128  # u8 activations are symmetric: x_q - 128 in [-127, 127]
 MIN_OPSET = 18  # ReduceMax takes its axes as an input from opset 18
-TINY = 1e-30  # an all-zero row gets this scale instead of 0 (its products are 0 either way)
+TINY = 1e-30  # an all-zero weight column or table row gets this scale instead of 0
+# A tied embedding (the output projection's transpose) of more int8 bytes than this is looked up
+# in the projection's (C, V) weight, stored once; a smaller one gets its own (V, C) copy, as a
+# gather of columns copies value by value (~1 ms a step at 128 rows of the default model).
+SHARED_LOOKUP_BYTES = 64 << 20
 
 
 @dataclass
@@ -112,10 +121,8 @@ def quantize_rows(
     b = _Builder(graph)
     report = QuantizeReport()
     axis_last = b.const("rowq_axis_last", np.array([-1], dtype=np.int64))
-    c127 = b.const("rowq_127", np.array(127.0, dtype=np.float32))
-    tiny = b.const("rowq_tiny", np.array(TINY, dtype=np.float32))
+    step = b.const("rowq_step", np.array(1.0 / 127.0, dtype=np.float32))
     zero_point = b.const("rowq_zero_point", np.array(ZERO_POINT, dtype=np.uint8))
-    one = b.const("rowq_one", np.array(1.0, dtype=np.float32))
     # activation name -> (quantized activation, its per-row scale (..., 1))
     quantized: dict[str, tuple[str, str]] = {}
     int8_weights: dict[str, tuple[str, str]] = {}  # weight -> (int8 weight, column scales)
@@ -137,12 +144,10 @@ def quantize_rows(
         x = node.input[0]
         if x not in quantized:
             amax = b.node("ReduceMax", [b.node("Abs", [x], "rowq_abs"), axis_last], "rowq_amax")
-            amax = b.node("Max", [amax, tiny], "rowq_amax_pos")  # (..., 1)
-            scale = b.node("Div", [amax, c127], "rowq_scale")  # s, (..., 1)
-            unit = b.node("Div", [x, scale], "rowq_unit")
-            # round(x / s) + 128 with saturation: per-tensor QuantizeLinear with scale 1 works
-            # at any rank, so no reshape to the 2-D view per-axis scales would need.
-            quantized[x] = (b.node("QuantizeLinear", [unit, one, zero_point], "rowq_q"), scale)
+            unit = b.node("Div", [x, amax], "rowq_unit")  # (..., K) in [-1, 1]
+            # round(127 x / m) + 128 with saturation: a per-tensor QuantizeLinear works at any
+            # rank, so no reshape to the 2-D view per-axis scales would need.
+            quantized[x] = (b.node("QuantizeLinear", [unit, step, zero_point], "rowq_q"), amax)
             report.shared_inputs += 1
         x_q, scale = quantized[x]
         w_q_name, w_scale_name = _int8_weight(b, weight, int8_weights)
@@ -171,12 +176,13 @@ def quantize_rows(
 def _int8_weight(
     b: _Builder, weight: onnx.TensorProto, done: dict[str, tuple[str, str]]
 ) -> tuple[str, str]:
-    """The int8 weight and column scales of `weight`, made once however many nodes read it."""
+    """The int8 weight of `weight` and its products' column scales s_w / 127 (a product's row
+    scale is max |x|, its 1/127 folded in here), made once however many nodes read it."""
     if weight.name not in done:
         w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
         done[weight.name] = (
             b.const(weight.name + "_int8", w_q),
-            b.const(weight.name + "_scale", w_scale),
+            b.const(weight.name + "_scale", w_scale / np.float32(127.0)),
         )
     return done[weight.name]
 
@@ -252,7 +258,7 @@ def _quantize_gather(
     ids = node.input[1]
     table = numpy_helper.to_array(found.table)
     scales = b.const(found.table.name + "_row_scale", row_scales(table).reshape(-1, 1))
-    if found.tied is not None:
+    if found.tied is not None and table.size > SHARED_LOOKUP_BYTES:
         # The product's (C, V) int8 weight holds the same values: gather its columns (C, n),
         # transpose to rows and give them the ids' shape.
         w_q, _ = _int8_weight(b, found.tied, int8_weights)

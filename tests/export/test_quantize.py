@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from attnserve.export import quantize
 from attnserve.export.quantize import quantize_rows, quantize_weight
 from attnserve.export.verify import (
     INT8_GATE,
@@ -79,6 +80,9 @@ def test_rows_quantized_alone_or_in_any_batch_give_identical_results() -> None:
         out = run(model, batch)
         assert np.array_equal(out[where], alone)
         assert np.isfinite(out).all()
+    # An all-zero row's scale is 0 (its quantized values those of 0 / 0): its product is 0.
+    bias = numpy_helper.to_array(next(i for i in float_model.graph.initializer if i.name == "b"))
+    assert np.array_equal(run(model, np.zeros((2, 1, K), np.float32)), np.tile(bias, (2, 1, 1)))
     expected = run(float_model, x)
     assert np.abs(alone - expected).max() < 0.05 * np.abs(expected).max()
     # Time positions are rows too: a (1, 3, K) input equals the three (1, 1, K) inputs.
@@ -228,19 +232,27 @@ def embedding_graph(tied: bool, seed: int = 0) -> tuple[onnx.ModelProto, np.ndar
     return model, table
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "separate"])
-def test_token_embeddings_are_int8_per_row_and_tied_ones_stored_once(tied: bool) -> None:
+@pytest.mark.parametrize(
+    ("tied", "shared"),
+    [(True, True), (True, False), (False, False)],
+    ids=["shared", "tied", "separate"],
+)
+def test_token_embeddings_are_int8_per_row_and_large_tied_ones_stored_once(
+    tied: bool, shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A lookup gives each token's row as int8 times that row's scale, whatever the ids'
-    shape or neighbours; a table tied to the output projection is kept once, as its int8
-    weight; the float table is gone."""
+    shape or neighbours; a large table tied to the output projection is kept once, as its int8
+    weight, a small one also as rows; the float table is gone."""
+    if shared:
+        monkeypatch.setattr(quantize, "SHARED_LOOKUP_BYTES", V * C - 1)
     model, table = embedding_graph(tied)
     report = quantize_rows(model, embedding_rows=V)
     assert report.embeddings == ["embed"] and report.quantized == ["proj"]
-    assert report.tied == int(tied)
+    assert report.tied == int(shared)
     stored = {i.name: tuple(i.dims) for i in model.graph.initializer}
     assert "table" not in stored
     int8 = [i for i in model.graph.initializer if i.data_type == TensorProto.INT8]
-    assert len(int8) == (1 if tied else 2)
+    assert len(int8) == (1 if shared else 2)
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ids = np.array([[3, 0, 39], [7, 7, 12]], np.int64)
