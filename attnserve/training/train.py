@@ -442,14 +442,24 @@ def export_model_dir(
     else:
         model.load_state_dict(saved["model"])
     # The step, time and dev history of the weights written: best.pt records its own (older
-    # best.pt files do not: then the latest checkpoint's, which may be later than the weights).
+    # best.pt files do not: then the latest checkpoint's, which may be later than the weights);
+    # snapshots: their newest step's, from the dev history (the dev scores only for one
+    # snapshot: a mean of several was not evaluated in training).
     state = saved if "step" in saved else ckpt["state"]
+    steps, hours = state["step"], round(state["seconds"] / 3600, 3)
+    history, dev = state["history"], saved.get("dev")
+    if averaged_steps:
+        steps = averaged_steps[-1]
+        history = [h for h in history if h["step"] <= steps]
+        at = next((h for h in history if h["step"] == steps), None)
+        hours = at["hours"] if at is not None else hours
+        dev = at if at is not None and len(averaged_steps) == 1 else None
     metadata = {
         "train_config": ckpt["train_config"],
-        "steps": state["step"],
-        "train_hours": round(state["seconds"] / 3600, 3),
-        "dev_history": state["history"],
-        "dev": saved.get("dev"),
+        "steps": steps,
+        "train_hours": hours,
+        "dev_history": history,
+        "dev": dev,
         "averaged_steps": averaged_steps,
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.

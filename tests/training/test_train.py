@@ -205,8 +205,15 @@ def test_snapshots_and_averaged_packaging(tiny_data: tuple[Path, Path], tmp_path
         a["encoder_layers.0.ffn.fc1.weight"], b["encoder_layers.0.ffn.fc1.weight"]
     )
     meta = json.loads((tmp_path / "avg" / "metadata.json").read_text())
-    assert meta["averaged_steps"] == [6, 8] and meta["steps"] == 8
-    with pytest.raises(ValueError, match="3 snapshots"):
+    assert meta["averaged_steps"] == [6, 8] and meta["steps"] == 8 and meta["dev"] is None
+    # Snapshots older than the checkpoint: the metadata is the newest snapshot's, not the run's.
+    paths[-1].unlink()
+    assert main(["package", str(run), str(tmp_path / "six"), "--average", "1"]) == 0
+    meta = json.loads((tmp_path / "six" / "metadata.json").read_text())
+    at_six = next(h for h in meta["dev_history"] if h["step"] == 6)
+    assert meta["averaged_steps"] == [6] and meta["steps"] == 6 and meta["dev"] == at_six
+    assert meta["train_hours"] == at_six["hours"] and meta["dev_history"][-1] == at_six
+    with pytest.raises(ValueError, match="2 snapshots"):
         export_model_dir(run, tmp_path / "too-many", average=4)
 
 
