@@ -111,6 +111,12 @@ def _is_tag(piece: str) -> bool:
     return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
 
 
+def _typed_language_token(text: str) -> re.Match[str] | None:
+    """A MADLAD-400 language token (``<2de>``) at the start of a text, spaces before it
+    allowed (the match is against the text with them stripped)."""
+    return LANGUAGE_TOKEN.match(text.lstrip())
+
+
 def split_language_code(text: str) -> tuple[str | None, str]:
     """Split a leading ``>>xx<<`` off the text, exactly as MarianTokenizer.remove_language_code."""
     if text.startswith(">>"):
@@ -184,6 +190,7 @@ class Tokenizer:
         # hf layout (T5): a task prefix per target language ("translate English to German: "),
         # prepended to a source's text when a request names that target language.
         self.prefixes = dict(prefixes or {})
+        self._tags: list[str] | None = None  # language_tags, found on first use
         for role, token in self.special_tokens.items():
             if token not in source.vocab:
                 raise ValueError(f"{role} token {token!r} is not in the source vocabulary")
@@ -358,8 +365,10 @@ class Tokenizer:
         the language codes."""
         if self.layout == "fairseq":
             return list(self.languages)
-        tags = [p for p in self._source.vocab if _is_tag(p)]
-        return sorted(tags, key=self._source.vocab.__getitem__)
+        if self._tags is None:  # a scan of the vocabulary, once (requests check tags)
+            tags = [p for p in self._source.vocab if _is_tag(p)]
+            self._tags = sorted(tags, key=self._source.vocab.__getitem__)
+        return list(self._tags)
 
     @property
     def target_languages(self) -> list[str]:
@@ -381,6 +390,12 @@ class Tokenizer:
             )
         return self.layout != "fairseq" and bool(self.target_languages)
 
+    def target_token(self, code: str) -> str:
+        """The token a text starts with to name target language `code` (``>>de<<``,
+        ``<2de>``), where `tags_target_in_text`."""
+        tag = self.language_tag(code)
+        return self.prefixes[tag].strip() if self.layout == "hf" else tag
+
     @property
     def needs_target_lang(self) -> bool:
         """Whether a source must name its target language (a request's `target_lang`, or a
@@ -397,10 +412,10 @@ class Tokenizer:
         if not self.tags_target_in_text:
             return None
         if self.layout == "hf":
-            typed = LANGUAGE_TOKEN.match(text.lstrip())
+            typed = _typed_language_token(text)
             code = typed["code"] if typed else None
             known = code in self.prefixes  # a prefix is its language's token
-        else:
+        else:  # as Marian's tokenizer, the tag's first character is the text's
             tag, _ = split_language_code(text)
             code = tag[2:-2] if tag is not None else None
             known = tag in self._source.vocab
@@ -472,9 +487,9 @@ class Tokenizer:
         if self.layout == "hf":
             if target_lang is not None:
                 prefix = self.prefixes[self.language_tag(target_lang)]
-                typed = LANGUAGE_TOKEN.match(text.lstrip())
-                if typed and LANGUAGE_TOKEN.fullmatch(prefix.strip()):  # MADLAD: replace it
-                    text = text.lstrip()[typed.end() :].lstrip()
+                typed = _typed_language_token(text)
+                if typed and typed["code"] in self.prefixes and self.tags_target_in_text:
+                    text = text.lstrip()[typed.end() :].lstrip()  # MADLAD: the request's wins
                 text = prefix + text
             segmenter = self._source.segmenter
             encoding = segmenter.encode(text, add_special_tokens=False)

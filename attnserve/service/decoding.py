@@ -83,6 +83,11 @@ def decoding_options(
     return options
 
 
+def text_name(body: TranslateRequest, i: int) -> str:
+    """How errors name the request's i-th text: `text`, or `text[i]` in a list."""
+    return "text" if isinstance(body.text, str) else f"text[{i}]"
+
+
 def texts_of(body: TranslateRequest, service: ServiceState) -> list[str]:
     texts = [body.text] if isinstance(body.text, str) else list(body.text)
     # More texts than the waiting queue holds could never be queued: 422, not a 429 forever.
@@ -92,7 +97,7 @@ def texts_of(body: TranslateRequest, service: ServiceState) -> list[str]:
     if len(texts) > limit:
         raise ApiError(422, f"text: {len(texts)} texts; at most {limit} per request", param="text")
     for i, text in enumerate(texts):
-        where = "text" if isinstance(body.text, str) else f"text[{i}]"
+        where = text_name(body, i)
         if not text.strip():
             raise ApiError(422, f"{where} is empty", param="text")
         try:
@@ -142,10 +147,10 @@ def _check_languages(
     target = body.target_lang
     if target is None:
         if tokenizer.needs_target_lang:
-            _check_typed_targets(texts, model)
+            _check_typed_targets(body, texts, model)
         return None
     if not tags:  # single-target model: only its own language is fine
-        if tokenizer.target_lang and target.lower() == tokenizer.target_lang.lower():
+        if tokenizer.target_lang and same_language(target, tokenizer.target_lang):
             return None
         raise ApiError(
             422,
@@ -159,21 +164,19 @@ def _check_languages(
     return target
 
 
-def _check_typed_targets(texts: Sequence[str], model: ServedModel) -> None:
+def _check_typed_targets(body: TranslateRequest, texts: Sequence[str], model: ServedModel) -> None:
     """422 unless every text starts with a known target-language token (a multi-target
     model's source with neither that nor `target_lang` has no direction)."""
     tokenizer = model.tokenizer
     for i, text in enumerate(texts):
-        where = "text" if len(texts) == 1 else f"text[{i}]"
+        where = text_name(body, i)
         try:
             typed = tokenizer.typed_target(text)
         except ValueError as exc:
             raise ApiError(422, f"{where}: {exc}", param="text") from exc
         if typed is None:
-            example = tokenizer.language_tag(tokenizer.target_languages[0])
-            if tokenizer.layout == "hf":
-                example = tokenizer.prefixes[example].strip()
-            typing = f" or start {where} with its language token ({example}, ...)"
+            example = tokenizer.target_token(tokenizer.target_languages[0])
+            typing = f" or begin {where} with its language token ({example}, ...)"
             raise ApiError(
                 422,
                 f"model {model.name} translates into several languages: give target_lang "
@@ -205,9 +208,10 @@ async def tokenize(
     limit = model.max_input_tokens
     for i, ids in enumerate(sources):
         if len(ids) > limit:
-            where = "text" if len(texts) == 1 else f"text[{i}]"
             raise ApiError(
-                422, f"{where} has {len(ids)} tokens; the limit is {limit}", param="text"
+                422,
+                f"{text_name(body, i)} has {len(ids)} tokens; the limit is {limit}",
+                param="text",
             )
     return sources, options
 

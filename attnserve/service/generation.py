@@ -32,6 +32,7 @@ from attnserve.service.decoding import (
     deadline_seconds,
     next_serial,
     submit_all,
+    text_name,
 )
 from attnserve.service.errors import ApiError
 from attnserve.service.logs import request_id_var
@@ -130,7 +131,7 @@ async def prompts_of(
         if body.stream and len(texts) != 1:
             raise ApiError(422, "stream needs a single text, not a list", param="stream")
         for i, text in enumerate(texts):
-            where_i = "text" if isinstance(body.text, str) else f"text[{i}]"
+            where_i = text_name(body, i)
             if not text:
                 raise ApiError(422, f"{where_i} is empty", param="text")
             try:
@@ -143,7 +144,7 @@ async def prompts_of(
 
         chars = sum(len(t) for t in texts)
         prompts = await run_in_threadpool(encode_all) if chars > INLINE_CHARS else encode_all()
-        where = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
+        where = [text_name(body, i) for i in range(len(texts))]
     for name, ids in zip(where, prompts, strict=True):
         if not ids:
             raise ApiError(422, f"{name} has no tokens", param=where[0].split("[")[0])

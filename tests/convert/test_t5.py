@@ -280,6 +280,9 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
     assert tokenizer.encode_source(text, "zh_Latn")[0] == hf_tok.convert_tokens_to_ids("<2zh_Latn>")
     assert tokenizer.encode_source(text, "zho") == hf_tok("<2zh> " + text).input_ids
     assert tokenizer.encode_source("<2fr> " + text, "de") == tagged  # the request's tag wins
+    # a token-like text of no language of the model is text, kept after the request's tag
+    untagged = "<2px> " + text
+    assert tokenizer.encode_source(untagged, "de") == hf_tok("<2de> " + untagged).input_ids
     with pytest.raises(ValueError, match="codes: de, fr, zh, zh_Latn, ms_Arab_BN"):
         tokenizer.encode_source(text, "ro")
     texts = [f"<2fr> {t}" for t in training_text()[:4]]
