@@ -315,17 +315,18 @@ class Trainer:
         if mean > self.state.best_bleu:
             self.state.best_bleu = mean
             self.save_best(scores)
-        self.save_snapshot()
+        self.save_snapshot(record)
         log.info("dev %s (best mean %.2f)", json.dumps(record), self.state.best_bleu)
 
-    def save_snapshot(self) -> None:
-        """The weights now, as RUN/snapshots/step-N.pt; only the newest `keep_snapshots` stay."""
+    def save_snapshot(self, record: dict[str, Any]) -> None:
+        """The weights now and their dev `record`, as RUN/snapshots/step-N.pt; only the newest
+        `keep_snapshots` stay."""
         if self.cfg.keep_snapshots <= 0:
             return
         directory = self.run_dir / SNAPSHOTS
         directory.mkdir(exist_ok=True)
         _atomic_save(
-            {"model": self.model.state_dict(), "step": self.state.step},
+            {"model": self.model.state_dict(), "step": self.state.step, "dev": record},
             directory / f"step-{self.state.step:08d}.pt",
         )
         for old in snapshot_paths(self.run_dir)[: -self.cfg.keep_snapshots]:
@@ -407,19 +408,22 @@ def snapshot_paths(run_dir: str | Path) -> list[Path]:
     return sorted((Path(run_dir) / SNAPSHOTS).glob("step-*.pt"))
 
 
-def average_snapshots(run_dir: str | Path, count: int) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """The mean of the newest `count` snapshots' weights (float32), and their steps."""
+def average_snapshots(
+    run_dir: str | Path, count: int
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """The mean of the newest `count` snapshots' weights (float32), and their dev records
+    (``{"step": N}`` alone for snapshots of older runs, which saved none), oldest first."""
     paths = snapshot_paths(run_dir)[-count:]
     if count < 1 or len(paths) < count:
         raise ValueError(f"{run_dir}: {len(paths)} snapshots in {SNAPSHOTS}/, {count} wanted")
     total: dict[str, torch.Tensor] = {}
-    steps = []
+    records = []
     for path in paths:
         snapshot = torch.load(path, map_location="cpu", weights_only=True)
-        steps.append(int(snapshot["step"]))
+        records.append(snapshot.get("dev") or {"step": int(snapshot["step"])})
         for name, tensor in snapshot["model"].items():
             total[name] = total.get(name, 0) + tensor.double()
-    return {name: (t / len(paths)).float() for name, t in total.items()}, steps
+    return {name: (t / len(paths)).float() for name, t in total.items()}, records
 
 
 def export_model_dir(
@@ -435,25 +439,34 @@ def export_model_dir(
         ckpt if average else torch.load(run / f"{which}.pt", map_location="cpu", weights_only=False)
     )
     model = EncoderDecoder(ModelConfig.from_dict(saved["model_config"]))
-    averaged_steps: list[int] = []
+    averaged: list[dict[str, Any]] = []
     if average:
-        weights, averaged_steps = average_snapshots(run, average)
+        weights, averaged = average_snapshots(run, average)
         model.load_state_dict(weights)
     else:
         model.load_state_dict(saved["model"])
     # The step, time and dev history of the weights written: best.pt records its own (older
     # best.pt files do not: then the latest checkpoint's, which may be later than the weights);
-    # snapshots: their newest step's, from the dev history (the dev scores only for one
-    # snapshot: a mean of several was not evaluated in training).
+    # snapshots: the newest one's dev record (the dev scores only for one snapshot: a mean of
+    # several was not evaluated in training), completing the checkpoint's history, which may
+    # be older.
     state = saved if "step" in saved else ckpt["state"]
     steps, hours = state["step"], round(state["seconds"] / 3600, 3)
     history, dev = state["history"], saved.get("dev")
-    if averaged_steps:
+    averaged_steps = [int(r["step"]) for r in averaged]
+    if averaged:
+        newest = averaged[-1]
         steps = averaged_steps[-1]
-        history = [h for h in history if h["step"] <= steps]
-        at = next((h for h in history if h["step"] == steps), None)
-        hours = at["hours"] if at is not None else hours
-        dev = at if at is not None and len(averaged_steps) == 1 else None
+        history = [h for h in history if h["step"] < steps]
+        at = (
+            newest
+            if "hours" in newest
+            else next((h for h in state["history"] if h["step"] == steps), None)
+        )
+        if at is not None:
+            history.append(at)
+            hours = at["hours"]
+        dev = at if at is not None and len(averaged) == 1 else None
     metadata = {
         "train_config": ckpt["train_config"],
         "steps": steps,

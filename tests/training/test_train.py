@@ -206,6 +206,16 @@ def test_snapshots_and_averaged_packaging(tiny_data: tuple[Path, Path], tmp_path
     )
     meta = json.loads((tmp_path / "avg" / "metadata.json").read_text())
     assert meta["averaged_steps"] == [6, 8] and meta["steps"] == 8 and meta["dev"] is None
+    # A snapshot newer than the checkpoint's history (a dev evaluation after the last
+    # checkpoint): the snapshot's own dev record.
+    checkpoint = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    at_eight = checkpoint["state"]["history"][-1]
+    assert at_eight["step"] == 8
+    checkpoint["state"]["history"].pop()
+    torch.save(checkpoint, run / "checkpoint.pt")
+    assert main(["package", str(run), str(tmp_path / "eight"), "--average", "1"]) == 0
+    meta = json.loads((tmp_path / "eight" / "metadata.json").read_text())
+    assert meta["steps"] == 8 and meta["dev"] == at_eight and meta["dev_history"][-1] == at_eight
     # Snapshots older than the checkpoint: the metadata is the newest snapshot's, not the run's.
     paths[-1].unlink()
     assert main(["package", str(run), str(tmp_path / "six"), "--average", "1"]) == 0
