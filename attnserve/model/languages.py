@@ -47,8 +47,9 @@ M2M100_LANGUAGES: dict[str, list[str]] = {"m2m100": _M2M100.split(), "wmt21": _W
 
 
 def code_language(code: str) -> str:
-    """The language part of a model's code: deu_Latn -> deu, __de__ -> de, de_DE -> de."""
-    return code.strip("_").split("_")[0].lower()
+    """The language part of a code: deu_Latn -> deu, __de__ -> de, de_DE -> de, and of a
+    BCP 47 tag: de-CH -> de."""
+    return code.strip("_").replace("-", "_").split("_")[0].lower()
 
 
 def same_language(a: str, b: str) -> bool:

@@ -44,7 +44,7 @@ def test_ambiguous_and_unknown_names_say_what_to_choose() -> None:
 
 
 def test_same_language_across_code_systems() -> None:
-    for name in ("en", "EN", "eng", "eng_Latn", "__en__", "en_XX"):
+    for name in ("en", "EN", "eng", "eng_Latn", "__en__", "en_XX", "en-US"):
         assert same_language(name, "en"), name
         assert same_language("eng_Latn", name), name
     assert not same_language("en", "de") and not same_language("deu", "en_XX")
