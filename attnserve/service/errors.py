@@ -8,6 +8,7 @@ request that failed or ran out of time must not run again behind its caller's ba
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -78,13 +79,17 @@ def error_body(
 def error_response(error: ApiError, request: Request | None = None) -> JSONResponse:
     status, headers = error.status, dict(error.headers)
     param, kind = error.param, error.type
+    native = None
     if request is not None and request.url.path in OPENAI_PATHS:
         if status == 422:
             status = 400
         if status in (500, 504):
             headers["x-should-retry"] = "false"
-        param = OPENAI_PARAMS.get(param or "", param)
-    body = error_body(status, error.message, param=param, type=kind)
+        native, param = param, OPENAI_PARAMS.get(param or "", param)
+    message = error.message
+    if native is not None and param != native:  # the client's own name in the message too
+        message = re.sub(rf"\b{re.escape(native)}\b", str(param), message)
+    body = error_body(status, message, param=param, type=kind)
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -245,6 +245,8 @@ def test_invalid_requests_are_bad_request_errors(oa: openai.OpenAI, model_dir: P
     with pytest.raises(openai.BadRequestError) as caught:
         oa.completions.create(model="tiny-lm", prompt="w1", max_tokens=10**6)
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "max_tokens"
+    message = caught.value.body["message"]  # the client's names, not the native API's
+    assert "max_tokens" in message and "max_new_tokens" not in message, message
     with pytest.raises(openai.NotFoundError):
         oa.chat.completions.create(model="no-such-model", messages=CHAT)
 
