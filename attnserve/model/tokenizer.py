@@ -187,9 +187,7 @@ class Tokenizer:
         self.source_lang = source_lang
         self.target_lang = target_lang
         self.special_tokens = {"eos": eos_token, "unk": unk_token, "pad": pad_token}
-        # hf layout (T5): a task prefix per target language ("translate English to German: "),
-        # prepended to a source's text when a request names that target language.
-        self.prefixes = dict(prefixes or {})
+        self.prefixes = prefixes or {}
         self._tags: list[str] | None = None  # language_tags, found on first use
         for role, token in self.special_tokens.items():
             if token not in source.vocab:
@@ -381,14 +379,27 @@ class Tokenizer:
         return [tag[2:-2] for tag in self.language_tags]
 
     @property
+    def prefixes(self) -> dict[str, str]:
+        """hf layout (T5): a task prefix per target language ("translate English to German: "),
+        prepended to a source's text when a request names that target language."""
+        return self._prefixes
+
+    @prefixes.setter
+    def prefixes(self, prefixes: Mapping[str, str]) -> None:
+        self._prefixes = dict(prefixes)
+        # MADLAD-400: every prefix is a language token, which a text may carry itself (decided
+        # here, once: requests ask it for every text)
+        self._token_prefixes = bool(self._prefixes) and all(
+            LANGUAGE_TOKEN.fullmatch(p.strip()) for p in self._prefixes.values()
+        )
+
+    @property
     def tags_target_in_text(self) -> bool:
         """Whether a source names its target by a language token at its start: MADLAD-400's
         ``<2de>`` (its task prefixes are all language tokens), Marian's ``>>de<<``."""
         if self.layout == "hf":
-            return bool(self.prefixes) and all(
-                LANGUAGE_TOKEN.fullmatch(p.strip()) for p in self.prefixes.values()
-            )
-        return self.layout != "fairseq" and bool(self.target_languages)
+            return self._token_prefixes
+        return self.layout != "fairseq" and bool(self.language_tags)
 
     def target_token(self, code: str) -> str:
         """The token a text starts with to name target language `code` (``>>de<<``,
