@@ -39,6 +39,9 @@ class TrainConfig:
     # Warm start: a model directory (config.json + model.safetensors) whose weights replace the
     # initialisation; the optimizer and schedule start fresh. Its config must match this run's.
     init_from: str = ""
+    # The learning-rate schedule goes on as if this many updates had been made already (with
+    # --init-from, the step of those weights): the warmup rises to that point's rate, not the peak.
+    schedule_offset: int = 0
     compile: bool = False  # torch.compile the training forward pass
     # The weights at each of the last N dev evaluations (RUN/snapshots/), for `attnserve
     # package --average N`; 0: none.

@@ -66,12 +66,18 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def inverse_sqrt(warmup_steps: int) -> Any:
-    """LR multiplier: linear warmup to 1 at `warmup_steps`, then sqrt(warmup / step)."""
+def inverse_sqrt(warmup_steps: int, offset: int = 0) -> Any:
+    """LR multiplier: linear warmup to 1 at `warmup_steps`, then sqrt(warmup / step).
+
+    With an `offset` the decay goes on from update `offset` (a warm start from weights trained
+    that far): the fresh optimizer warms up over `warmup_steps` to the rate of update
+    `offset + warmup_steps` instead of to the peak, then decays as the first run would have."""
 
     def factor(step: int) -> float:
         step = max(step, 1)
-        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+        return min(step / warmup_steps, 1.0) * math.sqrt(
+            warmup_steps / max(step + offset, warmup_steps)
+        )
 
     return factor
 
@@ -190,7 +196,7 @@ class Trainer:
             fused=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, inverse_sqrt(cfg.warmup_steps)
+            self.optimizer, inverse_sqrt(cfg.warmup_steps, cfg.schedule_offset)
         )
         self.state = TrainState()
         self.dev_examples: dict[str, Examples] | None = None

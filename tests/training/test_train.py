@@ -83,6 +83,10 @@ def test_batches_respect_the_token_budget_and_cover_every_example(
 def test_inverse_sqrt_schedule() -> None:
     f = inverse_sqrt(100)
     assert f(50) == pytest.approx(0.5) and f(100) == 1.0 and f(400) == pytest.approx(0.5)
+    # Continued from update 300: warms up to update 400's rate, then decays as from there on.
+    g = inverse_sqrt(100, offset=300)
+    assert g(50) == pytest.approx(0.5 * f(350)) and g(100) == pytest.approx(0.5)
+    assert g(1200) == pytest.approx(f(1500))
 
 
 def test_training_lowers_the_loss(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
