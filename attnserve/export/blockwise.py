@@ -18,6 +18,12 @@ A language model's int4 variant. Each constant MatMul weight W (K, N) is cut int
 With `accuracy_level` 4 the CPU kernel quantizes each block of an activation row to int8 on
 the fly and multiplies in integers: a row's result depends on that row alone, so batching
 does not change it.
+
+The token embedding (a `Gather` from a constant (vocabulary, C) float table) is stored as
+8-bit symmetric blocks of 32 along C too and looked up with ONNX Runtime's
+`GatherBlockQuantized`, which dequantizes only the rows it gathers: a quarter of the float
+table's bytes, and exact where the table is Q8_0 (a GGUF's tied token embedding, which is also
+its output projection).
 """
 
 from __future__ import annotations
@@ -115,7 +121,8 @@ def quantize_blockwise(
     """Rewrite, in place, every MatMul of `model` (or those named in `only`) with a constant
     2-D weight whose K is a multiple of `block`: 8-bit symmetric blocks where N ==
     `vocab_size` (the output projection) or `bits` is 8, 4-bit affine blocks elsewhere.
-    Returns counts for the manifest."""
+    With `only` None, the token embedding (a Gather from a constant (`vocab_size`, C) float
+    table) becomes an 8-bit block lookup. Returns counts for the manifest."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     uses: dict[str, int] = {}
@@ -127,8 +134,16 @@ def quantize_blockwise(
     block_sums: dict[str, str] = {}  # activation -> its block sums' name
     sum_matrices: dict[int, str] = {}  # K -> the 0/1 matrix
     dropped: set[str] = set()
-    counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0}
+    counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0, "embedding_int8": 0}
     for node in graph.node:
+        table = _embedding_table(node, initializers, vocab_size, block) if only is None else None
+        if table is not None:
+            nodes.append(_block_lookup(node, table, block, new_inits))
+            counts["embedding_int8"] += 1
+            uses[table.name] -= 1
+            if uses[table.name] == 0:
+                dropped.add(table.name)
+            continue
         chosen = node.op_type == "MatMul" and (only is None or node.name in only)
         weight = initializers.get(node.input[1]) if chosen else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % block:
@@ -197,3 +212,49 @@ def quantize_blockwise(
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return counts
+
+
+def _embedding_table(
+    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], rows: int, block: int
+) -> onnx.TensorProto | None:
+    """The constant float (rows, C) table `node` looks rows up in, if it is such a lookup."""
+    if node.op_type != "Gather" or rows <= 0:
+        return None
+    table = initializers.get(node.input[0])
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    if (
+        table is None
+        or axis != 0
+        or len(table.dims) != 2
+        or table.dims[0] != rows
+        or table.dims[1] % block
+        or table.data_type != onnx.TensorProto.FLOAT
+    ):
+        return None
+    return table
+
+
+def _block_lookup(
+    node: onnx.NodeProto, table: onnx.TensorProto, block: int, new_inits: list[onnx.TensorProto]
+) -> onnx.NodeProto:
+    """`node`'s lookup as GatherBlockQuantized over 8-bit symmetric blocks of the table's rows
+    (MatMulNBits' convention: unsigned values, zero point 128)."""
+    rows = numpy_helper.to_array(table).astype(np.float32)
+    v, c = rows.shape
+    blocks = symmetric8(np.ascontiguousarray(rows.T), block)  # blocks of each row, as a column
+    base = node.output[0]
+    new_inits += [
+        numpy_helper.from_array(blocks.packed.reshape(v, c), f"{base}.block8_table"),
+        numpy_helper.from_array(blocks.scales.reshape(v, c // block), f"{base}.block8_scales"),
+    ]
+    return helper.make_node(
+        "GatherBlockQuantized",
+        [f"{base}.block8_table", node.input[1], f"{base}.block8_scales"],
+        [base],
+        name=f"{base}.block8_lookup",
+        domain=MS_DOMAIN,
+        gather_axis=0,
+        quantize_axis=1,
+        block_size=block,
+        bits=8,
+    )

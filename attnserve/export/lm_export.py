@@ -13,7 +13,8 @@ second copy of the weights in memory. Variants, from the fp32 graph:
 * ``int4``: weight-only, block-wise, as llama.cpp's Q4_1 files store weights (export/blockwise.py:
   4-bit affine blocks of 32, the output projection 8-bit), in ONNX Runtime's MatMulNBits with
   `accuracy_level` 4 (int8 compute, activations quantized per block of a row). A model imported
-  from a Q4_1 GGUF keeps its file's weights exactly. The embedding (Gather) stays float.
+  from a Q4_1 GGUF keeps its file's weights exactly. The token embedding is 8-bit blocks too,
+  looked up with GatherBlockQuantized (exact for a GGUF's Q8_0 table).
 * ``fp16``: for the CUDA provider, norms and softmax in float32, logits float32.
 
 Parity with the torch model is measured on prompts (teacher-forced along torch's greedy path,
@@ -119,7 +120,8 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
         "quantization": (
             f"weight-only, blocks of {BLOCK} along the input dimension (MatMulNBits, "
             f"accuracy_level {ACCURACY_LEVEL}): projections 4-bit affine (Q4_1-style: scale and "
-            "minimum per block), the output projection 8-bit symmetric (Q8_0-style)"
+            "minimum per block), the output projection and the token embedding 8-bit symmetric "
+            "(Q8_0-style; the embedding looked up with GatherBlockQuantized)"
         ),
         "block_size": BLOCK,
         "accuracy_level": ACCURACY_LEVEL,

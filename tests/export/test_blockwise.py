@@ -86,7 +86,7 @@ def test_the_rewritten_graph_multiplies_by_the_dequantized_weights(accuracy_leve
     w_q, w_k, w_head = q4_1_weight(rng), q4_1_weight(rng), q8_0_weight(rng, K, V)
     model = graph(w_q, w_k, w_head)
     counts = bw.quantize_blockwise(model, V, accuracy_level=accuracy_level)
-    assert counts == {"int4_affine": 2, "int8_symmetric": 1, "float": 0}
+    assert counts == {"int4_affine": 2, "int8_symmetric": 1, "float": 0, "embedding_int8": 0}
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("MatMulNBits") == 3
     # x's block sums are computed once for both of its products
@@ -112,7 +112,7 @@ def test_weights_it_cannot_block_stay_float() -> None:
     rng = np.random.default_rng(3)
     model = graph(q4_1_weight(rng), q4_1_weight(rng), q8_0_weight(rng, K, V))
     counts = bw.quantize_blockwise(model, V, block=128)  # K = 64 is no multiple of 128
-    assert counts == {"int4_affine": 0, "int8_symmetric": 0, "float": 3}
+    assert counts == {"int4_affine": 0, "int8_symmetric": 0, "float": 3, "embedding_int8": 0}
     assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 0
 
 
@@ -125,3 +125,54 @@ def test_products_with_the_same_node_name_get_their_own_weights() -> None:
     onnx.checker.check_model(model)
     names = [i.name for i in model.graph.initializer]
     assert len(names) == len(set(names))
+
+
+def lookup_graph(table: np.ndarray, other: np.ndarray) -> onnx.ModelProto:
+    """ids -> (table[ids], other[ids]): `other` has fewer rows than the vocabulary."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "t"])
+    outputs = [
+        helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["b", "t", K]),
+        helper.make_tensor_value_info("small", TensorProto.FLOAT, ["b", "t", K]),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+        helper.make_node("Gather", ["other", "ids"], ["small"], name="other"),
+    ]
+    inits = [numpy_helper.from_array(table, "table"), numpy_helper.from_array(other, "other")]
+    g = helper.make_graph(nodes, "g", [ids], outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_the_token_embedding_becomes_an_exact_8_bit_block_lookup() -> None:
+    rng = np.random.default_rng(5)
+    table = np.ascontiguousarray(q8_0_weight(rng, K, V).T)  # (V, K), each row a Q8_0 row
+    other = rng.normal(size=(V - 1, K)).astype(np.float32)  # not (vocabulary, C): left float
+    model = lookup_graph(table, other)
+    counts = bw.quantize_blockwise(model, V)
+    assert counts["embedding_int8"] == 1
+    ops = {n.name: n.op_type for n in model.graph.node}
+    assert ops == {"emb.block8_lookup": "GatherBlockQuantized", "other": "Gather"}
+    names = {i.name for i in model.graph.initializer}
+    assert "table" not in names and "other" in names
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = rng.integers(0, V - 1, size=(3, 7))
+    emb, small = session.run(None, {"ids": ids})
+    np.testing.assert_array_equal(emb, table[ids])
+    np.testing.assert_array_equal(small, other[ids])
+    # a table off the Q8_0 grid gets round-to-nearest error within half a block's step
+    noisy = rng.normal(size=(V, K)).astype(np.float32)
+    model = lookup_graph(noisy, other)
+    bw.quantize_blockwise(model, V)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (emb, _) = session.run(None, {"ids": ids})
+    step = np.abs(noisy.reshape(V, K // 32, 32)).max(-1, keepdims=True) / 127
+    error = np.abs(emb - noisy[ids]).reshape(3, 7, K // 32, 32)
+    assert np.all(error <= step[ids] / 2 + 1e-6)
+
+
+def test_only_leaves_the_embedding_float() -> None:
+    rng = np.random.default_rng(6)
+    model = lookup_graph(np.ascontiguousarray(q8_0_weight(rng, K, V).T), rng.normal(size=(3, K)))
+    counts = bw.quantize_blockwise(model, V, only=["embed"], bits=8)
+    assert counts["embedding_int8"] == 0
+    assert [n.op_type for n in model.graph.node] == ["Gather", "Gather"]

@@ -165,6 +165,7 @@ def test_int4_keeps_q4_1_weights(tmp_path: Path) -> None:
     assert parity["gate"] == INT4_GATE
     assert manifest["options"]["matmuls"]["int4_affine"] > 0
     assert manifest["options"]["matmuls"]["int8_symmetric"] == 1  # the output projection
+    assert manifest["options"]["matmuls"]["embedding_int8"] == 1  # the token embedding
     assert parity["top1_agreement"] >= 0.95 and parity["mean_kl"] <= 0.01
 
 
