@@ -436,7 +436,12 @@ def export_model_dir(
     run_dir: str | Path, out_dir: str | Path, which: str = "best", average: int = 0
 ) -> Path:
     """Write `best.pt` (or `which="checkpoint"`) of a run as a model directory; `average` N:
-    the mean of the weights at the last N dev evaluations (snapshots) instead."""
+    the mean of the weights at the last N dev evaluations (snapshots) instead.
+
+    A warm-started run (`init_from`) goes on from its source model's training: the metadata
+    counts the source's updates and hours before the run's own, and its dev history comes
+    after the source's. The source's metadata.json is read where `init_from` points (relative
+    paths from the current directory, as the run resolved them)."""
     from attnserve.model.checkpoint import save_model_dir
 
     run = Path(run_dir)
@@ -473,6 +478,13 @@ def export_model_dir(
             history.append(at)
             hours = at["hours"]
         dev = at if at is not None and len(averaged) == 1 else None
+    warm = warm_start(ckpt["train_config"])
+    if warm is not None:
+        steps += warm["steps"]
+        hours = round(hours + warm["hours"], 3)
+        history = warm["dev_history"] + [_after(record, warm) for record in history]
+        dev = _after(dev, warm) if dev is not None else None
+        averaged_steps = [step + warm["steps"] for step in averaged_steps]
     metadata = {
         "train_config": ckpt["train_config"],
         "steps": steps,
@@ -480,9 +492,40 @@ def export_model_dir(
         "dev_history": history,
         "dev": dev,
         "averaged_steps": averaged_steps,
+        "warm_start": None if warm is None else {k: warm[k] for k in ("from", "steps", "hours")},
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
         "generation": {"num_beams": 4},
     }
     tokenizer = Tokenizer.from_spm(ckpt["train_config"]["spm_model"])
     return save_model_dir(model.eval(), tokenizer, out_dir, extra_metadata=metadata)
+
+
+def warm_start(train_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The source model a run was warm-started from (`init_from`): its path, updates, training
+    hours and dev history (from its metadata.json); None for a run from scratch."""
+    source = train_config.get("init_from") or ""
+    if not source:
+        return None
+    path = Path(source) / "metadata.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: the run was warm-started from {source}, whose metadata.json continues its "
+            "history; package it from the directory the run was started in"
+        )
+    meta = json.loads(path.read_text())
+    return {
+        "from": source,
+        "steps": int(meta.get("steps") or 0),
+        "hours": float(meta.get("train_hours") or 0.0),
+        "dev_history": list(meta.get("dev_history") or []),
+    }
+
+
+def _after(record: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """A dev record of a warm-started run, on the source's step and hour scale."""
+    return {
+        **record,
+        "step": int(record["step"]) + warm["steps"],
+        "hours": round(float(record["hours"]) + warm["hours"], 3),
+    }

@@ -283,6 +283,23 @@ def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_pat
     state = train(config(data, spm_model, tmp_path / "b", init_from=str(packaged), eval_every=3))
     assert {"loss_ende", "loss_deen"} <= set(state.history[-1])
     assert all(0.0 < state.history[-1][k] < 20.0 for k in ("loss_ende", "loss_deen"))
+    # Packaged, the warm-started run goes on from its source: updates, hours, dev history.
+    source = json.loads((packaged / "metadata.json").read_text())
+    meta = json.loads(
+        (export_model_dir(tmp_path / "b", tmp_path / "b-model", which="checkpoint")
+         / "metadata.json").read_text()
+    )  # fmt: skip
+    assert source["steps"] == 3 and meta["steps"] == 3 + 6
+    assert meta["train_hours"] == pytest.approx(
+        source["train_hours"] + state.seconds / 3600, abs=2e-3
+    )
+    assert meta["warm_start"] == {
+        "from": str(packaged), "steps": 3, "hours": source["train_hours"]
+    }  # fmt: skip
+    assert meta["dev_history"][: len(source["dev_history"])] == source["dev_history"]
+    assert [h["step"] for h in meta["dev_history"]] == [3, 6, 9]
+    assert meta["dev_history"][-1]["hours"] == pytest.approx(meta["train_hours"], abs=2e-3)
+    assert source["warm_start"] is None
     with pytest.raises(ValueError, match="differs from this run's model config"):
         Trainer(
             config(
