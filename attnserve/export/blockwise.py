@@ -134,11 +134,14 @@ def quantize_blockwise(
     block_sums: dict[str, str] = {}  # activation -> its block sums' name
     sum_matrices: dict[int, str] = {}  # K -> the 0/1 matrix
     dropped: set[str] = set()
+    lookups: dict[str, tuple[str, str]] = {}  # table -> its 8-bit blocks and scales
     counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0, "embedding_int8": 0}
     for node in graph.node:
         table = _embedding_table(node, initializers, vocab_size, block) if only is None else None
         if table is not None:
-            nodes.append(_block_lookup(node, table, block, new_inits))
+            if table.name not in lookups:  # one 8-bit copy per table, however many read it
+                lookups[table.name] = _block_table(table, block, new_inits)
+            nodes.append(_block_lookup(node, lookups[table.name], block))
             counts["embedding_int8"] += 1
             uses[table.name] -= 1
             if uses[table.name] == 0:
@@ -234,24 +237,30 @@ def _embedding_table(
     return table
 
 
-def _block_lookup(
-    node: onnx.NodeProto, table: onnx.TensorProto, block: int, new_inits: list[onnx.TensorProto]
-) -> onnx.NodeProto:
-    """`node`'s lookup as GatherBlockQuantized over 8-bit symmetric blocks of the table's rows
-    (MatMulNBits' convention: unsigned values, zero point 128)."""
+def _block_table(
+    table: onnx.TensorProto, block: int, new_inits: list[onnx.TensorProto]
+) -> tuple[str, str]:
+    """8-bit symmetric blocks of a (V, C) table's rows in GatherBlockQuantized's layout
+    (MatMulNBits' convention: unsigned values, zero point 128): the names of the (V, C) data
+    and the (V, C / block) scales."""
     rows = numpy_helper.to_array(table).astype(np.float32)
     v, c = rows.shape
     blocks = symmetric8(np.ascontiguousarray(rows.T), block)  # blocks of each row, as a column
-    base = node.output[0]
+    names = (f"{table.name}.block8_table", f"{table.name}.block8_scales")
     new_inits += [
-        numpy_helper.from_array(blocks.packed.reshape(v, c), f"{base}.block8_table"),
-        numpy_helper.from_array(blocks.scales.reshape(v, c // block), f"{base}.block8_scales"),
+        numpy_helper.from_array(blocks.packed.reshape(v, c), names[0]),
+        numpy_helper.from_array(blocks.scales.reshape(v, c // block), names[1]),
     ]
+    return names
+
+
+def _block_lookup(node: onnx.NodeProto, table: tuple[str, str], block: int) -> onnx.NodeProto:
+    """`node`'s lookup as GatherBlockQuantized over a table's 8-bit blocks."""
     return helper.make_node(
         "GatherBlockQuantized",
-        [f"{base}.block8_table", node.input[1], f"{base}.block8_scales"],
-        [base],
-        name=f"{base}.block8_lookup",
+        [table[0], node.input[1], table[1]],
+        [node.output[0]],
+        name=f"{node.output[0]}.block8_lookup",
         domain=MS_DOMAIN,
         gather_axis=0,
         quantize_axis=1,

@@ -40,7 +40,8 @@ class TrainConfig:
     # initialisation; the optimizer and schedule start fresh. Its config must match this run's.
     init_from: str = ""
     # The learning-rate schedule goes on as if this many updates had been made already (with
-    # --init-from, the step of those weights): the warmup rises to that point's rate, not the peak.
+    # --init-from, the step of those weights): the warmup rises to the rate of update
+    # offset + warmup, not to the peak.
     schedule_offset: int = 0
     compile: bool = False  # torch.compile the training forward pass
     # The weights at each of the last N dev evaluations (RUN/snapshots/), for `attnserve

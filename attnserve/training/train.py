@@ -64,6 +64,9 @@ class TrainState:
     seconds: float = 0.0
     best_bleu: float = -1.0
     history: list[dict[str, float]] = field(default_factory=list)
+    # A warm start's source (`init_from`): its path, updates, hours and dev history, recorded
+    # when its weights were copied, so that packaging continues its history.
+    warm_start: dict[str, Any] | None = None
 
 
 def inverse_sqrt(warmup_steps: int, offset: int = 0) -> Any:
@@ -180,8 +183,10 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.model = EncoderDecoder(self.model_config)
+        warm: dict[str, Any] | None = None
         if cfg.init_from and not self.checkpoint_path.exists():  # a resumed run has its own
             self._init_from(Path(cfg.init_from))
+            warm = source_training(cfg.init_from)
         self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
@@ -198,7 +203,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, inverse_sqrt(cfg.warmup_steps, cfg.schedule_offset)
         )
-        self.state = TrainState()
+        self.state = TrainState(warm_start=warm)
         self.dev_examples: dict[str, Examples] | None = None
         manifest = Manifest.load(Path(cfg.data_dir) / "manifest.json")
         self.examples: Examples = load_train_examples(
@@ -440,8 +445,9 @@ def export_model_dir(
 
     A warm-started run (`init_from`) goes on from its source model's training: the metadata
     counts the source's updates and hours before the run's own, and its dev history comes
-    after the source's. The source's metadata.json is read where `init_from` points (relative
-    paths from the current directory, as the run resolved them)."""
+    after the source's. The run records its source's training when it starts; for a run that
+    did not (older code), the source's metadata.json is read where `init_from` points
+    (relative paths from the current directory)."""
     from attnserve.model.checkpoint import save_model_dir
 
     run = Path(run_dir)
@@ -478,7 +484,7 @@ def export_model_dir(
             history.append(at)
             hours = at["hours"]
         dev = at if at is not None and len(averaged) == 1 else None
-    warm = warm_start(ckpt["train_config"])
+    warm = ckpt["state"].get("warm_start") or warm_start(ckpt["train_config"])
     if warm is not None:
         steps += warm["steps"]
         hours = round(hours + warm["hours"], 3)
@@ -501,31 +507,41 @@ def export_model_dir(
     return save_model_dir(model.eval(), tokenizer, out_dir, extra_metadata=metadata)
 
 
-def warm_start(train_config: dict[str, Any]) -> dict[str, Any] | None:
-    """The source model a run was warm-started from (`init_from`): its path, updates, training
-    hours and dev history (from its metadata.json); None for a run from scratch."""
-    source = train_config.get("init_from") or ""
-    if not source:
-        return None
+def source_training(source: str | Path) -> dict[str, Any]:
+    """What a model directory's metadata.json says of its training: updates, hours, dev
+    history (zeros and none, with a warning, where it has no metadata: e.g. an imported model)."""
     path = Path(source) / "metadata.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: the run was warm-started from {source}, whose metadata.json continues its "
-            "history; package it from the directory the run was started in"
-        )
-    meta = json.loads(path.read_text())
+    meta = json.loads(path.read_text()) if path.is_file() else {}
+    if not meta:
+        log.warning("%s has no training metadata: its updates and hours count as 0", source)
     return {
-        "from": source,
+        "from": str(source),
         "steps": int(meta.get("steps") or 0),
         "hours": float(meta.get("train_hours") or 0.0),
         "dev_history": list(meta.get("dev_history") or []),
     }
 
 
+def warm_start(train_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The training of the model a run was warm-started from (`init_from`), read now (for runs
+    that did not record it when they started); None for a run from scratch."""
+    source = train_config.get("init_from") or ""
+    if not source:
+        return None
+    if not Path(source).is_dir():
+        raise FileNotFoundError(
+            f"{source}: the run was warm-started from it and did not record its training; "
+            "package the run from the directory it was started in"
+        )
+    return source_training(source)
+
+
 def _after(record: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
-    """A dev record of a warm-started run, on the source's step and hour scale."""
-    return {
-        **record,
-        "step": int(record["step"]) + warm["steps"],
-        "hours": round(float(record["hours"]) + warm["hours"], 3),
-    }
+    """A dev record of a warm-started run, on the source's step and hour scale (best.pt's dev
+    scores have no step or hours: they stay as they are)."""
+    shifted = dict(record)
+    if "step" in record:
+        shifted["step"] = int(record["step"]) + warm["steps"]
+    if "hours" in record:
+        shifted["hours"] = round(float(record["hours"]) + warm["hours"], 3)
+    return shifted

@@ -170,6 +170,23 @@ def test_the_token_embedding_becomes_an_exact_8_bit_block_lookup() -> None:
     assert np.all(error <= step[ids] / 2 + 1e-6)
 
 
+def test_two_lookups_of_one_table_share_its_8_bit_copy() -> None:
+    rng = np.random.default_rng(7)
+    table = np.ascontiguousarray(q8_0_weight(rng, K, V).T)
+    model = lookup_graph(table, rng.normal(size=(3, K)).astype(np.float32))
+    model.graph.node[1].input[0] = "table"  # the second lookup reads the same table
+    model.graph.node[1].name = "again"
+    counts = bw.quantize_blockwise(model, V)
+    assert counts["embedding_int8"] == 2
+    names = [i.name for i in model.graph.initializer]
+    assert names.count("table.block8_table") == 1 and "table" not in names
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = rng.integers(0, V, size=(2, 5))
+    emb, again = session.run(None, {"ids": ids})
+    np.testing.assert_array_equal(emb, table[ids])
+    np.testing.assert_array_equal(again, table[ids])
+
+
 def test_only_leaves_the_embedding_float() -> None:
     rng = np.random.default_rng(6)
     model = lookup_graph(np.ascontiguousarray(q8_0_weight(rng, K, V).T), rng.normal(size=(3, K)))

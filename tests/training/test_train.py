@@ -300,6 +300,29 @@ def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_pat
     assert [h["step"] for h in meta["dev_history"]] == [3, 6, 9]
     assert meta["dev_history"][-1]["hours"] == pytest.approx(meta["train_hours"], abs=2e-3)
     assert source["warm_start"] is None
+    # The run recorded its source's training when it started: packaging needs no source
+    # directory (here moved away), and best.pt (the default) continues the history too.
+    packaged.rename(tmp_path / "moved")
+    best = json.loads(
+        (export_model_dir(tmp_path / "b", tmp_path / "b-best") / "metadata.json").read_text()
+    )
+    best_pt = torch.load(tmp_path / "b" / "best.pt", map_location="cpu", weights_only=False)
+    assert best["steps"] == 3 + best_pt["step"] and best["warm_start"]["steps"] == 3
+    assert best["dev"] == best_pt["dev"]
+    assert best["dev_history"][0] == source["dev_history"][0]
+    assert best["dev_history"][-1]["step"] == 3 + best_pt["step"]
+    # A run of older code, which did not record it, reads the source where init_from points.
+    checkpoint = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    del checkpoint["state"]["warm_start"]
+    torch.save(checkpoint, tmp_path / "b" / "checkpoint.pt")
+    with pytest.raises(FileNotFoundError, match="did not record"):
+        export_model_dir(tmp_path / "b", tmp_path / "b-old", which="checkpoint")
+    (tmp_path / "moved").rename(packaged)
+    old = json.loads(
+        (export_model_dir(tmp_path / "b", tmp_path / "b-old", which="checkpoint")
+         / "metadata.json").read_text()
+    )  # fmt: skip
+    assert old["steps"] == meta["steps"] and old["dev_history"] == meta["dev_history"]
     with pytest.raises(ValueError, match="differs from this run's model config"):
         Trainer(
             config(
