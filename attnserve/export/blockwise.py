@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from attnserve.export.quantize import lookup_table
+
 BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 compute on the CPU
 MS_DOMAIN = "com.microsoft"
@@ -220,21 +222,9 @@ def quantize_blockwise(
 def _embedding_table(
     node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], rows: int, block: int
 ) -> onnx.TensorProto | None:
-    """The constant float (rows, C) table `node` looks rows up in, if it is such a lookup."""
-    if node.op_type != "Gather" or rows <= 0:
-        return None
-    table = initializers.get(node.input[0])
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-    if (
-        table is None
-        or axis != 0
-        or len(table.dims) != 2
-        or table.dims[0] != rows
-        or table.dims[1] % block
-        or table.data_type != onnx.TensorProto.FLOAT
-    ):
-        return None
-    return table
+    """The constant float (rows, C) table `node` looks rows up in, if C is whole blocks."""
+    table = lookup_table(node, initializers, rows) if rows > 0 else None
+    return None if table is None or table.dims[1] % block else table
 
 
 def _block_table(

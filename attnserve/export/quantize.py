@@ -195,6 +195,24 @@ class _Table:
     tied: onnx.TensorProto | None
 
 
+def lookup_table(
+    node: onnx.NodeProto, weights: dict[str, onnx.TensorProto], rows: int
+) -> onnx.TensorProto | None:
+    """The constant float (rows, C) table `node` looks rows up in (a Gather along axis 0), if
+    it is such a lookup: a token embedding when `rows` is the vocabulary size."""
+    table = weights.get(node.input[0]) if node.op_type == "Gather" else None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    if (
+        table is None
+        or axis != 0
+        or len(table.dims) != 2
+        or table.dims[0] != rows
+        or table.data_type != onnx.TensorProto.FLOAT
+    ):
+        return None
+    return table
+
+
 def _embedding_tables(
     graph: onnx.GraphProto,
     weights: dict[str, onnx.TensorProto],
@@ -207,16 +225,8 @@ def _embedding_tables(
     found: dict[str, _Table] = {}
     arrays: dict[str, np.ndarray] = {}  # float tables, loaded once
     for node in graph.node:
-        table = weights.get(node.input[0]) if node.op_type == "Gather" else None
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if (
-            table is None
-            or node.name in exclude
-            or axis != 0
-            or len(table.dims) != 2
-            or table.dims[0] != rows
-            or table.data_type != onnx.TensorProto.FLOAT
-        ):
+        table = lookup_table(node, weights, rows)
+        if table is None or node.name in exclude:
             continue
         if table.name not in arrays:
             arrays[table.name] = numpy_helper.to_array(table)

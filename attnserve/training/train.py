@@ -510,8 +510,9 @@ def export_model_dir(
 def source_training(source: str | Path) -> dict[str, Any]:
     """What a model directory's metadata.json says of its training: updates, hours, dev
     history (zeros and none, with a warning, where it has no metadata: e.g. an imported model)."""
-    path = Path(source) / "metadata.json"
-    meta = json.loads(path.read_text()) if path.is_file() else {}
+    from attnserve.model.checkpoint import read_metadata
+
+    meta = read_metadata(source)
     if not meta:
         log.warning("%s has no training metadata: its updates and hours count as 0", source)
     return {
