@@ -24,6 +24,19 @@ State = TypeVar("State")
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """The K most likely tokens of every row of a step, best first, ties to the lower id:
+    what greedy and beam search read instead of whole (R, V) rows of log-probs when no
+    processor reweights tokens (a backend's `step_candidates`)."""
+
+    log_probs: FloatArray  # (R, K) float32, descending along each row
+    ids: IntArray  # (R, K) int64
+
+    def __getitem__(self, rows: slice) -> Candidates:
+        return Candidates(self.log_probs[rows], self.ids[rows])
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The facts about a model that decoding needs."""
 
@@ -89,6 +102,10 @@ class Backend(Protocol[State]):
         """One state holding the rows of `states` in order (rows of different lengths may mix)."""
         ...
 
+    # Optional: `step_candidates(tokens, state, k) -> (Candidates, State)`, `step` that returns
+    # each row's k best tokens (k <= V) instead of whole rows, where the attribute `candidates`
+    # is true; RunningBatch uses it on steps where every search says how many it needs
+    # (`Search.wanted`).
     # Optional, language models: `empty(rows) -> State` and `extend(state, ids, mask) ->
     # (logits, State)`, which prefills a left-padded chunk of prompt tokens (B, T) after the
     # rows' cached ones: the scheduler prefills long prompts a chunk per step with them.

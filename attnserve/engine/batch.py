@@ -23,7 +23,7 @@ from typing import Generic
 
 import numpy as np
 
-from attnserve.engine.backend import Backend, IntArray, State, pad_batch
+from attnserve.engine.backend import Backend, Candidates, FloatArray, IntArray, State, pad_batch
 from attnserve.engine.search import Search
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,12 @@ class RunningBatch(Generic[State]):
                 for e in self.entries
             ]
         )
-        log_probs, state = self.backend.step(tokens, self.state)
+        wanted = self._wanted()
+        scores: FloatArray | Candidates
+        if wanted:
+            scores, state = self.backend.step_candidates(tokens, self.state, wanted)  # type: ignore[attr-defined]
+        else:
+            scores, state = self.backend.step(tokens, self.state)
         self.steps += 1
         rows: list[IntArray] = []
         finished: list[Search] = []
@@ -164,7 +169,11 @@ class RunningBatch(Generic[State]):
                 continue
             stepped = entry.steps + 1  # counted here: a search that raises did not count it
             try:
-                parents = entry.step(log_probs[offset : offset + n])
+                rows_scores = scores[offset : offset + n]
+                if isinstance(rows_scores, Candidates):
+                    parents = entry.step_candidates(rows_scores)
+                else:
+                    parents = entry.step(rows_scores)
             except Exception as exc:  # one request's failure must not stop the others
                 log.exception("search of one request failed; dropping its rows")
                 entry.fail(exc.with_traceback(None))  # its frames would pin the whole batch
@@ -180,6 +189,20 @@ class RunningBatch(Generic[State]):
         self.state = self._select(state, rows, offset, owned=True)
         self._drop_dead_if_many()
         return finished
+
+    def _wanted(self) -> int:
+        """Each row's best tokens this step needs, when the backend can return them instead of
+        whole rows and every search can choose from them; 0: whole rows."""
+        if not getattr(self.backend, "candidates", False):
+            return 0
+        wanted = 0
+        for entry in self.entries:
+            if not isinstance(entry, _Dead):
+                n = entry.wanted()
+                if n <= 0:
+                    return 0
+                wanted = max(wanted, n)
+        return min(wanted, self.backend.spec.vocab_size)
 
     def remove(self, doomed: Sequence[Search]) -> None:
         """Drop requests (cancelled, deadline passed); their rows are dead from now on."""

@@ -40,6 +40,26 @@ class LogProbProcessor:
         self.banned = list(spec.never_generated)
         self.prefix = list(prefix)
 
+    def bans(self, generated: int) -> list[int] | None:
+        """The tokens this step's processing forbids when forbidding is all it does (its result
+        is the raw row with these at -inf), for a search that chooses among a row's best tokens
+        instead of the whole row; None when a rule reweights tokens or renormalizes."""
+        opts = self.options
+        if (
+            opts.repetition_penalty != 1.0
+            or opts.no_repeat_ngram_size > 0
+            or opts.presence_penalty
+            or opts.frequency_penalty
+            or opts.renormalize
+            or (opts.forced_bos_id is not None and generated == 0)
+            or (opts.forced_eos and generated == opts.max_new_tokens - 1)
+        ):
+            return None
+        banned = list(self.banned)
+        if generated < opts.min_new_tokens:
+            banned += self.stops
+        return banned
+
     def __call__(self, log_probs: FloatArray, histories: Sequence[Sequence[int]]) -> FloatArray:
         """log_probs (R, V), histories: R lists of generated tokens (equal lengths)."""
         opts = self.options

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.processors import (
+    NEG_INF,
     LogProbProcessor,
     log_softmax,
     min_p_mask,
@@ -125,6 +126,14 @@ def token_logprob(log_probs: FloatArray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(log_probs[token]), best)
 
 
+def allowed(candidates: Candidates, banned: Sequence[int] | None) -> FloatArray:
+    """The candidates' log-probs (R, K) with the banned tokens at -inf (a new array)."""
+    values = candidates.log_probs.astype(np.float32, copy=True)
+    for token in banned or ():  # a few ids: cheaper than np.isin
+        values[candidates.ids == token] = NEG_INF
+    return values
+
+
 def normalized(log_prob: float, length: int, length_penalty: float) -> float:
     return float(log_prob / (length**length_penalty))
 
@@ -164,6 +173,16 @@ class Search(ABC):
     def hypotheses(self) -> list[Hypothesis]:
         """The n-best list, best first (at most num_hypotheses)."""
 
+    def wanted(self) -> int:
+        """How many of each row's best tokens this step needs when the backend offers them
+        instead of whole rows (`step_candidates`); 0: whole rows of log-probs."""
+        return 0
+
+    def step_candidates(self, candidates: Candidates) -> IntArray:
+        """`step` from each row's best tokens (at least `wanted()` of them): the same choice
+        that `step` makes from the whole rows."""
+        raise NotImplementedError(f"{type(self).__name__} reads whole rows of log-probs")
+
     def fail(self, error: Exception) -> None:
         """Stop with an error (the caller reports it to this request alone)."""
         self.error = error
@@ -200,7 +219,23 @@ class GreedySearch(Search):
         row = self.process(log_probs, [self.tokens])[0]
         token = self.choose(row)
         chosen = log_softmax(row) if logits else row
-        self.log_prob += float(chosen[token])
+        return self._advance(token, float(chosen[token]), raw)
+
+    def wanted(self) -> int:
+        if self.logprobs is not None or self.spec.returns_logits:
+            return 0
+        banned = self.process.bans(len(self.tokens))
+        return 0 if banned is None else 1 + len(banned)
+
+    def step_candidates(self, candidates: Candidates) -> IntArray:
+        values = allowed(candidates, self.process.bans(len(self.tokens)))[0]
+        best = int(np.argmax(values))  # the first of equals: the lowest id, as argmax of a row
+        return self._advance(int(candidates.ids[0, best]), float(values[best]), None)
+
+    def _advance(self, token: int, log_prob: float, raw: FloatArray | None) -> IntArray:
+        """Take `token` (its processed log-prob); `raw`: the row before processing, for the
+        logprobs the request asked for."""
+        self.log_prob += log_prob
         self.steps += 1
         if token in self.stops:
             self.ended_with_eos = True
@@ -244,6 +279,9 @@ class SamplingSearch(GreedySearch):
         super().__init__(options, spec, **kwargs)
         self.rng = rng if rng is not None else np.random.default_rng(options.seed)
 
+    def wanted(self) -> int:
+        return 0  # sampling draws from the whole distribution
+
     def choose(self, log_probs: FloatArray) -> int:
         opts = self.options
         # In float64: log-probs over a tiny temperature overflow float32 (1e-40 made every
@@ -281,7 +319,7 @@ class BeamSearch(Search):
         self.improvable = True
 
     def step(self, log_probs: FloatArray) -> IntArray:
-        opts, k, vocab, stops = self.options, self.k, log_probs.shape[1], self.stops
+        k, vocab = self.k, log_probs.shape[1]
         if self.spec.returns_logits:  # beam search processes log-probs (as Hugging Face's)
             log_probs = log_softmax(log_probs)
         processed = self.process(log_probs, self.sequences)
@@ -294,6 +332,27 @@ class BeamSearch(Search):
             parent, token = divmod(index, vocab)
             parents.append(parent)
             tokens.append(token)
+        return self._advance(parents, tokens, scores)
+
+    def wanted(self) -> int:
+        if self.spec.returns_logits:
+            return 0
+        banned = self.process.bans(self.steps)
+        return 0 if banned is None else 2 * self.k + len(banned)
+
+    def step_candidates(self, candidates: Candidates) -> IntArray:
+        """The 2k best of the rows' candidates: each of the 2k best continuations of all rows
+        is among its own row's 2k best allowed tokens, which the candidates hold (ties broken
+        by row rank, then token id, as `step` breaks them)."""
+        values = allowed(candidates, self.process.bans(self.steps)) + self.scores[:, None]
+        rows = np.repeat(np.arange(values.shape[0]), values.shape[1])
+        flat, ids = values.ravel(), candidates.ids.ravel()
+        top = np.lexsort((ids, self.rank[rows], -flat))[: 2 * self.k]
+        return self._advance(rows[top].tolist(), ids[top].tolist(), flat[top].tolist())
+
+    def _advance(self, parents: list[int], tokens: list[int], scores: list[float]) -> IntArray:
+        """The step's 2k best continuations, best first: (parent row, token, summed log-prob)."""
+        opts, k, stops = self.options, self.k, self.stops
         self.steps += 1
         at_limit = self.steps >= opts.max_new_tokens
         ends = [at_limit or token in stops for token in tokens]

@@ -280,6 +280,7 @@ def export_variants(
                 )
             else:
                 options = build.convert_fp16(fp32_dir, out)
+            build.add_candidates(out / DECODER_NAME)
             parity: dict[str, Any] = {}
             write_manifest(out, variant, opset, options, parity)  # the backend reads the options
             if reference is not None:

@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnxruntime as ort
 
-from attnserve.engine.onnx.layout import DECODER_NAME, ENCODER_NAME, LOG_PROBS
+from attnserve.engine.onnx.layout import (
+    CANDIDATES,
+    DECODER_NAME,
+    ENCODER_NAME,
+    LOG_PROBS,
+    TOP_IDS,
+    TOP_LOG_PROBS,
+)
 from attnserve.export.quantize import quantize_rows
 
 if TYPE_CHECKING:
@@ -129,6 +136,33 @@ def save_graph(model: onnx.ModelProto, path: Path) -> Path:
         )
     else:
         onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
+    return path
+
+
+def add_candidates(path: Path) -> Path:
+    """Give the decoder graph at `path` its best tokens per row beside the log-probs: a TopK
+    over `log_probs` (sorted, ties to the lower id, as ONNX specifies) whose count is the input
+    `candidates` (int64 (1,); a caller that reads only log_probs feeds 1). External weights
+    stay where they are."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    if any(o.name == TOP_IDS for o in graph.output):
+        return path
+    graph.input.append(onnx.helper.make_tensor_value_info(CANDIDATES, onnx.TensorProto.INT64, [1]))
+    graph.node.append(
+        onnx.helper.make_node(
+            "TopK", [LOG_PROBS, CANDIDATES], [TOP_LOG_PROBS, TOP_IDS], axis=-1, largest=1, sorted=1
+        )
+    )
+    rows = ["batch", "candidates"]
+    graph.output.extend(
+        [
+            onnx.helper.make_tensor_value_info(TOP_LOG_PROBS, onnx.TensorProto.FLOAT, rows),
+            onnx.helper.make_tensor_value_info(TOP_IDS, onnx.TensorProto.INT64, rows),
+        ]
+    )
+    onnx.save(model, str(path))
     onnx.checker.check_model(str(path))
     return path
 

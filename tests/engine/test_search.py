@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from attnserve.engine.backend import ModelSpec
+from attnserve.engine.backend import Candidates, ModelSpec
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.processors import banned_ngram_tokens, top_k_mask, top_p_mask
 from attnserve.engine.search import (
@@ -339,3 +339,67 @@ def test_exact_ties_go_to_the_better_ranked_beam_wherever_its_row_is() -> None:
     third[1, 7] = third[1, 8] = -3.75  # -5.0 twice from the better beam, in row 1
     search.step(third)
     assert sorted(search.sequences) == [[3, 5, 7], [3, 5, 8]]
+
+
+def best_of_rows(log_probs: np.ndarray, k: int) -> Candidates:
+    """What the decoder graph's TopK returns: each row's k best, ties to the lower id."""
+    ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+    return Candidates(np.take_along_axis(log_probs, ids, axis=1), ids)
+
+
+CANDIDATE_OPTIONS = {
+    "greedy": DecodingOptions(max_new_tokens=12),
+    "greedy-min-length": DecodingOptions(max_new_tokens=12, min_new_tokens=5),
+    "beam4": DecodingOptions(beam_size=4, num_hypotheses=4, max_new_tokens=12),
+    "beam3-min-length": DecodingOptions(
+        beam_size=3, num_hypotheses=2, max_new_tokens=12, min_new_tokens=4, length_penalty=0.6
+    ),
+}
+
+
+@pytest.mark.parametrize("options", CANDIDATE_OPTIONS.values(), ids=CANDIDATE_OPTIONS.keys())
+@pytest.mark.parametrize("vocab", [7, 40, 1300])
+def test_choosing_among_each_rows_best_tokens_equals_reading_whole_rows(
+    options: DecodingOptions, vocab: int
+) -> None:
+    """Two searches in lockstep, one given whole rows and one only each row's `wanted()` best
+    tokens, on log-probs rounded to one decimal (many exact ties, also across rows), with the
+    pad banned and EOS banned until min_new_tokens: every step keeps the same rows, tokens and
+    scores, and the hypotheses are identical."""
+    spec = ModelSpec(vocab_size=vocab, pad_id=1, eos_id=0, start_id=1, max_positions=64)
+    rng = np.random.default_rng(vocab)
+    for _ in range(5):
+        whole, best = make_search(options, spec), make_search(options, spec)
+        while not whole.done:
+            rows = np.round(rng.standard_normal((whole.num_rows, vocab)) * 2, 1) - 8
+            rows = rows.astype(np.float32)
+            rows[:, 0] += 3.5  # EOS often wins once allowed
+            rows[:, 1] += 6.0  # the pad (banned) among each row's best
+            rows += rng.choice([0.0, 4.0], size=(len(rows), 1))  # rows that fill the top alone
+            wanted = best.wanted()
+            assert 0 < wanted <= 2 * options.beam_size + 2
+            got = best.step_candidates(best_of_rows(rows, min(wanted, vocab)))
+            np.testing.assert_array_equal(got, whole.step(rows.copy()))
+            np.testing.assert_array_equal(best.last_tokens, whole.last_tokens)
+            assert best.done == whole.done
+        assert best.hypotheses() == whole.hypotheses()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        DecodingOptions(sampling=True, seed=1),
+        DecodingOptions(logprobs=2),
+        DecodingOptions(beam_size=2, repetition_penalty=1.3),
+        DecodingOptions(beam_size=2, no_repeat_ngram_size=2),
+        DecodingOptions(presence_penalty=0.5),
+        DecodingOptions(beam_size=2, renormalize=True),
+        DecodingOptions(beam_size=2, forced_bos_id=3),
+    ],
+    ids=["sampling", "logprobs", "repetition", "ngram", "presence", "renormalize", "forced-bos"],
+)
+def test_searches_that_reweight_tokens_read_whole_rows(options: DecodingOptions) -> None:
+    spec = ModelSpec(vocab_size=10, pad_id=1, eos_id=0, start_id=1, max_positions=64)
+    assert make_search(options, spec).wanted() == 0
+    logits = ModelSpec(10, 1, 0, 1, 64, decoder_only=True, returns_logits=True)
+    assert make_search(DecodingOptions(beam_size=2), logits).wanted() == 0

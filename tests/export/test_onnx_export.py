@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from attnserve.cli import main
+from attnserve.defaults import IR_VERSION, OPSET
 from attnserve.engine.onnx.backend import OnnxBackend
 from attnserve.engine.onnx.layout import DECODER_INPUTS, cross_names, new_names, past_names
 from attnserve.export.onnx_export import export_model, export_variants, sha256
@@ -78,7 +79,8 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
     assert list(enc_out) == cross_names(n)
     assert enc_out["cross.0.key"][1][0::2] == ["sources", "src_len"]
     dec_in, dec_out = io_spec(list(decoder.graph.input)), io_spec(list(decoder.graph.output))
-    assert list(dec_in) == [*DECODER_INPUTS, *past_names(n), *cross_names(n)]
+    assert list(dec_in) == [*DECODER_INPUTS, *past_names(n), *cross_names(n), "candidates"]
+    assert dec_in["candidates"] == (i64, [1])
     assert dec_in["input_ids"] == (i64, ["batch"])
     # Cross K/V and the source mask are per encoded source, shared by its rows (beams).
     assert dec_in["encoder_attention_mask"] == (i64, ["sources", "src_len"])
@@ -88,8 +90,10 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
     assert dec_in["past.0.self.key"][0] == f32
     assert dec_in["past.0.self.key"][1][0::2] == ["batch", "past_len"]
     # The step returns its column of the cache, not the grown cache (nothing is copied).
-    assert list(dec_out) == ["log_probs", *new_names(n)]
+    assert list(dec_out) == ["log_probs", *new_names(n), "top_log_probs", "top_ids"]
     assert dec_out["log_probs"][0] == f32
+    assert dec_out["top_log_probs"] == (f32, ["batch", "candidates"])
+    assert dec_out["top_ids"] == (i64, ["batch", "candidates"])
     assert dec_out["new.1.self.value"][1][:3] == ["batch", 4, 1]
 
 
@@ -163,6 +167,7 @@ def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path)
     assert io_spec(list(decoder.graph.input))["past.0.self.key"][0] == f16
     assert io_spec(list(decoder.graph.input))["cross.0.key"][0] == f16
     assert io_spec(list(decoder.graph.output))["log_probs"][0] == f32
+    assert io_spec(list(decoder.graph.output))["top_log_probs"][0] == f32
     assert io_spec(list(decoder.graph.output))["new.0.self.key"][0] == f16
     kept = {n.op_type for n in decoder.graph.node if n.op_type in ("LayerNormalization", "Softmax")}
     for node in decoder.graph.node:
@@ -256,3 +261,39 @@ def test_graphs_near_the_protobuf_limit_keep_their_weights_beside_them(
         a, b = beside.encode(*sources), inline.encode(*sources)
         start = np.array([config.start_id, config.start_id])
         np.testing.assert_array_equal(beside.step(start, a)[0], inline.step(start, b)[0])
+
+
+def test_best_tokens_of_a_graph_are_its_rows_best_first_ties_to_the_lower_id(
+    tmp_path: Path,
+) -> None:
+    """add_candidates on a graph whose log_probs are its input: ONNX Runtime's TopK returns
+    what a stable sort does (the searches rely on ties going to the lower id)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from attnserve.export.variants import add_candidates
+
+    rows = ["batch", "vocab"]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["log_probs"])],
+        "rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, rows)],
+        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, rows)],
+    )
+    path = tmp_path / "decoder.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.save(model, path)
+    add_candidates(path)
+    add_candidates(path)  # once only
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["log_probs", "top_log_probs", "top_ids"]
+    rng = np.random.default_rng(0)
+    for vocab, k in ((7, 7), (300, 11), (40000, 9)):
+        x = rng.integers(-6, 0, size=(33, vocab)).astype(np.float32)  # mostly ties
+        values, ids = session.run(
+            ["top_log_probs", "top_ids"], {"x": x, "candidates": np.array([k])}
+        )
+        expected = np.argsort(-x, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(ids, expected)
+        np.testing.assert_array_equal(values, np.take_along_axis(x, expected, axis=1))

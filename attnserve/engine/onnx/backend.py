@@ -3,10 +3,11 @@
 The state keeps the cross-attention K/V of every encoded source (not of every row: a request's
 beams share them) and the self-attention cache of every row, as tensors the runtime reads
 directly: numpy arrays, or with IO binding OrtValues that stay on the device (CUDA) between
-steps, so that only the log-probs are copied back to the host. The decoder graph returns only
-the new cache column of each step; `engine.onnx.rowops` appends it (in place on the host) and
-moves rows when beams reorder and requests join or leave. Masks, the row -> source index and the
-cross-attention slots are tiny and always live on the host.
+steps, so that only the log-probs (or each row's best tokens, `step_candidates`) are copied back
+to the host. The decoder graph returns only the new cache column of each step;
+`engine.onnx.rowops` appends it (in place on the host) and moves rows when beams reorder and
+requests join or leave. Masks, the row -> source index and the cross-attention slots are tiny
+and always live on the host.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import numpy as np
 import onnxruntime as ort
 
 from attnserve.defaults import PROVIDERS
-from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
 from attnserve.engine.onnx.layout import (
+    CANDIDATES,
     DECODER_INPUTS,
     DECODER_NAME,
     ENCODER_INPUTS,
     ENCODER_NAME,
     LOG_PROBS,
+    TOP_IDS,
+    TOP_LOG_PROBS,
     cross_names,
     new_names,
     past_names,
@@ -61,6 +65,8 @@ OPTIMIZATION_LEVELS = {
 # folded into FusedMatMul's alpha instead of a Mul on the small query (docs/BENCHMARKS.md,
 # "Tried and not kept"). They are disabled on the CPU provider only; CUDA keeps all.
 SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "MatMulScaleFusion")
+# Decoder outputs the host reads (with IO binding, the cache outputs stay on the device).
+HOST_OUTPUTS = frozenset((LOG_PROBS, TOP_LOG_PROBS, TOP_IDS))
 
 
 class OnnxModelError(ModelFileInvalidError):
@@ -221,6 +227,9 @@ class OnnxBackend:
         self.provider = self.decoder.get_providers()[0]
         if providers[0] != CPU and self.provider != CUDA:
             log.warning("the CUDA provider failed to load; running on the CPU")
+        # Graphs exported before the decoder returned its best tokens have whole rows only.
+        self._has_candidates = TOP_IDS in {o.name for o in self.decoder.get_outputs()}
+        self.candidates = self._has_candidates  # RunningBatch may ask for them (a switch)
         self.kv_dtype = _dtype(self.decoder, self._past[0])
         on_cuda = self.provider == CUDA
         self.device = ("cuda", device_id) if on_cuda else ("cpu", 0)
@@ -267,13 +276,13 @@ class OnnxBackend:
         for name, value in tensors.items():
             binding.bind_ortvalue_input(name, value)
         for name in outputs:
-            if name == LOG_PROBS:
+            if name in HOST_OUTPUTS:
                 binding.bind_output(name, "cpu")
             else:
                 binding.bind_output(name, *self.device)
         session.run_with_iobinding(binding)
         values = binding.get_outputs()
-        return [v.numpy() if n == LOG_PROBS else v for n, v in zip(outputs, values, strict=True)]
+        return [v.numpy() if n in HOST_OUTPUTS else v for n, v in zip(outputs, values, strict=True)]
 
     def _join_in_place(
         self, state: OnnxState, new: OnnxState, rows: HostRowOps
@@ -316,19 +325,41 @@ class OnnxBackend:
         return OnnxState.build(mask, cross, row_source, past, past_mask, 0, Columns(0))
 
     def step(self, tokens: IntArray, state: OnnxState) -> tuple[FloatArray, OnnxState]:
+        feed = {CANDIDATES: np.ones(1, dtype=np.int64)} if self._has_candidates else {}
+        out, grown = self._step(tokens, state, [LOG_PROBS], feed)
+        return np.asarray(out[0], dtype=np.float32), grown  # (B, V)
+
+    def step_candidates(
+        self, tokens: IntArray, state: OnnxState, k: int
+    ) -> tuple[Candidates, OnnxState]:
+        """`step` returning each row's k best tokens (the graph's TopK), so that the host never
+        reads the (B, V) log-probs; only when `self.candidates` (the graph has them)."""
+        feed = {CANDIDATES: np.array([k], dtype=np.int64)}
+        out, grown = self._step(tokens, state, [TOP_LOG_PROBS, TOP_IDS], feed)
+        return Candidates(np.asarray(out[0], dtype=np.float32), np.asarray(out[1])), grown
+
+    def _step(
+        self,
+        tokens: IntArray,
+        state: OnnxState,
+        outputs: list[str],
+        extra: dict[str, IntArray],
+    ) -> tuple[list[Tensor], OnnxState]:
+        """One decoder call: `outputs` (host arrays) and the state grown by the new column."""
         host = {
             "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),  # (B,)
             "encoder_attention_mask": state.src_mask,  # (N, S)
             "past_mask": state.past_mask,  # (B, W)
             "row_slots": state.row_slots,  # (B,)
             "slot_rows": state.slot_rows,  # (N * G,)
+            **extra,
         }
         tensors = dict(zip(self._past, state.past, strict=True))
         tensors.update(zip(self._cross, state.cross, strict=True))
-        out = self._run(self.decoder, host, tensors, [LOG_PROBS, *self._new])
-        log_probs = np.asarray(out[0], dtype=np.float32)  # (B, V)
+        out = self._run(self.decoder, host, tensors, [*outputs, *self._new])
+        n = len(outputs)
         t = state.length
-        past, columns = self.rows.append(state.past, out[1:], t, state.columns)
+        past, columns = self.rows.append(state.past, out[n:], t, state.columns)
         width = self._width(past[0])
         past_mask = np.zeros((len(tokens), width), dtype=np.int64)  # (B, W')
         past_mask[:, :t] = state.past_mask[:, :t]
@@ -344,7 +375,7 @@ class OnnxBackend:
             state.row_slots,
             state.slot_rows,
         )
-        return log_probs, grown
+        return out[:n], grown
 
     def _sources(self, state: OnnxState, rows: IntArray) -> tuple[IntArray, list[Tensor], IntArray]:
         """src_mask, cross K/V and row -> source index of the rows `rows` of `state`."""

@@ -312,3 +312,39 @@ def test_an_int8_export_with_per_tensor_scales_is_named_at_load(
         onnx_backend(model, "int8")
     assert "quantizes activations per tensor" in caplog.text
     assert f"attnserve export {model} --variants int8" in caplog.text
+
+
+MIXED = [
+    DecodingOptions(beam_size=4, num_hypotheses=4, max_new_tokens=12),
+    DecodingOptions(max_new_tokens=12, min_new_tokens=6),
+    DecodingOptions(beam_size=3, num_hypotheses=2, max_new_tokens=12, length_penalty=0.5),
+    DecodingOptions(max_new_tokens=12),
+]
+
+
+@BINDING
+@VARIANT
+@pytest.mark.parametrize("sampling", [False, True], ids=["search", "with-sampling"])
+def test_best_tokens_from_the_graph_decode_as_whole_rows(
+    tiny_onnx_import: Path, io_binding: bool, variant: str, sampling: bool
+) -> None:
+    """Greedy and beam requests choosing from the decoder's best tokens per row get the
+    hypotheses (tokens and scores, bit for bit) that whole rows of log-probs give; with a
+    sampling request in the batch every step reads whole rows, and nothing changes either."""
+    backend = onnx_backend(tiny_onnx_import, variant, io_binding=io_binding)
+    assert backend.candidates
+    options = MIXED[:-1] + [MIXED[-1].replace(sampling=True, seed=3)] if sampling else MIXED
+    got = decode_batch(backend, SOURCES, options)
+    backend.candidates = False
+    assert decode_batch(backend, SOURCES, options) == got
+
+
+def test_decoder_best_tokens_are_its_log_probs_best_first(tiny_onnx_import: Path) -> None:
+    backend = onnx_backend(tiny_onnx_import, "int8")
+    ids, lengths = pad_batch(SOURCES, 0)
+    state = backend.encode(ids, lengths)
+    log_probs, _ = backend.step(np.full(len(SOURCES), 1), state)
+    best, _ = backend.step_candidates(np.full(len(SOURCES), 1), state, 6)
+    expected = np.argsort(-log_probs, axis=1, kind="stable")[:, :6]
+    np.testing.assert_array_equal(best.ids, expected)
+    np.testing.assert_array_equal(best.log_probs, np.take_along_axis(log_probs, expected, 1))
