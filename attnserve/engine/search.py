@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
 from attnserve.engine.options import DecodingOptions
@@ -35,10 +36,15 @@ EMPTY = np.zeros(0, dtype=np.int64)
 CHUNK = 512
 
 
-def top_indices(values: FloatArray, n: int, rank: IntArray | None = None) -> IntArray:
+def top_indices(
+    values: FloatArray, n: int, rank: IntArray | None = None, own: FloatArray | None = None
+) -> IntArray:
     """Indices of the n largest of a flat (N,) array, best first. Ties go to the lower index,
     or, with `rank` (R,) for values that are R rows of N / R, to the lower (rank[row], column):
-    the order the rows would have if they were sorted by rank.
+    the order the rows would have if they were sorted by rank. `own` (N,): what each value was
+    before its row's beam score was added; equal sums of a row go to the larger own value
+    first (float32 rounding can make distinct log-probs equal once a score is added: the row's
+    order stays that of its log-probs, which is what its best tokens alone give).
 
     A full sort or argpartition of beam search's R*V candidates is a costly pass over every
     value, when only 2k of them are wanted; instead, the n-th largest of the chunk maxima is a
@@ -54,20 +60,29 @@ def top_indices(values: FloatArray, n: int, rank: IntArray | None = None) -> Int
         threshold = np.partition(maxima, chunks - n)[chunks - n]
         survivors = np.flatnonzero(values >= threshold)
         if survivors.size >= n:
-            ties = survivors if rank is None else _ranked(survivors, rank, size)
-            order = np.lexsort((ties, -values[survivors]))  # value desc, then tie order
+            order = np.lexsort(_tie_keys(survivors, values, rank, own))
             return survivors[order[:n]]
-    if rank is None:
+    if rank is None and own is None:
         return np.argsort(-values, kind="stable")[:n]
-    everything = np.arange(size)
-    return np.lexsort((_ranked(everything, rank, size), -values))[:n]
+    return np.lexsort(_tie_keys(np.arange(size), values, rank, own))[:n]
 
 
-def _ranked(indices: IntArray, rank: IntArray, size: int) -> IntArray:
-    """Flat indices of R rows renumbered as if the rows were in rank order."""
-    width = size // rank.shape[0]
-    rows, columns = np.divmod(indices, width)
-    return rank[rows] * width + columns
+def _tie_keys(
+    indices: IntArray, values: FloatArray, rank: IntArray | None, own: FloatArray | None
+) -> tuple[npt.NDArray[Any], ...]:
+    """np.lexsort keys (the last one first) of `top_indices`' order for `indices`: value
+    descending, then the row's rank, then the own value descending, then the column."""
+    if rank is None:
+        rows, columns = None, indices
+    else:
+        rows, columns = np.divmod(indices, values.shape[0] // rank.shape[0])
+    keys: list[npt.NDArray[Any]] = [columns]
+    if own is not None:
+        keys.append(-own[indices])
+    if rows is not None and rank is not None:
+        keys.append(rank[rows])
+    keys.append(-values[indices])
+    return tuple(keys)
 
 
 def stay_in_place(parents: Sequence[int]) -> list[int]:
@@ -222,15 +237,21 @@ class GreedySearch(Search):
         return self._advance(token, float(chosen[token]), raw)
 
     def wanted(self) -> int:
-        if self.logprobs is not None or self.spec.returns_logits:
+        # a subclass that chooses otherwise (sampling) reads whole rows
+        if (
+            self.logprobs is not None
+            or self.spec.returns_logits
+            or type(self).choose is not GreedySearch.choose
+        ):
             return 0
         banned = self.process.bans(len(self.tokens))
         return 0 if banned is None else 1 + len(banned)
 
     def step_candidates(self, candidates: Candidates) -> IntArray:
         values = allowed(candidates, self.process.bans(len(self.tokens)))[0]
-        best = int(np.argmax(values))  # the first of equals: the lowest id, as argmax of a row
-        return self._advance(int(candidates.ids[0, best]), float(values[best]), None)
+        top = values.max()
+        token = int(candidates.ids[0][values == top].min())  # the lowest id, as argmax of a row
+        return self._advance(token, float(top), None)
 
     def _advance(self, token: int, log_prob: float, raw: FloatArray | None) -> IntArray:
         """Take `token` (its processed log-prob); `raw`: the row before processing, for the
@@ -279,9 +300,6 @@ class SamplingSearch(GreedySearch):
         super().__init__(options, spec, **kwargs)
         self.rng = rng if rng is not None else np.random.default_rng(options.seed)
 
-    def wanted(self) -> int:
-        return 0  # sampling draws from the whole distribution
-
     def choose(self, log_probs: FloatArray) -> int:
         opts = self.options
         # In float64: log-probs over a tiny temperature overflow float32 (1e-40 made every
@@ -324,7 +342,8 @@ class BeamSearch(Search):
             log_probs = log_softmax(log_probs)
         processed = self.process(log_probs, self.sequences)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
-        top = top_indices(candidates, 2 * k, self.rank)  # the 2k best continuations, best first
+        # the 2k best continuations, best first
+        top = top_indices(candidates, 2 * k, self.rank, processed.ravel())
         # A handful of candidates: plain Python from here on (numpy calls cost more).
         scores = candidates[top].tolist()
         parents, tokens = [], []
@@ -341,13 +360,15 @@ class BeamSearch(Search):
         return 0 if banned is None else 2 * self.k + len(banned)
 
     def step_candidates(self, candidates: Candidates) -> IntArray:
-        """The 2k best of the rows' candidates: each of the 2k best continuations of all rows
-        is among its own row's 2k best allowed tokens, which the candidates hold (ties broken
-        by row rank, then token id, as `step` breaks them)."""
-        values = allowed(candidates, self.process.bans(self.steps)) + self.scores[:, None]
+        """The 2k best of the rows' candidates, in `step`'s order (summed log-prob, row rank,
+        own log-prob, token id). Within a row that order is the row's own (log-prob, then id:
+        adding the score never reverses two log-probs), so each of the 2k best continuations
+        of all rows is among its own row's 2k best allowed tokens, which the candidates hold."""
+        own = allowed(candidates, self.process.bans(self.steps))
+        values = own + self.scores[:, None]
         rows = np.repeat(np.arange(values.shape[0]), values.shape[1])
         flat, ids = values.ravel(), candidates.ids.ravel()
-        top = np.lexsort((ids, self.rank[rows], -flat))[: 2 * self.k]
+        top = np.lexsort((ids, -own.ravel(), self.rank[rows], -flat))[: 2 * self.k]
         return self._advance(rows[top].tolist(), ids[top].tolist(), flat[top].tolist())
 
     def _advance(self, parents: list[int], tokens: list[int], scores: list[float]) -> IntArray:

@@ -359,19 +359,23 @@ CANDIDATE_OPTIONS = {
 
 @pytest.mark.parametrize("options", CANDIDATE_OPTIONS.values(), ids=CANDIDATE_OPTIONS.keys())
 @pytest.mark.parametrize("vocab", [7, 40, 1300])
+@pytest.mark.parametrize("near", [False, True], ids=["ties", "near-ties"])
 def test_choosing_among_each_rows_best_tokens_equals_reading_whole_rows(
-    options: DecodingOptions, vocab: int
+    options: DecodingOptions, vocab: int, near: bool
 ) -> None:
     """Two searches in lockstep, one given whole rows and one only each row's `wanted()` best
-    tokens, on log-probs rounded to one decimal (many exact ties, also across rows), with the
-    pad banned and EOS banned until min_new_tokens: every step keeps the same rows, tokens and
-    scores, and the hypotheses are identical."""
+    tokens, on log-probs rounded to one decimal (many exact ties, also across rows; `near`:
+    plus a few millionths, distinct values that become equal once a beam score of tens is
+    added in float32), with the pad banned and EOS banned until min_new_tokens: every step
+    keeps the same rows, tokens and scores, and the hypotheses are identical."""
     spec = ModelSpec(vocab_size=vocab, pad_id=1, eos_id=0, start_id=1, max_positions=64)
     rng = np.random.default_rng(vocab)
     for _ in range(5):
         whole, best = make_search(options, spec), make_search(options, spec)
         while not whole.done:
             rows = np.round(rng.standard_normal((whole.num_rows, vocab)) * 2, 1) - 8
+            if near:
+                rows += rng.integers(0, 4, size=rows.shape) * 1e-6
             rows = rows.astype(np.float32)
             rows[:, 0] += 3.5  # EOS often wins once allowed
             rows[:, 1] += 6.0  # the pad (banned) among each row's best
@@ -395,11 +399,46 @@ def test_choosing_among_each_rows_best_tokens_equals_reading_whole_rows(
         DecodingOptions(presence_penalty=0.5),
         DecodingOptions(beam_size=2, renormalize=True),
         DecodingOptions(beam_size=2, forced_bos_id=3),
+        DecodingOptions(frequency_penalty=0.5),
+        DecodingOptions(beam_size=2, forced_eos=True, max_new_tokens=1),
     ],
-    ids=["sampling", "logprobs", "repetition", "ngram", "presence", "renormalize", "forced-bos"],
+    ids=[
+        "sampling",
+        "logprobs",
+        "repetition",
+        "ngram",
+        "presence",
+        "renormalize",
+        "forced-bos",
+        "frequency",
+        "forced-eos",
+    ],
 )
 def test_searches_that_reweight_tokens_read_whole_rows(options: DecodingOptions) -> None:
     spec = ModelSpec(vocab_size=10, pad_id=1, eos_id=0, start_id=1, max_positions=64)
     assert make_search(options, spec).wanted() == 0
     logits = ModelSpec(10, 1, 0, 1, 64, decoder_only=True, returns_logits=True)
     assert make_search(DecodingOptions(beam_size=2), logits).wanted() == 0
+
+
+def test_log_probs_a_beam_score_makes_equal_keep_their_own_order() -> None:
+    """Seven distinct log-probs of the best beam's row (1.2e-7 apart) are one float32 value
+    once its score, -20, is added; the lowest token id among them (5) has the worst log-prob.
+    The row's best two are still taken in log-prob order, from whole rows and from the row's
+    best `wanted()` tokens alike (which do not include token 5)."""
+    vocab = 40
+    spec = ModelSpec(vocab_size=vocab, pad_id=1, eos_id=0, start_id=1, max_positions=64)
+    options = DecodingOptions(beam_size=2, max_new_tokens=10)
+    whole, best = make_search(options, spec), make_search(options, spec)
+    first = np.full((1, vocab), -60.0, dtype=np.float32)
+    first[0, [10, 11]] = [-20.0, -20.5]
+    whole.step(first.copy())
+    best.step_candidates(best_of_rows(first, best.wanted()))
+    rows = np.full((2, vocab), -60.0, dtype=np.float32)
+    row = int(np.argmin(whole.rank))
+    tokens = [30, 31, 32, 33, 34, 35, 5]
+    rows[row, tokens] = np.float32(-1.0) - np.arange(7, dtype=np.float32) * np.float32(1.2e-7)
+    assert len(set((rows[row, tokens] + whole.scores[row]).tolist())) == 1
+    whole.step(rows.copy())
+    best.step_candidates(best_of_rows(rows, best.wanted()))
+    assert sorted(whole.last_tokens.tolist()) == sorted(best.last_tokens.tolist()) == [30, 31]
