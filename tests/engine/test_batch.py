@@ -7,8 +7,10 @@ import itertools
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
+from attnserve.engine.backend import Candidates
 from attnserve.engine.batch import RunningBatch, encoder_chunks
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.search import make_search
@@ -176,3 +178,73 @@ def test_mixed_lengths_are_encoded_in_buckets_in_the_callers_order() -> None:
     assert calls == [(4, 41)]
     with pytest.raises(ValueError, match="at least one source"):
         batch.encode([])
+
+
+class BestTokensBackend(TableBackend):
+    """A table backend that also returns each row's k best tokens (as the ONNX decoder's TopK:
+    stable, ties to the lower id), and records the k of every step (0: whole rows)."""
+
+    def __init__(self, table: Any, vocab_size: int) -> None:
+        super().__init__(table, vocab_size)
+        self.candidates = True
+        self.ks: list[int] = []
+
+    def step(self, tokens: Any, state: list) -> tuple[Any, list]:
+        self.ks.append(0)
+        return super().step(tokens, state)
+
+    def step_candidates(self, tokens: Any, state: list, k: int) -> tuple[Candidates, list]:
+        log_probs, grown = super().step(tokens, state)
+        assert 0 < k <= self.spec.vocab_size
+        self.ks.append(k)
+        ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+        return Candidates(np.take_along_axis(log_probs, ids, axis=1), ids), grown
+
+
+def noisy_table(src: tuple[int, ...], prefix: tuple[int, ...]) -> list[float]:
+    """A random distribution over 12 tokens per (source, prefix), with ties; EOS likelier with
+    length."""
+    rng = np.random.default_rng(hash((src, prefix)) % 2**32)
+    probs = rng.integers(1, 6, size=12).astype(np.float64)
+    probs[0] += len(prefix)
+    return list(probs / probs.sum())
+
+
+def test_best_tokens_decode_as_whole_rows_with_joins_removals_and_dead_rows() -> None:
+    """Greedy and beam requests (with a min length, so EOS is banned for a while) decode from
+    the backend's best tokens, the same as from whole rows, while requests finish (dead rows),
+    are removed and join mid-way; a sampling request in the batch makes every step read whole
+    rows until it leaves. k is the largest any search wants (beam 4: 8, + the banned pad)."""
+    options = [
+        DecodingOptions(beam_size=4, num_hypotheses=3, max_new_tokens=9),
+        DecodingOptions(max_new_tokens=9, min_new_tokens=3),
+        DecodingOptions(beam_size=2, max_new_tokens=6, length_penalty=0.5),
+        DecodingOptions(max_new_tokens=4),
+    ]
+    late = [DecodingOptions(beam_size=3, max_new_tokens=7), DecodingOptions(max_new_tokens=8)]
+    sampling = DecodingOptions(sampling=True, seed=5, max_new_tokens=3)
+
+    def run(backend: TableBackend, with_sampling: bool) -> list[Any]:
+        batch: RunningBatch[Any] = RunningBatch(backend)
+        first = [make_search(o, backend.spec) for o in options]
+        if with_sampling:
+            first.append(make_search(sampling, backend.spec))
+        batch.join(first, batch.encode([[5 + i, EOS] for i in range(len(first))]))
+        batch.step()
+        batch.step()
+        batch.remove(first[3:4])
+        joined = [make_search(o, backend.spec) for o in late]
+        batch.join(joined, batch.encode([[20, EOS], [21, 22, EOS]]))
+        while len(batch):
+            batch.step()
+        return [s.hypotheses() for s in first[:3] + joined]
+
+    for with_sampling in (False, True):
+        best = BestTokensBackend(noisy_table, 12)
+        whole = TableBackend(noisy_table, 12)
+        assert run(best, with_sampling) == run(whole, with_sampling)
+        assert max(best.ks) == 2 * 4 + 1  # beam 4 and the pad (the start id), banned
+        if with_sampling:
+            assert best.ks[:3] == [0, 0, 0] and best.ks[3] > 0  # the sampler leaves after 3
+        else:
+            assert 0 not in best.ks
