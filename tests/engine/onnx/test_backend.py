@@ -348,3 +348,30 @@ def test_decoder_best_tokens_are_its_log_probs_best_first(tiny_onnx_import: Path
     expected = np.argsort(-log_probs, axis=1, kind="stable")[:, :6]
     np.testing.assert_array_equal(best.ids, expected)
     np.testing.assert_array_equal(best.log_probs, np.take_along_axis(log_probs, expected, 1))
+
+
+def test_a_decoder_exported_without_best_tokens_decodes_from_whole_rows(
+    tiny_onnx_import: Path, tmp_path: Path
+) -> None:
+    """Graphs exported before the decoder had its TopK still load and decode (whole rows)."""
+    import onnx
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_onnx_import, model_dir)
+    path = model_dir / "onnx" / "int8" / "decoder.onnx"
+    graph = onnx.load(str(path))
+    kept = [n for n in graph.graph.node if n.op_type != "TopK"]
+    del graph.graph.node[:]
+    graph.graph.node.extend(kept)
+    for field, names in (
+        (graph.graph.output, ("top_log_probs", "top_ids")),
+        (graph.graph.input, ("candidates",)),
+    ):
+        kept_io = [v for v in field if v.name not in names]
+        del field[:]
+        field.extend(kept_io)
+    onnx.save(graph, str(path))
+    old = onnx_backend(model_dir, "int8")
+    assert not old.candidates
+    current = onnx_backend(tiny_onnx_import, "int8")
+    assert decode_batch(old, SOURCES, MIXED) == decode_batch(current, SOURCES, MIXED)
