@@ -43,8 +43,8 @@ DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots
 LOG_PROBS = "log_probs"
 # The decoder's best tokens of every row (ONNX TopK over log_probs, best first; ties to the lower
 # id): `candidates` (int64 (1,), how many) -> top_log_probs (B, K) float32 and top_ids (B, K)
-# int64. Greedy and beam search choose from them when no processor reweights
-# tokens, so the host never reads the (B, V) log-probs.
+# int64. Greedy and beam search choose from them when no processor reweights tokens, so the
+# host never reads the (B, V) log-probs.
 CANDIDATES = "candidates"
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
