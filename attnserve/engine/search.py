@@ -72,14 +72,13 @@ def _tie_keys(
 ) -> tuple[npt.NDArray[Any], ...]:
     """np.lexsort keys (the last one first) of `top_indices`' order for `indices`: value
     descending, then the row's rank, then the own value descending, then the column."""
-    if rank is None:
-        rows, columns = None, indices
-    else:
-        rows, columns = np.divmod(indices, values.shape[0] // rank.shape[0])
+    rows, columns = (
+        (None, indices) if rank is None else np.divmod(indices, values.shape[0] // rank.shape[0])
+    )
     keys: list[npt.NDArray[Any]] = [columns]
     if own is not None:
         keys.append(-own[indices])
-    if rows is not None and rank is not None:
+    if rank is not None:
         keys.append(rank[rows])
     keys.append(-values[indices])
     return tuple(keys)

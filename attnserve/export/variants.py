@@ -162,9 +162,7 @@ def add_candidates(path: Path) -> Path:
             onnx.helper.make_tensor_value_info(TOP_IDS, onnx.TensorProto.INT64, rows),
         ]
     )
-    onnx.save(model, str(path))
-    onnx.checker.check_model(str(path))
-    return path
+    return save_graph(model, path)
 
 
 def output_projection_nodes(model: onnx.ModelProto) -> list[str]:

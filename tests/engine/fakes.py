@@ -8,10 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
 from attnserve.engine.torch_backend import TorchBackend
 
 Table = Callable[[tuple[int, ...], tuple[int, ...]], Sequence[float]]
+
+
+def best_tokens(log_probs: FloatArray, k: int) -> Candidates:
+    """What the decoder graph's TopK returns: each row's k best, ties to the lower id."""
+    ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+    return Candidates(np.take_along_axis(log_probs, ids, axis=1), ids)
 
 
 class TableBackend:

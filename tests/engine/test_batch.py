@@ -15,7 +15,7 @@ from attnserve.engine.batch import RunningBatch, encoder_chunks
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.search import make_search
 from attnserve.engine.translator import decode_batch
-from tests.engine.fakes import TableBackend
+from tests.engine.fakes import TableBackend, best_tokens
 
 V = 4
 EOS, A = 0, 2
@@ -197,8 +197,7 @@ class BestTokensBackend(TableBackend):
         log_probs, grown = super().step(tokens, state)
         assert 0 < k <= self.spec.vocab_size
         self.ks.append(k)
-        ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
-        return Candidates(np.take_along_axis(log_probs, ids, axis=1), ids), grown
+        return best_tokens(log_probs, k), grown
 
 
 def noisy_table(src: tuple[int, ...], prefix: tuple[int, ...]) -> list[float]:

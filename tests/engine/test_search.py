@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from attnserve.engine.backend import Candidates, ModelSpec
+from attnserve.engine.backend import ModelSpec
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.processors import banned_ngram_tokens, top_k_mask, top_p_mask
 from attnserve.engine.search import (
@@ -19,7 +19,7 @@ from attnserve.engine.search import (
     top_indices,
 )
 from attnserve.engine.translator import decode_batch
-from tests.engine.fakes import TableBackend
+from tests.engine.fakes import TableBackend, best_tokens
 
 EOS, PAD, A, B = 0, 1, 2, 3
 V = 4
@@ -341,12 +341,6 @@ def test_exact_ties_go_to_the_better_ranked_beam_wherever_its_row_is() -> None:
     assert sorted(search.sequences) == [[3, 5, 7], [3, 5, 8]]
 
 
-def best_of_rows(log_probs: np.ndarray, k: int) -> Candidates:
-    """What the decoder graph's TopK returns: each row's k best, ties to the lower id."""
-    ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
-    return Candidates(np.take_along_axis(log_probs, ids, axis=1), ids)
-
-
 CANDIDATE_OPTIONS = {
     "greedy": DecodingOptions(max_new_tokens=12),
     "greedy-min-length": DecodingOptions(max_new_tokens=12, min_new_tokens=5),
@@ -382,7 +376,7 @@ def test_choosing_among_each_rows_best_tokens_equals_reading_whole_rows(
             rows += rng.choice([0.0, 4.0], size=(len(rows), 1))  # rows that fill the top alone
             wanted = best.wanted()
             assert 0 < wanted <= 2 * options.beam_size + 2
-            got = best.step_candidates(best_of_rows(rows, min(wanted, vocab)))
+            got = best.step_candidates(best_tokens(rows, min(wanted, vocab)))
             np.testing.assert_array_equal(got, whole.step(rows.copy()))
             np.testing.assert_array_equal(best.last_tokens, whole.last_tokens)
             assert best.done == whole.done
@@ -433,12 +427,12 @@ def test_log_probs_a_beam_score_makes_equal_keep_their_own_order() -> None:
     first = np.full((1, vocab), -60.0, dtype=np.float32)
     first[0, [10, 11]] = [-20.0, -20.5]
     whole.step(first.copy())
-    best.step_candidates(best_of_rows(first, best.wanted()))
+    best.step_candidates(best_tokens(first, best.wanted()))
     rows = np.full((2, vocab), -60.0, dtype=np.float32)
     row = int(np.argmin(whole.rank))
     tokens = [30, 31, 32, 33, 34, 35, 5]
     rows[row, tokens] = np.float32(-1.0) - np.arange(7, dtype=np.float32) * np.float32(1.2e-7)
     assert len(set((rows[row, tokens] + whole.scores[row]).tolist())) == 1
     whole.step(rows.copy())
-    best.step_candidates(best_of_rows(rows, best.wanted()))
+    best.step_candidates(best_tokens(rows, best.wanted()))
     assert sorted(whole.last_tokens.tolist()) == sorted(best.last_tokens.tolist()) == [30, 31]

@@ -67,6 +67,7 @@ OPTIMIZATION_LEVELS = {
 SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "MatMulScaleFusion")
 # Decoder outputs the host reads (with IO binding, the cache outputs stay on the device).
 HOST_OUTPUTS = frozenset((LOG_PROBS, TOP_LOG_PROBS, TOP_IDS))
+ONE_CANDIDATE = np.ones(1, dtype=np.int64)  # what `step` feeds a graph with a TopK it ignores
 
 
 class OnnxModelError(ModelFileInvalidError):
@@ -325,7 +326,7 @@ class OnnxBackend:
         return OnnxState.build(mask, cross, row_source, past, past_mask, 0, Columns(0))
 
     def step(self, tokens: IntArray, state: OnnxState) -> tuple[FloatArray, OnnxState]:
-        feed = {CANDIDATES: np.ones(1, dtype=np.int64)} if self._has_candidates else {}
+        feed = {CANDIDATES: ONE_CANDIDATE} if self._has_candidates else {}
         out, grown = self._step(tokens, state, [LOG_PROBS], feed)
         return np.asarray(out[0], dtype=np.float32), grown  # (B, V)
 
