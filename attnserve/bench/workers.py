@@ -71,12 +71,13 @@ def build_runner(spec: RunnerSpec) -> Runner:
     if spec.kind == "torch":
         return _torch_runner(path, spec.threads)
     from attnserve.engine.loading import load_backend, parse_backend_name
-    from attnserve.engine.onnx.layout import DECODER_NAME, ENCODER_NAME, variant_dir
+    from attnserve.engine.onnx.layout import MANIFEST_NAME, variant_dir
 
     backend = load_backend(path, spec.kind, threads=spec.threads, **spec.options)
     variant = parse_backend_name(spec.kind)[1] or str(spec.options.get("variant", "int8"))
-    graphs = [variant_dir(path, variant) / name for name in (ENCODER_NAME, DECODER_NAME)]
-    return BackendRunner(backend, graphs)
+    # The graphs, their weights files and the weights they share (all but the manifest).
+    files = [p for p in variant_dir(path, variant).iterdir() if p.name != MANIFEST_NAME]
+    return BackendRunner(backend, sorted(files))
 
 
 def _quiet_libraries() -> None:

@@ -38,6 +38,8 @@ from attnserve.engine.onnx.layout import (
     LOG_PROBS,
     MANIFEST_NAME,
     ONNX_DIR,
+    SHARED_DATA,
+    SHARED_WEIGHTS,
     cross_names,
     new_names,
     past_names,
@@ -210,9 +212,10 @@ def write_manifest(
     files: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
 ) -> Path:
     """manifest.json: variant, opset, exporter, versions, file hashes, parity at export."""
-    hashes = {
-        path.name: sha256(path) for name in files for path in build.graph_files(directory, name)
-    }
+    paths = [path for name in files for path in build.graph_files(directory, name)]
+    if (directory / SHARED_DATA).is_file():
+        paths.append(directory / SHARED_DATA)
+    hashes = {path.name: sha256(path) for path in paths}
     manifest = {
         "variant": variant,
         "opset": opset,
@@ -277,10 +280,14 @@ def export_variants(
                     float_output=float_output,
                     scales=int8_scales,
                     vocab_size=model.config.vocab_size,
+                    column_lookup=False,  # the decoder's rows are the encoder's, stored once
                 )
             else:
                 options = build.convert_fp16(fp32_dir, out)
             build.add_candidates(out / DECODER_NAME)
+            shared = build.share_weights(out, (ENCODER_NAME, DECODER_NAME))
+            if shared:
+                options[SHARED_WEIGHTS] = shared
             parity: dict[str, Any] = {}
             write_manifest(out, variant, opset, options, parity)  # the backend reads the options
             if reference is not None:

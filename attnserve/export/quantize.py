@@ -27,10 +27,12 @@ Token embeddings (`Gather` from a constant (V, C) table with `embedding_rows` = 
 stored int8 with one scale per row (token), dequantized after the lookup: a row's values are its
 own, so batch invariance holds. A table whose transpose is a quantized product's weight (tied
 input and output embeddings) has the same int8 values: per-row scales of the table are
-per-column scales of its transpose. A large one is stored once, and the lookup reads the (C, V)
-weight along axis 1 (for a 256k x 1024 vocabulary: 1 GB of float32 per graph down to 256 MB,
-shared with the output projection); a small one (`SHARED_LOOKUP_BYTES`) is also stored as rows,
-because gathering columns costs a copy per value.
+per-column scales of its transpose. In a graph of its own (a language model's step), a large one
+is stored once, and the lookup reads the (C, V) weight along axis 1 (for a 256k x 1024
+vocabulary: 1 GB of float32 down to 256 MB, shared with the output projection); a small one
+(`SHARED_LOOKUP_BYTES`) is also stored as rows, because gathering columns costs a copy per value.
+An encoder-decoder's decoder always keeps rows (`column_lookup_bytes=None`): they are the
+encoder's rows, stored and loaded once for both graphs (`attnserve.export.variants.share_weights`).
 """
 
 from __future__ import annotations
@@ -104,12 +106,17 @@ class _Builder:
 
 
 def quantize_rows(
-    model: onnx.ModelProto, exclude: Collection[str] = (), embedding_rows: int | None = None
+    model: onnx.ModelProto,
+    exclude: Collection[str] = (),
+    embedding_rows: int | None = None,
+    column_lookup_bytes: int | None = SHARED_LOOKUP_BYTES,
 ) -> QuantizeReport:
     """Rewrite `model` in place: per-row int8 products for MatMuls with constant 2-D weights,
     and int8 token embeddings (Gathers from constant tables of `embedding_rows` rows).
 
     `exclude`: MatMul and Gather node names to keep in float (e.g. the output projection).
+    `column_lookup_bytes`: a table tied to a quantized product and larger than this is looked
+    up in that product's weight instead of its own rows (None: never).
     """
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
@@ -130,7 +137,7 @@ def quantize_rows(
     tables = _embedding_tables(graph, weights, embedding_rows, exclude)
     for node in graph.node:
         if node.name in tables:
-            _quantize_gather(b, node, tables[node.name], int8_weights, report)
+            _quantize_gather(b, node, tables[node.name], int8_weights, report, column_lookup_bytes)
             replaced.add(node.input[0])
             continue
         weight = weights.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -262,13 +269,18 @@ def _quantize_gather(
     found: _Table,
     int8_weights: dict[str, tuple[str, str]],
     report: QuantizeReport,
+    column_lookup_bytes: int | None,
 ) -> None:
     """Replace the lookup `node` by an int8 lookup times its rows' scales:
     y = Cast(Gather(T_q, ids)) * Gather(s, ids)."""
     ids = node.input[1]
     table = numpy_helper.to_array(found.table)
     scales = b.const(found.table.name + "_row_scale", row_scales(table).reshape(-1, 1))
-    if found.tied is not None and table.size > SHARED_LOOKUP_BYTES:
+    if (
+        found.tied is not None
+        and column_lookup_bytes is not None
+        and table.size > column_lookup_bytes
+    ):
         # The product's (C, V) int8 weight holds the same values: gather its columns (C, n),
         # transpose to rows and give them the ids' shape.
         w_q, _ = _int8_weight(b, found.tied, int8_weights)

@@ -23,6 +23,7 @@ precision halves their memory and bandwidth and saves a cast per layer per step.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 from collections import deque
@@ -39,10 +40,11 @@ from attnserve.engine.onnx.layout import (
     DECODER_NAME,
     ENCODER_NAME,
     LOG_PROBS,
+    SHARED_DATA,
     TOP_IDS,
     TOP_LOG_PROBS,
 )
-from attnserve.export.quantize import quantize_rows
+from attnserve.export.quantize import SHARED_LOOKUP_BYTES, quantize_rows
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +61,10 @@ INT8_SCALES = ("row", "tensor")
 # protobuf cannot serialize a message of 2 GB or more: a graph whose weights come near that keeps
 # them in one file beside it, NAME.data (ONNX external data; ORT reads it from the graph's folder).
 EXTERNAL_DATA_BYTES = 1_800_000_000
+# Tensors of at least this size that several graphs of a variant hold with the same values are
+# stored once (SHARED_DATA) and loaded once; offsets in that file are page-aligned.
+SHARED_MIN_BYTES = 1 << 20
+SHARED_ALIGN = 4096
 # Loggers that narrate at INFO (ORT's quantizer logs whole nodes on the root logger).
 NOISY_LOGGERS = ("", "onnx_ir", "onnxscript", "torch.onnx", "onnxruntime")
 
@@ -140,6 +146,61 @@ def save_graph(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
+def share_weights(directory: Path, names: Sequence[str]) -> dict[str, Any] | None:
+    """Store the tensors that graphs `names` in `directory` hold with the same dtype, shape and
+    values (SHARED_MIN_BYTES or more: the token embedding of encoder and decoder) once, in
+    SHARED_DATA, each graph pointing at it as ONNX external data; returns the manifest's
+    description of them (attnserve.engine.onnx.shared loads them once for every session), or
+    None when the graphs share nothing. Each graph keeps loading on its own."""
+    models = {name: onnx.load(str(directory / name)) for name in names}
+    owners: dict[tuple[int, tuple[int, ...], str], dict[str, onnx.TensorProto]] = {}
+    for name, model in models.items():
+        for tensor in model.graph.initializer:
+            raw = onnx.numpy_helper.to_array(tensor).tobytes()
+            if len(raw) < SHARED_MIN_BYTES:
+                continue
+            key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).hexdigest())
+            owners.setdefault(key, {}).setdefault(name, tensor)
+    shared = [graphs for graphs in owners.values() if len(graphs) > 1]
+    if not shared:
+        return None
+    described = []
+    with (directory / SHARED_DATA).open("wb") as out:
+        for graphs in shared:
+            first = next(iter(graphs.values()))
+            array = onnx.numpy_helper.to_array(first)
+            offset = -out.tell() % SHARED_ALIGN + out.tell()
+            out.seek(offset)
+            out.write(array.tobytes())
+            for tensor in graphs.values():
+                _point_at(tensor, SHARED_DATA, offset, array.nbytes)
+            described.append(
+                {
+                    "dtype": array.dtype.name,
+                    "shape": list(array.shape),
+                    "offset": offset,
+                    "names": {graph: tensor.name for graph, tensor in graphs.items()},
+                }
+            )
+    for name, model in models.items():
+        for stale in graph_files(directory, name):
+            stale.unlink()  # the graph's own weights file is rewritten without the shared ones
+        save_graph(model, directory / name)
+    log.info("stored %d tensors once for %s (%s)", len(described), ", ".join(names), SHARED_DATA)
+    return {"file": SHARED_DATA, "tensors": described}
+
+
+def _point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make `tensor` ONNX external data at `location`[offset:offset + length]."""
+    for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
 def add_candidates(path: Path) -> Path:
     """Give the decoder graph at `path` its best tokens per row beside the log-probs: a TopK
     over `log_probs` (sorted, ties to the lower id, as ONNX specifies) whose count is the input
@@ -194,11 +255,14 @@ def quantize_int8(
     names: Sequence[str] = (ENCODER_NAME, DECODER_NAME),
     keep_float: Callable[[onnx.ModelProto], list[str]] | None = None,
     vocab_size: int | None = None,
+    column_lookup: bool = True,
 ) -> dict[str, Any]:
     """int8 encoder.onnx / decoder.onnx from the fp32 graphs in `src_dir`; returns options used.
 
     `vocab_size`: with per-row scales, token embedding tables (that many rows) are stored int8
-    too, once where the output projection is tied to them (`attnserve.export.quantize`).
+    too; `column_lookup`: a large one tied to the output projection is looked up in the
+    projection's weight (stored once in that graph; `attnserve.export.quantize`). Without it
+    the table keeps its rows, which `share_weights` can then store once for several graphs.
 
     `scales="row"`: per-row activation scales (`attnserve.export.quantize`, batch-invariant);
     `"tensor"`: ONNX Runtime's `quantize_dynamic`, one activation scale per tensor and call.
@@ -220,7 +284,12 @@ def quantize_int8(
             exclude += chosen
             excluded += chosen
         if scales == "row":
-            report = quantize_rows(model, exclude, embedding_rows=vocab_size)
+            report = quantize_rows(
+                model,
+                exclude,
+                embedding_rows=vocab_size,
+                column_lookup_bytes=SHARED_LOOKUP_BYTES if column_lookup else None,
+            )
             embeddings += len(report.embeddings)
             save_graph(model, out_dir / name)
         else:

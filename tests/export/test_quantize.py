@@ -233,20 +233,24 @@ def embedding_graph(tied: bool, seed: int = 0) -> tuple[onnx.ModelProto, np.ndar
 
 
 @pytest.mark.parametrize(
-    ("tied", "shared"),
-    [(True, True), (True, False), (False, False)],
-    ids=["shared", "tied", "separate"],
+    ("tied", "shared", "columns"),
+    [
+        (True, True, V * C - 1),
+        (True, False, quantize.SHARED_LOOKUP_BYTES),
+        (True, False, None),
+        (False, False, V * C - 1),
+    ],
+    ids=["shared", "tied", "rows-asked", "separate"],
 )
 def test_token_embeddings_are_int8_per_row_and_large_tied_ones_stored_once(
-    tied: bool, shared: bool, monkeypatch: pytest.MonkeyPatch
+    tied: bool, shared: bool, columns: int | None
 ) -> None:
     """A lookup gives each token's row as int8 times that row's scale, whatever the ids'
-    shape or neighbours; a large table tied to the output projection is kept once, as its int8
-    weight, a small one also as rows; the float table is gone."""
-    if shared:
-        monkeypatch.setattr(quantize, "SHARED_LOOKUP_BYTES", V * C - 1)
+    shape or neighbours; a table tied to the output projection and larger than
+    `column_lookup_bytes` is kept once, as its int8 weight, a small one (or any, with None)
+    also as rows; the float table is gone."""
     model, table = embedding_graph(tied)
-    report = quantize_rows(model, embedding_rows=V)
+    report = quantize_rows(model, embedding_rows=V, column_lookup_bytes=columns)
     assert report.embeddings == ["embed"] and report.quantized == ["proj"]
     assert report.tied == int(shared)
     stored = {i.name: tuple(i.dims) for i in model.graph.initializer}

@@ -37,6 +37,11 @@ ONNX_DIR = "onnx"
 ENCODER_NAME = "encoder.onnx"
 DECODER_NAME = "decoder.onnx"
 MANIFEST_NAME = "manifest.json"
+# Weights that several graphs of a variant hold with the same values (the encoder's and decoder's
+# token embedding) are stored once, in this file beside them (ONNX external data), and loaded once
+# (attnserve.engine.onnx.shared). The manifest's options["shared_weights"] lists them.
+SHARED_DATA = "shared.data"
+SHARED_WEIGHTS = "shared_weights"
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")

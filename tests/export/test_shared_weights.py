@@ -1,0 +1,168 @@
+"""Weights that encoder and decoder hold with the same values are stored once and loaded once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attnserve.engine.onnx.backend import OnnxBackend
+from attnserve.engine.onnx.layout import SHARED_DATA, SHARED_WEIGHTS
+from attnserve.engine.onnx.shared import SharedWeights
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.translator import decode_batch
+from attnserve.export import variants
+from attnserve.export.onnx_export import export_model, sha256
+from attnserve.model.checkpoint import read_model_config
+
+
+def lookup_graph(path: Path, tables: dict[str, np.ndarray]) -> None:
+    """A graph that returns each table's rows at `ids` (outputs named after the tables)."""
+    nodes = [helper.make_node("Gather", [name, "ids"], [f"{name}_rows"]) for name in tables]
+    graph = helper.make_graph(
+        nodes,
+        path.stem,
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+        [
+            helper.make_tensor_value_info(f"{n}_rows", TensorProto.FLOAT, [None, None])
+            for n in tables
+        ],
+        [numpy_helper.from_array(t, n) for n, t in tables.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.save(model, str(path))
+
+
+def test_equal_tensors_of_several_graphs_are_stored_once_and_each_graph_still_loads_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(variants, "SHARED_MIN_BYTES", 1024)
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(64, 8)).astype(np.float32)  # 2 KB: shared
+    other = rng.normal(size=(64, 8)).astype(np.float32)  # same shape, other values: not
+    small = rng.normal(size=(64, 2)).astype(np.float32)  # under the threshold: not
+    # Different names in each graph: matched by dtype, shape and values.
+    lookup_graph(tmp_path / "a.onnx", {"emb": table, "own": other, "tiny": small})
+    lookup_graph(tmp_path / "b.onnx", {"embedding": table, "own": -other, "tiny": small})
+    ids = np.array([3, 0, 63, 3], np.int64)
+    before = {
+        n: ort.InferenceSession(str(tmp_path / n)).run(None, {"ids": ids})
+        for n in ("a.onnx", "b.onnx")
+    }
+    spec = variants.share_weights(tmp_path, ["a.onnx", "b.onnx"])
+    assert spec is not None and spec["file"] == SHARED_DATA
+    [shared] = spec["tensors"]
+    assert shared["names"] == {"a.onnx": "emb", "b.onnx": "embedding"}
+    assert shared["dtype"] == "float32" and shared["shape"] == [64, 8]
+    assert (tmp_path / SHARED_DATA).stat().st_size == shared["offset"] + table.nbytes
+    for name, inside in (("a.onnx", "emb"), ("b.onnx", "embedding")):
+        graph = onnx.load(str(tmp_path / name), load_external_data=False).graph
+        external = {t.name for t in graph.initializer if t.data_location == TensorProto.EXTERNAL}
+        assert external == {inside}
+        # Alone, through ORT's own external-data loading, it answers as before.
+        out = ort.InferenceSession(str(tmp_path / name)).run(None, {"ids": ids})
+        for got, want in zip(out, before[name], strict=True):
+            np.testing.assert_array_equal(got, want)
+    # Through SharedWeights: one value for both sessions, the same answers.
+    manifest = {"options": {SHARED_WEIGHTS: spec}}
+    weights = SharedWeights.load(tmp_path, manifest)
+    assert weights.count == 1
+    (_, first), (_, second) = weights.by_graph["a.onnx"][0], weights.by_graph["b.onnx"][0]
+    assert first is second
+    for name in ("a.onnx", "b.onnx"):
+        options = weights.add_to(ort.SessionOptions(), name)
+        out = ort.InferenceSession(str(tmp_path / name), options).run(None, {"ids": ids})
+        for got, want in zip(out, before[name], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert variants.share_weights(tmp_path, ["a.onnx"]) is None  # one graph shares nothing
+
+
+MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import numpy as np, onnxruntime as ort
+    from attnserve.engine.onnx.shared import SharedWeights
+
+    directory, shared = Path(sys.argv[1]), sys.argv[2] == "shared"
+    def rss():
+        status = open("/proc/self/status").read().split("VmRSS:")[1]
+        return int(status.split()[0]) * 1024
+    manifest = json.loads((directory / "manifest.json").read_text())
+    weights = SharedWeights.load(directory, manifest if shared else {})
+    start = rss()
+    sessions = []
+    for name in ("a.onnx", "b.onnx"):
+        options = weights.add_to(ort.SessionOptions(), name)
+        sessions.append(ort.InferenceSession(str(directory / name), options))
+    ids = np.arange(0, 8192, 2, dtype=np.int64)  # every page of the table
+    first = sessions[0].run(None, {"ids": ids})[0].sum()
+    assert first == sessions[1].run(None, {"ids": ids})[0].sum()
+    print(rss() - start)
+    """
+)
+
+
+def test_shared_weights_are_resident_once_for_both_sessions(tmp_path: Path) -> None:
+    """Two sessions over a 32 MB table, every page of it read: a whole table less resident
+    memory through SharedWeights than when each session loads the external data itself."""
+    table = np.random.default_rng(1).normal(size=(8192, 1024)).astype(np.float32)
+    lookup_graph(tmp_path / "a.onnx", {"emb": table})
+    lookup_graph(tmp_path / "b.onnx", {"emb": table})
+    spec = variants.share_weights(tmp_path, ["a.onnx", "b.onnx"])
+    (tmp_path / "manifest.json").write_text(json.dumps({"options": {SHARED_WEIGHTS: spec}}))
+    grown = {}
+    for mode in ("shared", "each"):
+        done = subprocess.run(
+            [sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path), mode],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        grown[mode] = int(done.stdout.split()[-1]) / table.nbytes
+    assert grown["each"] - grown["shared"] > 0.8, grown
+
+
+def test_exported_variants_share_their_token_embedding_and_decode_as_before(
+    tiny_onnx_import: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny model's embedding (under 1 MB) is shared once the threshold is lowered: the
+    manifest lists and hashes shared.data, the files shrink, and every variant decodes (beam 4,
+    n-best; fp16 on the CPU provider) exactly as the export that shares nothing."""
+    exports = {}
+    for name, threshold in (("plain", 1 << 40), ("shared", 1024)):
+        monkeypatch.setattr(variants, "SHARED_MIN_BYTES", threshold)
+        exports[name] = tmp_path / name
+        shutil.copytree(tiny_onnx_import, exports[name])
+        shutil.rmtree(exports[name] / "onnx")
+        export_model(exports[name], ["fp32", "int8", "fp16"], verify=False)
+    config = read_model_config(tiny_onnx_import)
+    sources = [[5, 6, 7, config.eos_id], [9, 8, 4, 3, 12, config.eos_id]]
+    options = [DecodingOptions(beam_size=4, num_hypotheses=2, max_new_tokens=8)] * len(sources)
+    for variant in ("fp32", "int8", "fp16"):
+        graphs, plain = (exports[n] / "onnx" / variant for n in ("shared", "plain"))
+        manifest = json.loads((graphs / "manifest.json").read_text())
+        spec = manifest["options"][SHARED_WEIGHTS]
+        assert spec["tensors"] and all(
+            set(t["names"]) == {"encoder.onnx", "decoder.onnx"} for t in spec["tensors"]
+        )
+        assert SHARED_WEIGHTS not in json.loads((plain / "manifest.json").read_text())["options"]
+        assert manifest["files"][SHARED_DATA] == sha256(graphs / SHARED_DATA)
+        size = sum(p.stat().st_size for p in graphs.iterdir() if p.suffix != ".json")
+        assert size < sum(p.stat().st_size for p in plain.iterdir() if p.suffix != ".json")
+        shared = OnnxBackend(config, graphs, provider="cpu", threads=1)
+        assert shared.shared.count == len(spec["tensors"])
+        alone = OnnxBackend(config, plain, provider="cpu", threads=1)
+        got, want = decode_batch(shared, sources, options), decode_batch(alone, sources, options)
+        for a, b in zip(got, want, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b], variant
+            assert [h.score for h in a] == [h.score for h in b], variant
