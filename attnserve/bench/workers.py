@@ -71,13 +71,14 @@ def build_runner(spec: RunnerSpec) -> Runner:
     if spec.kind == "torch":
         return _torch_runner(path, spec.threads)
     from attnserve.engine.loading import load_backend, parse_backend_name
-    from attnserve.engine.onnx.layout import MANIFEST_NAME, variant_dir
+    from attnserve.engine.onnx.layout import read_manifest, variant_dir
 
     backend = load_backend(path, spec.kind, threads=spec.threads, **spec.options)
     variant = parse_backend_name(spec.kind)[1] or str(spec.options.get("variant", "int8"))
-    # The graphs, their weights files and the weights they share (all but the manifest).
-    files = [p for p in variant_dir(path, variant).iterdir() if p.name != MANIFEST_NAME]
-    return BackendRunner(backend, sorted(files))
+    # What the export wrote and hashed: the graphs, their weights files, the shared weights.
+    graphs = variant_dir(path, variant)
+    files = read_manifest(graphs).get("files", {})
+    return BackendRunner(backend, [graphs / name for name in files])
 
 
 def _quiet_libraries() -> None:

@@ -280,7 +280,8 @@ def export_variants(
                     float_output=float_output,
                     scales=int8_scales,
                     vocab_size=model.config.vocab_size,
-                    column_lookup=False,  # the decoder's rows are the encoder's, stored once
+                    # Shared embeddings: the decoder's rows are the encoder's, stored once.
+                    column_lookup=not model.config.shared_embeddings,
                 )
             else:
                 options = build.convert_fp16(fp32_dir, out)

@@ -31,8 +31,9 @@ per-column scales of its transpose. In a graph of its own (a language model's st
 is stored once, and the lookup reads the (C, V) weight along axis 1 (for a 256k x 1024
 vocabulary: 1 GB of float32 down to 256 MB, shared with the output projection); a small one
 (`SHARED_LOOKUP_BYTES`) is also stored as rows, because gathering columns costs a copy per value.
-An encoder-decoder's decoder always keeps rows (`column_lookup_bytes=None`): they are the
-encoder's rows, stored and loaded once for both graphs (`attnserve.export.variants.share_weights`).
+With embeddings shared between encoder and decoder, the decoder keeps rows
+(`column_lookup_bytes=None`): they are the encoder's rows, stored once for both graphs
+(`attnserve.export.variants.share_weights`).
 """
 
 from __future__ import annotations

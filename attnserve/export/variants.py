@@ -62,7 +62,7 @@ INT8_SCALES = ("row", "tensor")
 # them in one file beside it, NAME.data (ONNX external data; ORT reads it from the graph's folder).
 EXTERNAL_DATA_BYTES = 1_800_000_000
 # Tensors of at least this size that several graphs of a variant hold with the same values are
-# stored once (SHARED_DATA) and loaded once; offsets in that file are page-aligned.
+# stored once (SHARED_DATA); offsets in that file are page-aligned.
 SHARED_MIN_BYTES = 1 << 20
 SHARED_ALIGN = 4096
 # Loggers that narrate at INFO (ORT's quantizer logs whole nodes on the root logger).
@@ -148,16 +148,17 @@ def save_graph(model: onnx.ModelProto, path: Path) -> Path:
 
 def share_weights(directory: Path, names: Sequence[str]) -> dict[str, Any] | None:
     """Store the tensors that graphs `names` in `directory` hold with the same dtype, shape and
-    values (SHARED_MIN_BYTES or more: the token embedding of encoder and decoder) once, in
-    SHARED_DATA, each graph pointing at it as ONNX external data; returns the manifest's
-    description of them (attnserve.engine.onnx.shared loads them once for every session), or
-    None when the graphs share nothing. Each graph keeps loading on its own."""
+    values (SHARED_MIN_BYTES or more: the token embedding and position tables of encoder and
+    decoder) once, in SHARED_DATA, each graph pointing at it as ONNX external data; returns the
+    manifest's description of them, or None when the graphs share nothing. Each graph keeps
+    loading on its own; on the CPU, ONNX Runtime maps external data from the file, so the
+    sessions of both graphs read the same pages."""
     models = {name: onnx.load(str(directory / name)) for name in names}
     owners: dict[tuple[int, tuple[int, ...], str], dict[str, onnx.TensorProto]] = {}
     for name, model in models.items():
         for tensor in model.graph.initializer:
-            raw = onnx.numpy_helper.to_array(tensor).tobytes()
-            if len(raw) < SHARED_MIN_BYTES:
+            raw = _raw_bytes(tensor)
+            if raw is None:
                 continue
             key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).hexdigest())
             owners.setdefault(key, {}).setdefault(name, tensor)
@@ -168,16 +169,17 @@ def share_weights(directory: Path, names: Sequence[str]) -> dict[str, Any] | Non
     with (directory / SHARED_DATA).open("wb") as out:
         for graphs in shared:
             first = next(iter(graphs.values()))
-            array = onnx.numpy_helper.to_array(first)
+            raw = _raw_bytes(first)
+            assert raw is not None
             offset = -out.tell() % SHARED_ALIGN + out.tell()
             out.seek(offset)
-            out.write(array.tobytes())
+            out.write(raw)
             for tensor in graphs.values():
-                _point_at(tensor, SHARED_DATA, offset, array.nbytes)
+                _point_at(tensor, SHARED_DATA, offset, len(raw))
             described.append(
                 {
-                    "dtype": array.dtype.name,
-                    "shape": list(array.shape),
+                    "dtype": onnx.helper.tensor_dtype_to_np_dtype(first.data_type).name,
+                    "shape": list(first.dims),
                     "offset": offset,
                     "names": {graph: tensor.name for graph, tensor in graphs.items()},
                 }
@@ -190,9 +192,43 @@ def share_weights(directory: Path, names: Sequence[str]) -> dict[str, Any] | Non
     return {"file": SHARED_DATA, "tensors": described}
 
 
+# Tensor types stored one element per itemsize bytes (so raw bytes are the array's bytes).
+SHAREABLE_TYPES: dict[int, int] = {
+    onnx.TensorProto.FLOAT: 4,
+    onnx.TensorProto.FLOAT16: 2,
+    onnx.TensorProto.BFLOAT16: 2,
+    onnx.TensorProto.DOUBLE: 8,
+    onnx.TensorProto.INT8: 1,
+    onnx.TensorProto.UINT8: 1,
+    onnx.TensorProto.INT32: 4,
+    onnx.TensorProto.INT64: 8,
+}
+
+
+def _raw_bytes(tensor: onnx.TensorProto) -> bytes | None:
+    """A shareable tensor's little-endian bytes, or None when it is too small or of a type
+    not stored plainly (strings, 4-bit types)."""
+    itemsize = SHAREABLE_TYPES.get(tensor.data_type)
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    if itemsize is None or count * itemsize < SHARED_MIN_BYTES:
+        return None
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    return onnx.numpy_helper.to_array(tensor).tobytes()
+
+
 def _point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     """Make `tensor` ONNX external data at `location`[offset:offset + length]."""
-    for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data"):
+    for field in (
+        "raw_data",
+        "float_data",
+        "int32_data",
+        "int64_data",
+        "double_data",
+        "uint64_data",
+    ):
         tensor.ClearField(field)
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL

@@ -47,7 +47,6 @@ from attnserve.engine.onnx.rowops import (
     first_used_column,
     slot_index,
 )
-from attnserve.engine.onnx.shared import SharedWeights
 from attnserve.model.checkpoint import ModelFileInvalidError, read_model_config
 from attnserve.model.config import ModelConfig
 
@@ -210,16 +209,9 @@ class OnnxBackend:
         if disabled_optimizers is None:
             disabled_optimizers = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
         self.disabled_optimizers = tuple(disabled_optimizers)
-        # Tensors the two graphs share (the token embedding) are loaded once for both sessions.
-        self.shared = SharedWeights.load(directory, self.manifest)
-
-        def graph_options(graph: str) -> ort.SessionOptions:
-            plain = session_options(threads, spinning=spinning, optimization=optimization)
-            return self.shared.add_to(plain, graph)
-
         self.encoder = open_session(
             require_graph(directory, ENCODER_NAME),
-            graph_options(ENCODER_NAME),
+            options,
             providers,
             ENCODER_INPUTS,
             self._cross,
@@ -227,7 +219,7 @@ class OnnxBackend:
         )
         self.decoder = open_session(
             require_graph(directory, DECODER_NAME),
-            graph_options(DECODER_NAME),
+            options,
             providers,
             [*DECODER_INPUTS, *self._past, *self._cross],
             [LOG_PROBS, *self._new],

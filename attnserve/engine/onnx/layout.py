@@ -37,9 +37,10 @@ ONNX_DIR = "onnx"
 ENCODER_NAME = "encoder.onnx"
 DECODER_NAME = "decoder.onnx"
 MANIFEST_NAME = "manifest.json"
-# Weights that several graphs of a variant hold with the same values (the encoder's and decoder's
-# token embedding) are stored once, in this file beside them (ONNX external data), and loaded once
-# (attnserve.engine.onnx.shared). The manifest's options["shared_weights"] lists them.
+# Weights that both graphs of a variant hold with the same values (the token embedding, position
+# tables) are stored once, in this file beside them, as ONNX external data: on the CPU, ONNX
+# Runtime maps external data from the file, so both sessions read the same pages. The manifest's
+# options["shared_weights"] lists them.
 SHARED_DATA = "shared.data"
 SHARED_WEIGHTS = "shared_weights"
 
