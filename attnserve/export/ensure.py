@@ -1,7 +1,8 @@
 """The one rule for a missing ONNX variant, shared by `serve`, `translate` and `eval`.
 
-A model directory without `onnx/<variant>/` is exported on first use unless the caller refuses
-(`--no-auto-export`); then the error names the command to run. Checking costs no torch import;
+A model directory without `onnx/<variant>/` (or with a file its manifest lists missing, such as
+the shared weights) is exported on first use unless the caller refuses (`--no-auto-export`);
+then the error names the command to run. Checking costs no torch import;
 exporting imports torch once.
 """
 
@@ -14,6 +15,7 @@ from attnserve.engine.onnx.layout import (
     DECODER_NAME,
     ENCODER_NAME,
     LM_STEP_NAME,
+    read_manifest,
     variant_dir,
 )
 from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
@@ -26,11 +28,14 @@ class NotExportedError(FileNotFoundError):
 
 
 def is_exported(directory: Path, variant: str) -> bool:
+    """The variant's graphs are there, and every file its manifest lists (weights beside the
+    graphs, the weights they share): a variant missing one is exported again."""
     graphs = variant_dir(directory, variant)
     names: tuple[str, ...] = (ENCODER_NAME, DECODER_NAME)
     if directory_family(directory) != ENCODER_DECODER:
         names = (LM_STEP_NAME,)
-    return all((graphs / name).is_file() for name in names)
+    listed = tuple(read_manifest(graphs).get("files", {})) if graphs.is_dir() else ()
+    return all((graphs / name).is_file() for name in (*names, *listed))
 
 
 def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool:
@@ -40,12 +45,13 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
         return False
     graphs = variant_dir(directory, variant)
     command = f"attnserve export {directory} --variants {variant}"
+    what = "is missing files its manifest lists" if graphs.is_dir() else "has no ONNX graphs"
     if not allow:
         raise NotExportedError(
-            f"{graphs} has no ONNX graphs: run `{command}`, or allow exporting on first use "
+            f"{graphs} {what}: run `{command}`, or allow exporting on first use "
             "(--auto-export, ATTNSERVE_AUTO_EXPORT)"
         )
-    log.info("%s is missing: exporting the model to ONNX (`%s`)", graphs, command)
+    log.info("%s %s: exporting the model to ONNX (`%s`)", graphs, what, command)
     if directory_family(directory) != ENCODER_DECODER:
         from attnserve.export.lm_export import export_lm_model
 

@@ -20,6 +20,7 @@ from attnserve.engine.onnx.layout import SHARED_DATA, SHARED_WEIGHTS
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import decode_batch
 from attnserve.export import variants
+from attnserve.export.ensure import NotExportedError, ensure_exported, is_exported
 from attnserve.export.onnx_export import export_model, sha256
 from attnserve.model.checkpoint import read_model_config
 
@@ -158,3 +159,10 @@ def test_exported_variants_share_their_token_embedding_and_decode_as_before(
         for a, b in zip(got, want, strict=True):
             assert [h.tokens for h in a] == [h.tokens for h in b], variant
             assert [h.score for h in a] == [h.score for h in b], variant
+    # A variant missing a file its manifest lists is not exported: refused, or exported again.
+    (exports["shared"] / "onnx" / "int8" / SHARED_DATA).unlink()
+    assert not is_exported(exports["shared"], "int8") and is_exported(exports["shared"], "fp32")
+    with pytest.raises(NotExportedError, match="missing files its manifest lists"):
+        ensure_exported(exports["shared"], "int8", allow=False)
+    assert ensure_exported(exports["shared"], "int8", allow=True)
+    assert (exports["shared"] / "onnx" / "int8" / SHARED_DATA).is_file()
