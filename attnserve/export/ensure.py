@@ -15,6 +15,7 @@ from attnserve.engine.onnx.layout import (
     DECODER_NAME,
     ENCODER_NAME,
     LM_STEP_NAME,
+    MANIFEST_NAME,
     read_manifest,
     variant_dir,
 )
@@ -34,7 +35,7 @@ def is_exported(directory: Path, variant: str) -> bool:
     names: tuple[str, ...] = (ENCODER_NAME, DECODER_NAME)
     if directory_family(directory) != ENCODER_DECODER:
         names = (LM_STEP_NAME,)
-    listed = tuple(read_manifest(graphs).get("files", {})) if graphs.is_dir() else ()
+    listed = tuple(read_manifest(graphs).get("files", {}))  # () without a manifest
     return all((graphs / name).is_file() for name in (*names, *listed))
 
 
@@ -45,7 +46,8 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
         return False
     graphs = variant_dir(directory, variant)
     command = f"attnserve export {directory} --variants {variant}"
-    what = "is missing files its manifest lists" if graphs.is_dir() else "has no ONNX graphs"
+    partial = (graphs / MANIFEST_NAME).is_file()
+    what = "is missing files its manifest lists" if partial else "has no ONNX graphs"
     if not allow:
         raise NotExportedError(
             f"{graphs} {what}: run `{command}`, or allow exporting on first use "
