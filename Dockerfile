@@ -23,7 +23,11 @@ WORKDIR /src
 # The CPU wheel first, so that `pip install .` finds torch==2.13.0 satisfied instead of pulling
 # the CUDA build and its libraries from PyPI.
 RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
-COPY pyproject.toml README.md ./
+# A C++ compiler builds attnserve's ONNX Runtime kernels into the wheel (attnserve/kernels: one
+# copy of each loop per instruction set, chosen at run time, so the wheel runs on any x86-64).
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends g++=4:12.2.0-3 \
+ && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY attnserve/ attnserve/
 RUN pip install . && pip wheel --no-deps --wheel-dir /wheels .
 COPY checkpoints/${MODEL_NAME}/ /build/model/

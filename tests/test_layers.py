@@ -14,15 +14,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnserve"
 # What each folder may import from attnserve (besides itself and `attnserve.defaults`).
 ALLOWED: dict[str, set[str]] = {
     "model": set(),
-    "engine": {"model"},
-    "export": {"engine", "model"},
+    "kernels": set(),
+    "engine": {"model", "kernels"},
+    "export": {"engine", "model", "kernels"},
     "convert": {"model"},
     "training": {"engine", "model"},
     "service": {"engine", "model", "export", "convert"},
-    "bench": {"engine", "model", "export", "convert", "training", "service", "loadtest"},
+    "bench": {
+        "engine", "model", "kernels", "export", "convert", "training", "service", "loadtest",
+    },
     "loadtest": {"engine", "model", "service", "training"},
     "cli": {
-        "engine", "model", "export", "convert", "training", "service", "bench", "loadtest",
+        "engine", "model", "kernels", "export", "convert", "training", "service", "bench",
+        "loadtest",
     },
 }  # fmt: skip
 

@@ -45,6 +45,7 @@ from attnserve.engine.onnx.layout import (
     TOP_LOG_PROBS,
 )
 from attnserve.export.quantize import SHARED_LOOKUP_BYTES, quantize_rows
+from attnserve.kernels import use_attention_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -260,6 +261,17 @@ def add_candidates(path: Path) -> Path:
         ]
     )
     return save_graph(model, path)
+
+
+def use_kernels(path: Path) -> int:
+    """Rewrite the decoder graph at `path` to run its attention products on attnserve's
+    kernels (attnserve.kernels: ONNX functions whose stock bodies run where the library is not
+    registered); returns how many products were rewritten. External weights stay in place."""
+    model = onnx.load(str(path), load_external_data=False)
+    rewritten = use_attention_kernels(model)
+    if rewritten:
+        save_graph(model, path)
+    return rewritten
 
 
 def output_projection_nodes(model: onnx.ModelProto) -> list[str]:

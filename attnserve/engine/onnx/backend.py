@@ -47,6 +47,7 @@ from attnserve.engine.onnx.rowops import (
     first_used_column,
     slot_index,
 )
+from attnserve.kernels import register as register_kernels
 from attnserve.model.checkpoint import ModelFileInvalidError, read_model_config
 from attnserve.model.config import ModelConfig
 
@@ -185,6 +186,7 @@ class OnnxBackend:
         optimization: str = "all",
         disabled_optimizers: Sequence[str] | None = None,
         device_id: int = 0,
+        kernels: bool = True,
     ) -> None:
         directory = Path(directory)
         self._spec = ModelSpec.from_config(config)
@@ -208,6 +210,9 @@ class OnnxBackend:
         providers = choose_providers(provider, device_id)
         if disabled_optimizers is None:
             disabled_optimizers = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
+        # attnserve's attention kernels, where the graph has them and this is the CPU provider
+        # (elsewhere the graph's functions run their stock bodies)
+        self.kernels = providers[0] == CPU and kernels and register_kernels(options)
         self.disabled_optimizers = tuple(disabled_optimizers)
         self.encoder = open_session(
             require_graph(directory, ENCODER_NAME),

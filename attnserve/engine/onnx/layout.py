@@ -43,6 +43,9 @@ MANIFEST_NAME = "manifest.json"
 # options["shared_weights"] lists them.
 SHARED_DATA = "shared.data"
 SHARED_WEIGHTS = "shared_weights"
+# How many of the decoder's attention products run on attnserve's own kernels where the library
+# is registered (attnserve.kernels; the manifest's options["attention_kernels"]).
+ATTENTION_KERNELS = "attention_kernels"
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")

@@ -1,0 +1,208 @@
+"""attnserve's attention kernels (attnserve/kernels): built, right, batch-invariant, portable."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from attnserve import kernels
+from attnserve.engine.onnx.backend import OnnxBackend
+from attnserve.engine.onnx.layout import ATTENTION_KERNELS, read_manifest
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.translator import decode_batch
+from attnserve.export.onnx_export import export_model
+from attnserve.model.checkpoint import read_model_config
+
+BUILT = kernels.library_path() is not None
+needs_library = pytest.mark.skipif(not BUILT, reason="the kernel library is not built here")
+
+
+def attention_graph(rewrite: bool) -> bytes:
+    """softmax(q k^T) v over (B, H, M, D) queries and (B, H, N, D) keys and values, written as
+    the exporter writes it (Transpose + MatMul), optionally rewritten onto the kernels."""
+    dims = {"q": ["b", "h", "m", "d"], "k": ["b", "h", "n", "d"], "v": ["b", "h", "n", "e"]}
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["k_t"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "k_t"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in dims.items()],
+        [
+            helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "h", "m", "e"]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["b", "h", "m", "n"]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    if rewrite:
+        assert kernels.use_attention_kernels(model) == 2
+        assert kernels.use_attention_kernels(model) == 0  # once only
+        assert [n.op_type for n in model.graph.node] == ["AttnScores", "Softmax", "AttnMix"]
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def session(model: bytes, library: bool) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    if library:
+        assert kernels.register(options)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def inputs(rng: np.random.Generator, b: int, h: int, m: int, n: int, d: int) -> dict:
+    return {
+        "q": rng.standard_normal((b, h, m, d), dtype=np.float32),
+        "k": rng.standard_normal((b, h, n, d), dtype=np.float32),
+        "v": rng.standard_normal((b, h, n, d), dtype=np.float32),
+    }
+
+
+def test_the_library_is_built_where_a_compiler_is() -> None:
+    if not (shutil.which("c++") or shutil.which("g++")) or platform.machine() != "x86_64":
+        pytest.skip("no C++ compiler or not x86-64: the graphs run their stock bodies")
+    assert BUILT, "pip install -e . should have built attnserve/kernels/_ortops*.so"
+
+
+def test_the_switch_turns_the_library_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.ENV_SWITCH, "0")
+    assert kernels.library_path() is None
+    assert not kernels.register(ort.SessionOptions())
+
+
+def test_without_the_library_the_functions_run_the_stock_graph_bit_for_bit() -> None:
+    stock, portable = session(attention_graph(False), False), session(attention_graph(True), False)
+    rng = np.random.default_rng(0)
+    for shape in ((4, 2, 1, 9, 16), (3, 2, 4, 7, 8)):
+        feed = inputs(rng, *shape)
+        for got, want in zip(portable.run(None, feed), stock.run(None, feed), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+@needs_library
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (16, 8, 1, 8, 64),  # a decoding step: one query per row and head
+        (5, 4, 1, 33, 64),  # keys beyond a multiple of the 4-key block
+        (3, 2, 4, 30, 64),  # cross-attention: one source's beams read its keys together
+        (2, 3, 5, 17, 48),  # another head size the AVX-512 loops take
+        (2, 2, 3, 6, 40),  # a head size they do not: the portable loops
+        (2, 1, 1, 1, 272),  # wider than the registers hold: the portable loops
+    ],
+)
+def test_the_kernels_compute_attention(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(sum(shape))
+    feed = inputs(rng, *shape)
+    out, scores = session(attention_graph(True), True).run(None, feed)
+    want_scores = feed["q"].astype(np.float64) @ feed["k"].astype(np.float64).swapaxes(-1, -2)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-4)
+    p = np.exp(scores.astype(np.float64) - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, p @ feed["v"].astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+@needs_library
+def test_a_row_gets_the_same_bits_alone_as_in_any_batch() -> None:
+    kernel = session(attention_graph(True), True)
+    feed = inputs(np.random.default_rng(3), 12, 4, 1, 21, 64)
+    batch = kernel.run(None, feed)
+    for row in (0, 5, 11):
+        alone = kernel.run(None, {n: t[row : row + 1] for n, t in feed.items()})
+        for got, want in zip(alone, batch, strict=True):
+            np.testing.assert_array_equal(got[0], want[row])
+    pair = kernel.run(None, {n: t[4:6] for n, t in feed.items()})
+    np.testing.assert_array_equal(pair[0], batch[0][4:6])
+
+
+@needs_library
+def test_mismatched_inputs_fail_the_run_with_a_message() -> None:
+    kernel = session(attention_graph(True), True)
+    feed = inputs(np.random.default_rng(4), 4, 2, 1, 5, 64)
+    feed["k"] = feed["k"][:3]
+    with pytest.raises(Exception, match="AttnScores wants rank-4 inputs with equal"):
+        kernel.run(None, feed)
+
+
+def test_only_products_of_two_rank_4_activations_are_rewritten() -> None:
+    """A product with a weight (a projection) or of rank-3 activations keeps its MatMul."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8, "t"])
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [8, 8], [0.0] * 64)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["projected"]),
+        helper.make_node("MatMul", ["projected", "y"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [x, y],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "t", "t"])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert kernels.use_attention_kernels(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "MatMul"]
+    assert not model.functions
+
+
+def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
+    tiny_onnx_import: Path, tmp_path: Path
+) -> None:
+    """fp32 and int8 decoders run their 4 attention products a layer on the kernels (the
+    manifest says how many); decoding beam 4 with n-best gives the tokens the stock graph gives,
+    with scores equal to float rounding, and int8 gives each source in a batch the bits it gets
+    alone."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_onnx_import, model_dir)
+    shutil.rmtree(model_dir / "onnx")
+    export_model(model_dir, ["fp32", "int8"], verify=False)
+    config = read_model_config(model_dir)
+    eos = config.eos_id
+    sources = [[5, 6, 7, eos], [9, 8, 4, 3, 12, 11, 10, eos], [4, eos]]
+    options = [DecodingOptions(beam_size=4, num_hypotheses=3, max_new_tokens=10)] * len(sources)
+    for variant in ("fp32", "int8"):
+        graphs = model_dir / "onnx" / variant
+        decoder = onnx.load(str(graphs / "decoder.onnx"), load_external_data=False)
+        ops = [n.op_type for n in decoder.graph.node]
+        assert ops.count("AttnScores") == ops.count("AttnMix") == 2 * config.decoder_layers
+        assert "MatMul" not in ops or variant == "fp32"  # int8: every weight product is integer
+        assert read_manifest(graphs)["options"][ATTENTION_KERNELS] == 4 * config.decoder_layers
+        stock = OnnxBackend(config, graphs, provider="cpu", threads=1, kernels=False)
+        assert not stock.kernels
+        want = decode_batch(stock, sources, options)
+        if not BUILT:
+            continue
+        fast = OnnxBackend(config, graphs, provider="cpu", threads=1)
+        assert fast.kernels
+        got = decode_batch(fast, sources, options)
+        for hyps, ref in zip(got, want, strict=True):
+            assert [h.tokens for h in hyps] == [h.tokens for h in ref]
+            np.testing.assert_allclose(
+                [h.score for h in hyps], [h.score for h in ref], rtol=1e-5, atol=1e-5
+            )
+        if variant != "int8":
+            continue  # float32 products are not batch-invariant in ONNX Runtime's MLAS either
+        for i, source in enumerate(sources):
+            [alone] = decode_batch(fast, [source], options[:1])
+            assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in got[i]]
+
+
+def test_the_library_declares_its_version() -> None:
+    if not BUILT:
+        pytest.skip("the kernel library is not built here")
+    import ctypes
+
+    path = kernels.library_path()
+    assert path is not None and path.parent == Path(kernels.__file__).parent
+    assert ctypes.CDLL(str(path)).attnserve_kernels_version() == kernels.VERSION
