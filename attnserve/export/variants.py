@@ -39,13 +39,14 @@ from attnserve.engine.onnx.layout import (
     CANDIDATES,
     DECODER_NAME,
     ENCODER_NAME,
+    FULL_LOG_PROBS,
     LOG_PROBS,
     SHARED_DATA,
     TOP_IDS,
     TOP_LOG_PROBS,
 )
 from attnserve.export.quantize import SHARED_LOOKUP_BYTES, quantize_rows
-from attnserve.kernels import use_attention_kernels
+from attnserve.kernels import use_attention_kernels, use_vocabulary_kernel
 
 if TYPE_CHECKING:
     import torch
@@ -264,11 +265,13 @@ def add_candidates(path: Path) -> Path:
 
 
 def use_kernels(path: Path) -> int:
-    """Rewrite the decoder graph at `path` to run its attention products on attnserve's
-    kernels (attnserve.kernels: ONNX functions whose stock bodies run where the library is not
-    registered); returns how many products were rewritten. External weights stay in place."""
+    """Rewrite the decoder graph at `path` to run on attnserve's kernels (attnserve.kernels:
+    ONNX functions whose stock bodies run where the library is not registered): its attention
+    products, and its log-softmax with the TopK of its candidates; returns how many nodes run
+    on them. External weights stay in place."""
     model = onnx.load(str(path), load_external_data=False)
     rewritten = use_attention_kernels(model)
+    rewritten += use_vocabulary_kernel(model, LOG_PROBS, CANDIDATES, FULL_LOG_PROBS)
     if rewritten:
         save_graph(model, path)
     return rewritten

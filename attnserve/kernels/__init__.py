@@ -1,23 +1,28 @@
-"""attnserve's own ONNX Runtime kernels (C++, `ortops.cc`), and the graph rewrite that uses them.
+"""attnserve's own ONNX Runtime kernels (C++, `ortops.cc`), and the graph rewrites that use them.
 
 A decoding step multiplies each row's one new query by that row's cached keys and values. ONNX
 Runtime's MatMul runs such a batched product as one GEMM call per (row, head): at beam 4 x 32
 sources x 8 heads that is 1,024 calls of a (1 x 64) by (64 x T) product per layer and product,
-and the calls, not the arithmetic, take the time. The two kernels here loop over (row, head)
-with the query (or the output row) held in AVX-512 registers:
+and the calls, not the arithmetic, take the time. Two kernels loop over (row, head) with the
+query (or the output row) held in AVX-512 registers; a third replaces the step's log-softmax
+over the vocabulary and the TopK of its candidates, and writes the (B, V) log-probs only when
+the caller asks for them:
 
     ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> q @ k^T      (B, H, M, N)
     ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> p @ v        (B, H, M, D)
+    ai.attnserve.LogSoftmaxTopK(logits (B, V), k (1,), full (1,))
+        -> log_probs (B, V) or (B, 0), top values (B, k), top ids (B, k)
 
-**Portable graphs.** `use_attention_kernels` rewrites a graph's attention products into these
-nodes *and* puts each op's definition in the model as an ONNX function whose body is the stock
-Transpose + MatMul. A runtime with the library registered runs the kernel; any other ONNX
+**Portable graphs.** `use_attention_kernels` and `use_vocabulary_kernel` rewrite a graph into
+these nodes *and* put each op's definition in the model as an ONNX function whose body is the
+stock nodes (Transpose + MatMul; MatMul; LogSoftmax + TopK). A runtime with the library registered runs the kernel; any other ONNX
 Runtime (or another runtime that reads ONNX functions) inlines the body and runs exactly the
 graph it would have run before the rewrite. The exported files stay loadable everywhere.
 
-**Batch invariance.** Each (row, head) is computed alone, in a fixed order, so a row's result
-never depends on the rest of the batch. The kernels' sums run in another order than MLAS's, so
-their float results differ from the stock graph's in the last bits (as two BLAS libraries do).
+**Batch invariance.** Each (row, head), and each row of the vocabulary, is computed alone, in a
+fixed order, so a row's result never depends on the rest of the batch. The kernels' sums run in
+another order than MLAS's, so their float results differ from the stock graph's in the last
+bits (as two BLAS libraries do).
 
 **Build.** `pip install` compiles the library with the machine's C++ compiler (setup.py; the
 extension is optional: without a compiler the install succeeds and graphs run their stock
@@ -39,11 +44,12 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 1  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 2  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
+VOCAB = "LogSoftmaxTopK"
 ENV_SWITCH = "ATTNSERVE_KERNELS"
-_BODY_OPSET = 13  # Transpose and MatMul have not changed since
+_BODY_OPSET = 13  # Transpose, MatMul, LogSoftmax and TopK have not changed since
 
 
 def functions() -> list[onnx.FunctionProto]:
@@ -72,7 +78,22 @@ def functions() -> list[onnx.FunctionProto]:
         opset,
         doc_string="p @ v over rank-4 (B, H, M, N) and (B, H, N, D)",
     )
-    return [scores, mix]
+    vocab = helper.make_function(
+        DOMAIN,
+        VOCAB,
+        ["logits", "k", "full"],  # `full` only tells the kernel whether to write log_probs
+        ["log_probs", "top_values", "top_ids"],
+        [
+            helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1),
+            helper.make_node(
+                "TopK", ["log_probs", "k"], ["top_values", "top_ids"], axis=-1, largest=1, sorted=1
+            ),
+        ],
+        opset,
+        doc_string="log_softmax over the last axis and its k best values and ids (ties to the "
+        "lower id); log_probs is (..., 0) from the kernel when full is 0",
+    )
+    return [scores, mix, vocab]
 
 
 def use_attention_kernels(model: onnx.ModelProto) -> int:
@@ -81,9 +102,8 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
     or AttnMix; the functions are added. Returns how many products were rewritten (0: the model
     is unchanged)."""
     import onnx
-    from onnx import helper
 
-    if any(f.domain == DOMAIN for f in model.functions):
+    if any(n.domain == DOMAIN and n.op_type in (SCORES, MIX) for n in model.graph.node):
         return 0  # rewritten already
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     ranks: dict[str, int] = {}
@@ -130,10 +150,62 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
     kept = [node for node in graph.node if id(node) not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
-    model.functions.extend(functions())
+    _declare(model)
+    return rewritten
+
+
+def use_vocabulary_kernel(
+    model: onnx.ModelProto, log_probs: str, candidates: str, full: str
+) -> bool:
+    """Rewrite `model` in place: the `LogSoftmax` that makes the graph output `log_probs` and
+    the `TopK` over it (k from the graph input `candidates`) become one LogSoftmaxTopK node, and
+    the graph gets the input `full` (int64 (1,)): 0 lets the kernel skip writing log_probs (it
+    is then (..., 0)), 1 writes them. False when the graph has no such pair."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    if any(i.name == full for i in graph.input):
+        return False  # rewritten already
+    softmax = next(
+        (n for n in graph.node if n.op_type == "LogSoftmax" and list(n.output) == [log_probs]),
+        None,
+    )
+    topk = next(
+        (n for n in graph.node if n.op_type == "TopK" and list(n.input) == [log_probs, candidates]),
+        None,
+    )
+    axes = {a.name: a.i for n in (softmax, topk) if n is not None for a in n.attribute}
+    if softmax is None or topk is None or axes.get("axis", -1) != -1:
+        return False
+    attrs = {a.name: a.i for a in topk.attribute}
+    if attrs.get("largest", 1) != 1 or attrs.get("sorted", 1) != 1 or attrs.get("axis", -1) != -1:
+        return False
+    fused = helper.make_node(
+        VOCAB,
+        [softmax.input[0], candidates, full],
+        [log_probs, *topk.output],
+        name="log_softmax_top_k",
+        domain=DOMAIN,
+    )
+    kept = [n for n in graph.node if n is not softmax and n is not topk]
+    del graph.node[:]
+    graph.node.extend([*kept, fused])
+    graph.input.append(helper.make_tensor_value_info(full, TensorProto.INT64, [1]))
+    for output in graph.output:  # the kernel may leave it empty: its last axis is symbolic
+        if output.name == log_probs:
+            output.type.tensor_type.shape.dim[-1].dim_param = "log_prob_columns"
+    _declare(model)
+    return True
+
+
+def _declare(model: onnx.ModelProto) -> None:
+    """The ops' functions and their domain in `model`, once."""
+    from onnx import helper
+
+    have = {(f.domain, f.name) for f in model.functions}
+    model.functions.extend(f for f in functions() if (f.domain, f.name) not in have)
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return rewritten
 
 
 def library_path() -> Path | None:

@@ -2,9 +2,9 @@
 // library builds with a C++ compiler alone (the onnxruntime wheel ships no headers).
 //
 // ONNX Runtime's C API is a table of function pointers (OrtApi) that only ever grows at its end:
-// an entry keeps its index in every release, and `OrtApiBase::GetApi(1)` answers the table of
-// API version 1 with every later runtime. The indices below are those entries' positions in
-// version 1's table. The custom-op struct is laid out as ONNX Runtime reads it at version 18.
+// an entry keeps its index in every release, and `OrtApiBase::GetApi(v)` answers the table of
+// any version v up to the runtime's own (null above it). The indices below are the entries'
+// positions in that table; the library asks for version 18 (ONNX Runtime 1.18 and later). The custom-op struct is laid out as ONNX Runtime reads it at version 18.
 // Everything that crosses the boundary is C: errors go back as an OrtStatus, never an exception.
 #pragma once
 
@@ -24,7 +24,7 @@ struct OrtApi;  // opaque: reached through OrtFns below
 
 enum OrtErrorCode { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
 
-enum OrtElementType { ORT_ELEMENT_UNDEFINED = 0, ORT_ELEMENT_FLOAT = 1 };
+enum OrtElementType { ORT_ELEMENT_UNDEFINED = 0, ORT_ELEMENT_FLOAT = 1, ORT_ELEMENT_INT64 = 7 };
 
 struct OrtApiBase {
   const OrtApi* (*GetApi)(uint32_t version);
@@ -75,7 +75,9 @@ struct OrtCustomOp {
 
 namespace ort_abi {
 
-// Positions in version 1's OrtApi table.
+constexpr uint32_t kApiVersion = 18;
+
+// Positions in the OrtApi table (all in version 1's table, but KernelContext_ParallelFor).
 enum Entry : size_t {
   kCreateStatus = 0,
   kCreateCustomOpDomain = 26,
@@ -91,6 +93,7 @@ enum Entry : size_t {
   kKernelContextGetOutput = 91,
   kReleaseStatus = 93,
   kReleaseTensorTypeAndShapeInfo = 99,
+  kKernelContextParallelFor = 274,  // since version 17: the session's intra-op thread pool
 };
 
 // Typed access to the entries the kernels call.
@@ -147,6 +150,14 @@ class Fns {
                                     size_t count, OrtValue** out) const {
     return call<OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)>(
         kKernelContextGetOutput)(context, index, dims, count, out);
+  }
+  // Calls fn(data, i) for i in [0, total), in `batches` contiguous batches on the session's
+  // intra-op threads (on the calling thread when the session has one thread).
+  OrtStatus* KernelContextParallelFor(const OrtKernelContext* context, void (*fn)(void*, size_t),
+                                      size_t total, size_t batches, void* data) const {
+    return call<OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t,
+                               void*)>(kKernelContextParallelFor)(context, fn, total, batches,
+                                                                  data);
   }
   void ReleaseStatus(OrtStatus* status) const {
     call<void (*)(OrtStatus*)>(kReleaseStatus)(status);

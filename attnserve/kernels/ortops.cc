@@ -2,7 +2,7 @@
 //
 // A decoding step multiplies each row's one query by its own cached keys and values: per
 // (row, head) a (1 x D) by (D x T) product and a (1 x T) by (T x D) one. ONNX Runtime's MatMul
-// runs each as a GEMM call of its own (thousands a step at beam 4 x batch 32, ~0.3 us each
+// runs each as a GEMM call of its own (thousands a step at beam 4 x batch 32, ~0.2 us each
 // before any arithmetic); these loops do the same products with no call per (row, head).
 //
 //   ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> (B, H, M, N) = q @ k^T
@@ -12,9 +12,9 @@
 // a runtime without this library runs the body instead (attnserve/kernels/__init__.py).
 // Each (row, head) is computed on its own, in a fixed order, so a row's result does not depend
 // on the other rows of the batch.
-#include <immintrin.h>
-
+#include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -22,6 +22,11 @@
 #include <vector>
 
 #include "ort_abi.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ATTNSERVE_AVX512 1
+#endif
 
 #define ATTNSERVE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -66,6 +71,7 @@ void mix_portable(const float* p, const float* v, float* out, int64_t m_count, i
   }
 }
 
+#if ATTNSERVE_AVX512
 // AVX-512 for the head sizes transformers use (D a multiple of 16, at most 256): the query row
 // and the output row stay in registers.
 constexpr int64_t kMaxChunks = 16;
@@ -129,23 +135,189 @@ __attribute__((target("avx512f"))) void mix_avx512(const float* p, const float* 
   }
 }
 
+#endif  // ATTNSERVE_AVX512
+
 using Block = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t);
 
 // The loop for this CPU and head size, chosen once per kernel.
-Block pick(bool scores, int64_t depth) {
+#if ATTNSERVE_AVX512
+bool cpu_has_avx512() {
   static const bool avx512 = [] {
     __builtin_cpu_init();  // a library loaded by dlopen may run before libgcc's own init
     return __builtin_cpu_supports("avx512f") != 0;
   }();
-  if (avx512 && depth % kLanes == 0 && depth / kLanes <= kMaxChunks) {
+  return avx512;
+}
+#endif
+
+Block pick(bool scores, int64_t depth) {
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512() && depth > 0 && depth % kLanes == 0 && depth / kLanes <= kMaxChunks) {
     return scores ? scores_avx512 : mix_avx512;
   }
+#endif
   return scores ? scores_portable : mix_portable;
 }
 
+// ---- The vocabulary: each row's log-softmax and its k best tokens, in two passes ----------
+//
+// ONNX Runtime's LogSoftmax writes the whole (B, V) row (three passes over it) and TopK reads
+// it again; a beam search that takes its candidates from TopK never reads that row. This
+// kernel finds the k best logits and the row's maximum in one pass, sums exp(x - max) in a
+// second (in double precision), and writes the (B, V) log-probs only when asked. Every log-prob, in the row and
+// among the candidates, is (x - max) - log(sum): the same expression, the same bits.
+
+// exp(x) for x <= 0 (the argument is x - max): Cephes' single-precision polynomial after
+// x = n ln2 + r, |r| <= ln2 / 2; below -87.3 the result is 0.
+inline float exp_nonpositive(float x) {
+  if (x < -87.33654f) return 0.0f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return std::ldexp(p * r * r + r + 1.0f, static_cast<int>(n));
+}
+
+// The k best (value, index) of a row so far, best first, ties to the lower index.
+struct Best {
+  float* values;
+  int64_t* ids;
+  int64_t k;
+  int64_t count = 0;
+
+  float threshold() const {
+    if (k == 0) return std::numeric_limits<float>::infinity();
+    return count < k ? -std::numeric_limits<float>::infinity() : values[k - 1];
+  }
+  void offer(float value, int64_t id) {  // ids arrive in increasing order
+    if (k == 0 || (count == k && !(value > values[k - 1]))) return;
+    int64_t at = count < k ? count++ : k - 1;
+    while (at > 0 && values[at - 1] < value) {
+      values[at] = values[at - 1];
+      ids[at] = ids[at - 1];
+      --at;
+    }
+    values[at] = value;
+    ids[at] = id;
+  }
+};
+
+float best_portable(const float* x, int64_t n, Best& best) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    top = std::max(top, x[i]);
+    if (x[i] > best.threshold() || best.count < best.k) best.offer(x[i], i);
+  }
+  return top;
+}
+
+double exp_sum_portable(const float* x, int64_t n, float top) {
+  double lanes[kLanes] = {0};
+  const int64_t whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += exp_nonpositive(x[i + l] - top);
+  }
+  for (int64_t i = whole; i < n; ++i) lanes[i - whole] += exp_nonpositive(x[i] - top);
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+
+#if ATTNSERVE_AVX512
+// The same polynomial, sixteen at a time.
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
+  const __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
+                                 _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(e, n));
+}
+
+__attribute__((target("avx512f"))) float best_avx512(const float* x, int64_t n, Best& best) {
+  int64_t i = 0;
+  float top = -std::numeric_limits<float>::infinity();
+  for (; i < n && best.count < best.k; ++i) {  // the first k fill the list
+    top = std::max(top, x[i]);
+    best.offer(x[i], i);
+  }
+  __m512 tops = _mm512_set1_ps(top);
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    tops = _mm512_max_ps(tops, v);
+    __mmask16 above = _mm512_cmp_ps_mask(v, _mm512_set1_ps(best.threshold()), _CMP_GT_OQ);
+    while (above) {  // rare once the list holds good values
+      const int l = __builtin_ctz(above);
+      best.offer(x[i + l], i + l);
+      above &= static_cast<__mmask16>(above - 1);
+    }
+  }
+  top = _mm512_reduce_max_ps(tops);
+  for (; i < n; ++i) {
+    top = std::max(top, x[i]);
+    best.offer(x[i], i);
+  }
+  return top;
+}
+
+// Lane l sums the elements l, l + 16, ... in double precision; the lanes are then added
+// pairwise, as the portable loop does (the same order: a row's sum never depends on the batch,
+// nor on the CPU's instruction set).
+__attribute__((target("avx512f"))) double exp_sum_avx512(const float* x, int64_t n, float top) {
+  const int64_t whole = n - n % kLanes;
+  __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
+  const __m512 tops = _mm512_set1_ps(top);
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + i), tops));
+    low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    high = _mm512_add_pd(
+        high, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  double lanes[kLanes];
+  _mm512_storeu_pd(lanes, low);
+  _mm512_storeu_pd(lanes + 8, high);
+  for (int64_t i = whole; i < n; ++i) lanes[i - whole] += exp_nonpositive(x[i] - top);
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+#endif  // ATTNSERVE_AVX512
+
+struct RowFns {
+  float (*best)(const float*, int64_t, Best&);
+  double (*exp_sum)(const float*, int64_t, float);
+};
+
+RowFns pick_row_fns() {
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512()) return {best_avx512, exp_sum_avx512};
+#endif
+  return {best_portable, exp_sum_portable};
+}
+
 struct Tensor {
-  const float* data = nullptr;
+  const void* raw = nullptr;
   std::vector<int64_t> dims;
+  const float* data() const { return static_cast<const float*>(raw); }
+  int64_t count() const {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    return n;
+  }
 };
 
 // An error inside a kernel: returned to ONNX Runtime as a status (it fails the session's run).
@@ -177,18 +349,18 @@ Tensor input(const ort_abi::Fns& api, OrtKernelContext* context, size_t index) {
   check(api, status, "reading an input's dimensions");
   void* data = nullptr;
   check(api, api.GetTensorMutableData(const_cast<OrtValue*>(value), &data), "reading an input");
-  tensor.data = static_cast<const float*>(data);
+  tensor.raw = data;
   return tensor;
 }
 
-float* output(const ort_abi::Fns& api, OrtKernelContext* context,
-              const std::vector<int64_t>& dims) {
+void* output(const ort_abi::Fns& api, OrtKernelContext* context, size_t index,
+             const std::vector<int64_t>& dims) {
   OrtValue* value = nullptr;
-  check(api, api.KernelContextGetOutput(context, 0, dims.data(), dims.size(), &value),
-        "allocating the output");
+  check(api, api.KernelContextGetOutput(context, index, dims.data(), dims.size(), &value),
+        "allocating an output");
   void* data = nullptr;
-  check(api, api.GetTensorMutableData(value, &data), "writing the output");
-  return static_cast<float*>(data);
+  check(api, api.GetTensorMutableData(value, &data), "writing an output");
+  return data;
 }
 
 // Both inputs rank 4 with equal (B, H) and equal inner sizes: what the graph rewrite builds.
@@ -200,45 +372,138 @@ void check_pair(const Tensor& a, const Tensor& b, int inner_a, int inner_b, cons
   }
 }
 
-enum class Kind { kScores, kMix };
+enum class Kind { kScores, kMix, kVocab };
 
 struct Kernel {
   ort_abi::Fns api;
   Kind kind;
 };
 
+// One product per (row, head): the job ONNX Runtime's threads share.
+struct Job {
+  Block block;
+  const float* a;
+  const float* b;
+  float* out;
+  int64_t a_size, b_size, out_size;  // one (row, head)'s elements in each
+  int64_t m, n, depth;
+};
+
+void run_one(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t i = static_cast<int64_t>(index);
+  job.block(job.a + i * job.a_size, job.b + i * job.b_size, job.out + i * job.out_size, job.m,
+            job.n, job.depth);
+}
+
+// Work is split into contiguous batches of (row, head) for the session's threads; each
+// (row, head) is one call, on whatever thread, so the split never changes a result.
+constexpr size_t kBatches = 32;
+
+// One row of the vocabulary kernel per index.
+struct VocabJob {
+  RowFns fns;
+  const float* x;
+  float* log_probs;  // null: not asked for
+  float* top_values;
+  int64_t* top_ids;
+  int64_t columns, k;
+};
+
+void vocab_row(void* data, size_t index) {
+  const VocabJob& job = *static_cast<const VocabJob*>(data);
+  const int64_t row = static_cast<int64_t>(index);
+  const float* x = job.x + row * job.columns;
+  Best best{job.top_values + row * job.k, job.top_ids + row * job.k, job.k};
+  const float top = job.fns.best(x, job.columns, best);
+  const float log_sum = static_cast<float>(std::log(job.fns.exp_sum(x, job.columns, top)));
+  for (int64_t j = 0; j < job.k; ++j) best.values[j] = (best.values[j] - top) - log_sum;
+  if (job.log_probs != nullptr) {
+    float* out = job.log_probs + row * job.columns;
+    for (int64_t i = 0; i < job.columns; ++i) out[i] = (x[i] - top) - log_sum;
+  }
+}
+
+int64_t scalar_input(const ort_abi::Fns& api, OrtKernelContext* context, size_t index,
+                     const char* what) {
+  const Tensor t = input(api, context, index);
+  if (t.count() != 1) throw Failure{ORT_INVALID_ARGUMENT, std::string(what) + " wants one value"};
+  return *static_cast<const int64_t*>(t.raw);
+}
+
+// x (..., V), k (1,), full (1,) -> log-probs (..., V), or (..., 0) when full is 0; the k best
+// log-probs (..., k) and their ids (..., k), best first, ties to the lower id.
+void run_vocab(const ort_abi::Fns& api, OrtKernelContext* context) {
+  const Tensor x = input(api, context, 0);
+  const int64_t k = scalar_input(api, context, 1, "LogSoftmaxTopK's k");
+  const bool full = scalar_input(api, context, 2, "LogSoftmaxTopK's full") != 0;
+  if (x.dims.empty()) throw Failure{ORT_INVALID_ARGUMENT, "LogSoftmaxTopK wants rank >= 1"};
+  VocabJob job{};
+  job.fns = pick_row_fns();
+  job.x = x.data();
+  job.columns = x.dims.back();
+  job.k = k;
+  if (k < 0 || k > job.columns) {
+    throw Failure{ORT_INVALID_ARGUMENT, "LogSoftmaxTopK's k must be within [0, V]"};
+  }
+  std::vector<int64_t> dims = x.dims;
+  dims.back() = full ? job.columns : 0;
+  void* log_probs = output(api, context, 0, dims);
+  job.log_probs = full ? static_cast<float*>(log_probs) : nullptr;
+  dims.back() = k;
+  job.top_values = static_cast<float*>(output(api, context, 1, dims));
+  job.top_ids = static_cast<int64_t*>(output(api, context, 2, dims));
+  const size_t rows = static_cast<size_t>(x.count() / std::max<int64_t>(job.columns, 1));
+  if (rows == 0 || job.columns == 0) return;
+  check(api, api.KernelContextParallelFor(context, vocab_row, rows, std::min(rows, kBatches), &job),
+        "running on the session's threads");
+}
+
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
+  if (kernel.kind == Kind::kVocab) return run_vocab(api, context);
   const Tensor a = input(api, context, 0);
   const Tensor b = input(api, context, 1);
+  Job job{};
   if (kernel.kind == Kind::kScores) {
     check_pair(a, b, 3, 3, "AttnScores");  // q (B, H, M, D), k (B, H, N, D)
-    const int64_t rows = a.dims[0] * a.dims[1], m = a.dims[2], depth = a.dims[3], n = b.dims[2];
-    float* out = output(api, context, {a.dims[0], a.dims[1], m, n});
-    const Block block = pick(true, depth);
-    for (int64_t bh = 0; bh < rows; ++bh) {
-      block(a.data + bh * m * depth, b.data + bh * n * depth, out + bh * m * n, m, n, depth);
-    }
+    job.m = a.dims[2], job.depth = a.dims[3], job.n = b.dims[2];
+    job.out = static_cast<float*>(output(api, context, 0, {a.dims[0], a.dims[1], job.m, job.n}));
+    job.block = pick(true, job.depth);
+    job.a_size = job.m * job.depth, job.b_size = job.n * job.depth, job.out_size = job.m * job.n;
   } else {
     check_pair(a, b, 3, 2, "AttnMix");  // p (B, H, M, N), v (B, H, N, D)
-    const int64_t rows = a.dims[0] * a.dims[1], m = a.dims[2], n = a.dims[3], depth = b.dims[3];
-    float* out = output(api, context, {a.dims[0], a.dims[1], m, depth});
-    const Block block = pick(false, depth);
-    for (int64_t bh = 0; bh < rows; ++bh) {
-      block(a.data + bh * m * n, b.data + bh * n * depth, out + bh * m * depth, m, n, depth);
-    }
+    job.m = a.dims[2], job.n = a.dims[3], job.depth = b.dims[3];
+    job.out =
+        static_cast<float*>(output(api, context, 0, {a.dims[0], a.dims[1], job.m, job.depth}));
+    job.block = pick(false, job.depth);
+    job.a_size = job.m * job.n, job.b_size = job.n * job.depth, job.out_size = job.m * job.depth;
   }
+  job.a = a.data(), job.b = b.data();
+  const size_t rows = static_cast<size_t>(a.dims[0] * a.dims[1]);
+  if (rows == 0) return;
+  check(api,
+        api.KernelContextParallelFor(context, run_one, rows, std::min(rows, kBatches), &job),
+        "running on the session's threads");
 }
 
 template <Kind kind>
 struct Op {
   static const char* name(const OrtCustomOp*) {
-    return kind == Kind::kScores ? "AttnScores" : "AttnMix";
+    return kind == Kind::kScores ? "AttnScores" : kind == Kind::kMix ? "AttnMix" : "LogSoftmaxTopK";
   }
   static OrtStatus* create(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo*,
                            void** kernel) {
     *kernel = new Kernel{ort_abi::Fns(api), kind};
     return nullptr;
+  }
+  static size_t inputs(const OrtCustomOp*) { return kind == Kind::kVocab ? 3 : 2; }
+  static size_t outputs(const OrtCustomOp*) { return kind == Kind::kVocab ? 3 : 1; }
+  static OrtElementType input_type(const OrtCustomOp*, size_t index) {
+    return kind == Kind::kVocab && index > 0 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
+  }
+  static OrtElementType output_type(const OrtCustomOp*, size_t index) {
+    return kind == Kind::kVocab && index == 2 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
   }
 };
 
@@ -256,9 +521,6 @@ OrtStatus* compute(void* raw, OrtKernelContext* context) {
 
 void destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
-OrtElementType float_type(const OrtCustomOp*, size_t) { return ORT_ELEMENT_FLOAT; }
-size_t two(const OrtCustomOp*) { return 2; }
-size_t one(const OrtCustomOp*) { return 1; }
 OrtIoCharacteristic required(const OrtCustomOp*, size_t) { return ORT_IO_REQUIRED; }
 int default_memory(const OrtCustomOp*, size_t) { return 0; }
 int one_int(const OrtCustomOp*) { return 1; }
@@ -271,10 +533,10 @@ constexpr OrtCustomOp make_op() {
   op.version = 18;
   op.GetName = Op<kind>::name;
   op.GetExecutionProviderType = cpu_provider;
-  op.GetInputType = float_type;
-  op.GetInputTypeCount = two;
-  op.GetOutputType = float_type;
-  op.GetOutputTypeCount = one;
+  op.GetInputType = Op<kind>::input_type;
+  op.GetInputTypeCount = Op<kind>::inputs;
+  op.GetOutputType = Op<kind>::output_type;
+  op.GetOutputTypeCount = Op<kind>::outputs;
   op.KernelDestroy = destroy;
   op.GetInputCharacteristic = required;
   op.GetOutputCharacteristic = required;
@@ -292,22 +554,26 @@ constexpr OrtCustomOp make_op() {
 
 const OrtCustomOp kScores = make_op<Kind::kScores>();
 const OrtCustomOp kMix = make_op<Kind::kMix>();
+const OrtCustomOp kVocab = make_op<Kind::kVocab>();
 
 }  // namespace
 
 // Called by ONNX Runtime's SessionOptions.register_custom_ops_library.
 ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
                                               const OrtApiBase* base) {
-  const OrtApi* table = base->GetApi(1);
-  if (table == nullptr) return nullptr;  // cannot happen: every runtime answers version 1
+  const OrtApi* table = base->GetApi(ort_abi::kApiVersion);
+  if (table == nullptr) {  // an older runtime: its sessions fail to load the library
+    const ort_abi::Fns any(base->GetApi(1));
+    return any.CreateStatus(ORT_FAIL, "attnserve kernels need ONNX Runtime 1.18 or later");
+  }
   const ort_abi::Fns api(table);
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api.CreateCustomOpDomain(kDomain, &domain)) return status;
-  for (const OrtCustomOp* op : {&kScores, &kMix}) {
+  for (const OrtCustomOp* op : {&kScores, &kMix, &kVocab}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   return api.AddCustomOpDomain(options, domain);
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 1; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 2; }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import platform
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ from onnx import TensorProto, helper
 
 from attnserve import kernels
 from attnserve.engine.onnx.backend import OnnxBackend
-from attnserve.engine.onnx.layout import ATTENTION_KERNELS, read_manifest
+from attnserve.engine.onnx.layout import KERNEL_NODES, read_manifest
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import decode_batch
 from attnserve.export.onnx_export import export_model
@@ -99,6 +100,7 @@ def test_without_the_library_the_functions_run_the_stock_graph_bit_for_bit() -> 
         (2, 3, 5, 17, 48),  # another head size the AVX-512 loops take
         (2, 2, 3, 6, 40),  # a head size they do not: the portable loops
         (2, 1, 1, 1, 272),  # wider than the registers hold: the portable loops
+        (2, 2, 1, 3, 0),  # empty heads: zero scores, an empty mix
     ],
 )
 def test_the_kernels_compute_attention(shape: tuple[int, ...]) -> None:
@@ -159,10 +161,10 @@ def test_only_products_of_two_rank_4_activations_are_rewritten() -> None:
 def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
     tiny_onnx_import: Path, tmp_path: Path
 ) -> None:
-    """fp32 and int8 decoders run their 4 attention products a layer on the kernels (the
-    manifest says how many); decoding beam 4 with n-best gives the tokens the stock graph gives,
-    with scores equal to float rounding, and int8 gives each source in a batch the bits it gets
-    alone."""
+    """fp32 and int8 decoders run their 4 attention products a layer and their log-softmax with
+    its TopK on the kernels (the manifest says how many nodes); decoding beam 4 with n-best
+    gives the tokens the stock graph gives, with scores equal to float rounding, and int8 gives
+    each source in a batch the bits it gets alone."""
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_onnx_import, model_dir)
     shutil.rmtree(model_dir / "onnx")
@@ -177,7 +179,9 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
         ops = [n.op_type for n in decoder.graph.node]
         assert ops.count("AttnScores") == ops.count("AttnMix") == 2 * config.decoder_layers
         assert "MatMul" not in ops or variant == "fp32"  # int8: every weight product is integer
-        assert read_manifest(graphs)["options"][ATTENTION_KERNELS] == 4 * config.decoder_layers
+        assert ops.count(kernels.VOCAB) == 1 and "LogSoftmax" not in ops and "TopK" not in ops
+        rewritten = read_manifest(graphs)["options"][KERNEL_NODES]
+        assert rewritten == 4 * config.decoder_layers + 1
         stock = OnnxBackend(config, graphs, provider="cpu", threads=1, kernels=False)
         assert not stock.kernels
         want = decode_batch(stock, sources, options)
@@ -198,11 +202,115 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
             assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in got[i]]
 
 
+@needs_library
 def test_the_library_declares_its_version() -> None:
-    if not BUILT:
-        pytest.skip("the kernel library is not built here")
-    import ctypes
-
     path = kernels.library_path()
     assert path is not None and path.parent == Path(kernels.__file__).parent
     assert ctypes.CDLL(str(path)).attnserve_kernels_version() == kernels.VERSION
+
+
+@needs_library
+def test_a_library_of_another_version_is_not_registered(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A build left by another version of attnserve (ops that may differ) is ignored, with the
+    command that rebuilds it; the graphs then run their stock bodies."""
+    monkeypatch.setattr(kernels, "VERSION", kernels.VERSION + 1)
+    kernels._built_library.cache_clear()
+    try:
+        assert kernels.library_path() is None
+        assert "built from another version of attnserve" in caplog.text
+    finally:
+        monkeypatch.undo()
+        kernels._built_library.cache_clear()
+    assert kernels.library_path() is not None
+
+
+def vocabulary_graph(rewrite: bool) -> bytes:
+    """log_softmax(logits) and its TopK(k), as the decoder export writes them; optionally on
+    the LogSoftmaxTopK kernel (with its `full` input)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1),
+            helper.make_node(
+                "TopK", ["log_probs", "k"], ["top_values", "top_ids"], axis=-1, largest=1, sorted=1
+            ),
+        ],
+        "vocabulary",
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "v"]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["b", "v"]),
+            helper.make_tensor_value_info("top_values", TensorProto.FLOAT, ["b", "k"]),
+            helper.make_tensor_value_info("top_ids", TensorProto.INT64, ["b", "k"]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    if rewrite:
+        assert kernels.use_vocabulary_kernel(model, "log_probs", "k", "full")
+        assert not kernels.use_vocabulary_kernel(model, "log_probs", "k", "full")  # once
+        assert [n.op_type for n in model.graph.node] == [kernels.VOCAB]
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def logits_with_ties(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
+    x = (rng.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    x[:, vocab // 3] = x[:, vocab // 2] = x.max(axis=1) + 1  # a tie for the best: lower id first
+    x[0, :] = -3.0  # a row of equal values: the first k ids
+    return x
+
+
+def test_without_the_library_the_vocabulary_function_runs_the_stock_graph_bit_for_bit() -> None:
+    stock, portable = (
+        session(vocabulary_graph(False), False),
+        session(vocabulary_graph(True), False),
+    )
+    x = logits_with_ties(np.random.default_rng(5), 6, 300)
+    k = np.array([7], np.int64)
+    got = portable.run(None, {"logits": x, "k": k, "full": np.zeros(1, np.int64)})
+    for a, b in zip(got, stock.run(None, {"logits": x, "k": k}), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_library
+@pytest.mark.parametrize("vocab", [5, 16, 300, 8000, 32003])
+@pytest.mark.parametrize("k", [0, 1, 9])
+def test_the_vocabulary_kernel_computes_log_softmax_and_the_best_tokens(vocab: int, k: int) -> None:
+    k = min(k, vocab)
+    kernel = session(vocabulary_graph(True), True)
+    x = logits_with_ties(np.random.default_rng(vocab + k), 7, vocab)
+    kk = np.array([k], np.int64)
+    full, top_values, top_ids = kernel.run(
+        None, {"logits": x, "k": kk, "full": np.ones(1, np.int64)}
+    )
+    x64 = x.astype(np.float64)
+    want = x64 - x64.max(axis=1, keepdims=True)
+    want -= np.log(np.exp(want).sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(full, want, rtol=1e-6, atol=2e-6)
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]  # best first, ties to the lower id
+    np.testing.assert_array_equal(top_ids, order)
+    # the candidates are the row's own log-probs, bit for bit, with or without the row written
+    np.testing.assert_array_equal(top_values, np.take_along_axis(full, top_ids, axis=1))
+    empty, values, ids = kernel.run(None, {"logits": x, "k": kk, "full": np.zeros(1, np.int64)})
+    assert empty.shape == (7, 0)
+    np.testing.assert_array_equal(values, top_values)
+    np.testing.assert_array_equal(ids, top_ids)
+    # a row alone gets the bits it gets in the batch
+    alone = kernel.run(None, {"logits": x[3:4], "k": kk, "full": np.ones(1, np.int64)})
+    for a, b in zip(alone, (full, top_values, top_ids), strict=True):
+        np.testing.assert_array_equal(a[0], b[3])
+
+
+@needs_library
+def test_the_vocabulary_kernel_refuses_more_candidates_than_tokens() -> None:
+    kernel = session(vocabulary_graph(True), True)
+    feed = {
+        "logits": np.zeros((2, 4), np.float32),
+        "k": np.array([5], np.int64),
+        "full": np.ones(1, np.int64),
+    }
+    with pytest.raises(Exception, match="k must be within"):
+        kernel.run(None, feed)

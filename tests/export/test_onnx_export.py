@@ -79,8 +79,10 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
     assert list(enc_out) == cross_names(n)
     assert enc_out["cross.0.key"][1][0::2] == ["sources", "src_len"]
     dec_in, dec_out = io_spec(list(decoder.graph.input)), io_spec(list(decoder.graph.output))
-    assert list(dec_in) == [*DECODER_INPUTS, *past_names(n), *cross_names(n), "candidates"]
-    assert dec_in["candidates"] == (i64, [1])
+    assert list(dec_in) == [
+        *DECODER_INPUTS, *past_names(n), *cross_names(n), "candidates", "full_log_probs",
+    ]  # fmt: skip
+    assert dec_in["candidates"] == dec_in["full_log_probs"] == (i64, [1])
     assert dec_in["input_ids"] == (i64, ["batch"])
     # Cross K/V and the source mask are per encoded source, shared by its rows (beams).
     assert dec_in["encoder_attention_mask"] == (i64, ["sources", "src_len"])
@@ -91,7 +93,8 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
     assert dec_in["past.0.self.key"][1][0::2] == ["batch", "past_len"]
     # The step returns its column of the cache, not the grown cache (nothing is copied).
     assert list(dec_out) == ["log_probs", *new_names(n), "top_log_probs", "top_ids"]
-    assert dec_out["log_probs"][0] == f32
+    # (batch, vocab); the vocabulary kernel leaves it (batch, 0) when full_log_probs is 0
+    assert dec_out["log_probs"] == (f32, ["batch", "log_prob_columns"])
     assert dec_out["top_log_probs"] == (f32, ["batch", "candidates"])
     assert dec_out["top_ids"] == (i64, ["batch", "candidates"])
     assert dec_out["new.1.self.value"][1][:3] == ["batch", 4, 1]

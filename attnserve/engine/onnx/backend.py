@@ -29,6 +29,7 @@ from attnserve.engine.onnx.layout import (
     DECODER_NAME,
     ENCODER_INPUTS,
     ENCODER_NAME,
+    FULL_LOG_PROBS,
     LOG_PROBS,
     TOP_IDS,
     TOP_LOG_PROBS,
@@ -69,6 +70,7 @@ SLOW_CPU_FUSIONS = ("SkipLayerNormFusion", "MatMulScaleFusion")
 # Decoder outputs the host reads (with IO binding, the cache outputs stay on the device).
 HOST_OUTPUTS = frozenset((LOG_PROBS, TOP_LOG_PROBS, TOP_IDS))
 ONE_CANDIDATE = np.ones(1, dtype=np.int64)  # what `step` feeds a graph with a TopK it ignores
+FULL, NOT_FULL = np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64)  # `full_log_probs`
 
 
 class OnnxModelError(ModelFileInvalidError):
@@ -235,6 +237,9 @@ class OnnxBackend:
             log.warning("the CUDA provider failed to load; running on the CPU")
         # Graphs exported before the decoder returned its best tokens have whole rows only.
         self._has_candidates = TOP_IDS in {o.name for o in self.decoder.get_outputs()}
+        # Graphs whose log-softmax runs on attnserve's kernel: a flag says when to write the
+        # (B, V) log-probs (a step that reads only each row's best tokens skips them).
+        self._has_full_switch = FULL_LOG_PROBS in {i.name for i in self.decoder.get_inputs()}
         self.candidates = self._has_candidates  # RunningBatch may ask for them (a switch)
         self.kv_dtype = _dtype(self.decoder, self._past[0])
         on_cuda = self.provider == CUDA
@@ -332,6 +337,8 @@ class OnnxBackend:
 
     def step(self, tokens: IntArray, state: OnnxState) -> tuple[FloatArray, OnnxState]:
         feed = {CANDIDATES: ONE_CANDIDATE} if self._has_candidates else {}
+        if self._has_full_switch:
+            feed[FULL_LOG_PROBS] = FULL
         out, grown = self._step(tokens, state, [LOG_PROBS], feed)
         return np.asarray(out[0], dtype=np.float32), grown  # (B, V)
 
@@ -341,6 +348,8 @@ class OnnxBackend:
         """`step` returning each row's k best tokens (the graph's TopK), so that the host never
         reads the (B, V) log-probs; only when `self.candidates` (the graph has them)."""
         feed = {CANDIDATES: np.array([k], dtype=np.int64)}
+        if self._has_full_switch:
+            feed[FULL_LOG_PROBS] = NOT_FULL
         out, grown = self._step(tokens, state, [TOP_LOG_PROBS, TOP_IDS], feed)
         return Candidates(np.asarray(out[0], dtype=np.float32), np.asarray(out[1])), grown
 

@@ -43,9 +43,10 @@ MANIFEST_NAME = "manifest.json"
 # options["shared_weights"] lists them.
 SHARED_DATA = "shared.data"
 SHARED_WEIGHTS = "shared_weights"
-# How many of the decoder's attention products run on attnserve's own kernels where the library
-# is registered (attnserve.kernels; the manifest's options["attention_kernels"]).
-ATTENTION_KERNELS = "attention_kernels"
+# How many of the decoder's nodes run on attnserve's own kernels where the library is registered
+# (attnserve.kernels: 4 attention products a layer and the vocabulary's log-softmax with its
+# TopK; the manifest's options["kernel_nodes"]).
+KERNEL_NODES = "kernel_nodes"
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
@@ -57,6 +58,10 @@ LOG_PROBS = "log_probs"
 CANDIDATES = "candidates"
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
+# Where the decoder's log-softmax and TopK run on attnserve's kernel (attnserve.kernels), the
+# int64 (1,) input `full_log_probs`: 1 asks for the (B, V) log_probs, 0 lets the kernel skip
+# writing them (log_probs is then (B, 0)).
+FULL_LOG_PROBS = "full_log_probs"
 
 LM_STEP_NAME = "step.onnx"
 LM_INPUTS = ("input_ids", "attention_mask", "past_mask")
