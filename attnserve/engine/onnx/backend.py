@@ -30,6 +30,7 @@ from attnserve.engine.onnx.layout import (
     ENCODER_INPUTS,
     ENCODER_NAME,
     FULL_LOG_PROBS,
+    KERNEL_NODES,
     LOG_PROBS,
     TOP_IDS,
     TOP_LOG_PROBS,
@@ -212,9 +213,21 @@ class OnnxBackend:
         providers = choose_providers(provider, device_id)
         if disabled_optimizers is None:
             disabled_optimizers = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
-        # attnserve's attention kernels, where the graph has them and this is the CPU provider
-        # (elsewhere the graph's functions run their stock bodies)
+        # attnserve's kernels, where the graph has them and this is the CPU provider (elsewhere
+        # the graph's functions run their stock bodies)
         self.kernels = providers[0] == CPU and kernels and register_kernels(options)
+        if (
+            self.kernels
+            and self.variant in ("fp32", "int8")
+            and KERNEL_NODES not in self.manifest.get("options", {})
+        ):
+            log.info(
+                "%s was exported before attnserve's kernels: re-export it (`attnserve export %s "
+                "--variants %s`) to run its attention and log-softmax on them",
+                directory,
+                directory.parent.parent,
+                self.variant,
+            )
         self.disabled_optimizers = tuple(disabled_optimizers)
         self.encoder = open_session(
             require_graph(directory, ENCODER_NAME),
