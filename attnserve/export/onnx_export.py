@@ -31,11 +31,11 @@ from torch import Tensor, nn
 
 from attnserve.defaults import ENCODER_DECODER_VARIANTS, OPSET
 from attnserve.engine.onnx.layout import (
-    KERNEL_NODES,
     DECODER_INPUTS,
     DECODER_NAME,
     ENCODER_INPUTS,
     ENCODER_NAME,
+    KERNEL_NODES,
     LOG_PROBS,
     MANIFEST_NAME,
     ONNX_DIR,
@@ -288,7 +288,9 @@ def export_variants(
                 options = build.convert_fp16(fp32_dir, out)
             build.add_candidates(out / DECODER_NAME)
             if variant != "fp16":  # the kernels are the CPU provider's; fp16 is for CUDA
-                options[KERNEL_NODES] = build.use_kernels(out / DECODER_NAME)
+                options[KERNEL_NODES] = build.use_kernels(
+                    out / ENCODER_NAME, decoder=False
+                ) + build.use_kernels(out / DECODER_NAME)
             shared = build.share_weights(out, (ENCODER_NAME, DECODER_NAME))
             if shared:
                 options[SHARED_WEIGHTS] = shared

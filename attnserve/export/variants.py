@@ -46,7 +46,11 @@ from attnserve.engine.onnx.layout import (
     TOP_LOG_PROBS,
 )
 from attnserve.export.quantize import SHARED_LOOKUP_BYTES, quantize_rows
-from attnserve.kernels import use_attention_kernels, use_vocabulary_kernel
+from attnserve.kernels import (
+    use_attention_kernels,
+    use_row_quantize_kernel,
+    use_vocabulary_kernel,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -264,14 +268,17 @@ def add_candidates(path: Path) -> Path:
     return save_graph(model, path)
 
 
-def use_kernels(path: Path) -> int:
-    """Rewrite the decoder graph at `path` to run on attnserve's kernels (attnserve.kernels:
-    ONNX functions whose stock bodies run where the library is not registered): its attention
-    products, and its log-softmax with the TopK of its candidates; returns how many nodes run
-    on them. External weights stay in place."""
+def use_kernels(path: Path, *, decoder: bool = True) -> int:
+    """Rewrite the graph at `path` to run on attnserve's kernels (attnserve.kernels: ONNX
+    functions whose stock bodies run where the library is not registered): its per-row int8
+    activation quantizations, and in a decoder its attention products and its log-softmax with
+    the TopK of its candidates; returns how many nodes run on them. External weights stay in
+    place."""
     model = onnx.load(str(path), load_external_data=False)
-    rewritten = use_attention_kernels(model)
-    rewritten += use_vocabulary_kernel(model, LOG_PROBS, CANDIDATES, FULL_LOG_PROBS)
+    rewritten = use_row_quantize_kernel(model)
+    if decoder:
+        rewritten += use_attention_kernels(model)
+        rewritten += use_vocabulary_kernel(model, LOG_PROBS, CANDIDATES, FULL_LOG_PROBS)
     if rewritten:
         save_graph(model, path)
     return rewritten

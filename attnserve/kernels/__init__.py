@@ -6,23 +6,27 @@ sources x 8 heads that is 1,024 calls of a (1 x 64) by (64 x T) product per laye
 and the calls, not the arithmetic, take the time. Two kernels loop over (row, head) with the
 query (or the output row) held in AVX-512 registers; a third replaces the step's log-softmax
 over the vocabulary and the TopK of its candidates, and writes the (B, V) log-probs only when
-the caller asks for them:
+the caller asks for them; a fourth is per-row int8's activation quantization in two passes
+instead of four nodes:
 
     ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> q @ k^T      (B, H, M, N)
     ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> p @ v        (B, H, M, D)
     ai.attnserve.LogSoftmaxTopK(logits (B, V), k (1,), full (1,))
         -> log_probs (B, V) or (B, 0), top values (B, k), top ids (B, k)
+    ai.attnserve.RowQuantize(x (..., K)) -> uint8 (..., K), max|x| (..., 1)
 
-**Portable graphs.** `use_attention_kernels` and `use_vocabulary_kernel` rewrite a graph into
-these nodes *and* put each op's definition in the model as an ONNX function whose body is the
-stock nodes (Transpose + MatMul; MatMul; LogSoftmax + TopK). A runtime with the library registered runs the kernel; any other ONNX
-Runtime (or another runtime that reads ONNX functions) inlines the body and runs exactly the
-graph it would have run before the rewrite. The exported files stay loadable everywhere.
+**Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
+definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;
+MatMul; LogSoftmax + TopK; Abs, ReduceMax, Div, QuantizeLinear). A runtime with the library
+registered runs the kernel; any other ONNX Runtime (or another runtime that reads ONNX
+functions) inlines the body and runs exactly the graph it would have run before the rewrite.
+The exported files stay loadable everywhere.
 
-**Batch invariance.** Each (row, head), and each row of the vocabulary, is computed alone, in a
-fixed order, so a row's result never depends on the rest of the batch. The kernels' sums run in
-another order than MLAS's, so their float results differ from the stock graph's in the last
-bits (as two BLAS libraries do).
+**Batch invariance.** Each (row, head), and each row of the vocabulary or of an activation, is
+computed alone, in a fixed order, so a row's result never depends on the rest of the batch. The
+attention and vocabulary kernels sum in another order than MLAS, so their float results differ
+from the stock graph's in the last bits (as two BLAS libraries do); RowQuantize's bytes are the
+stock nodes' bytes.
 
 **Build.** `pip install` compiles the library with the machine's C++ compiler (setup.py; the
 extension is optional: without a compiler the install succeeds and graphs run their stock
@@ -38,23 +42,29 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run them
     import onnx
 
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 2  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 3  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 VOCAB = "LogSoftmaxTopK"
+ROW_QUANTIZE = "RowQuantize"
+ROW_STEP = 1.0 / 127.0  # per-row int8: q = round(x / max|x| / (1/127)) + 128
+ROW_STEP32 = float(np.float32(ROW_STEP))  # as the graph stores it
+ROW_ZERO_POINT = 128
 ENV_SWITCH = "ATTNSERVE_KERNELS"
 _BODY_OPSET = 13  # Transpose, MatMul, LogSoftmax and TopK have not changed since
 
 
 def functions() -> list[onnx.FunctionProto]:
     """The ops' definitions as ONNX functions: what a runtime without the library runs."""
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     opset = [helper.make_opsetid("", _BODY_OPSET)]
     scores = helper.make_function(
@@ -93,7 +103,28 @@ def functions() -> list[onnx.FunctionProto]:
         doc_string="log_softmax over the last axis and its k best values and ids (ties to the "
         "lower id); log_probs is (..., 0) from the kernel when full is 0",
     )
-    return [scores, mix, vocab]
+    step = helper.make_tensor("step", TensorProto.FLOAT, [], [ROW_STEP])
+    zero_point = helper.make_tensor("zero_point", TensorProto.UINT8, [], [ROW_ZERO_POINT])
+    last = helper.make_tensor("last", TensorProto.INT64, [1], [-1])
+    row_quantize = helper.make_function(
+        DOMAIN,
+        ROW_QUANTIZE,
+        ["x"],
+        ["q", "scale"],
+        [
+            helper.make_node("Constant", [], ["last_axis"], value=last),
+            helper.make_node("Constant", [], ["step_value"], value=step),
+            helper.make_node("Constant", [], ["zero_point_value"], value=zero_point),
+            helper.make_node("Abs", ["x"], ["magnitude"]),
+            helper.make_node("ReduceMax", ["magnitude", "last_axis"], ["scale"], keepdims=1),
+            helper.make_node("Div", ["x", "scale"], ["unit"]),
+            helper.make_node("QuantizeLinear", ["unit", "step_value", "zero_point_value"], ["q"]),
+        ],
+        [helper.make_opsetid("", 18)],  # ReduceMax takes its axes as an input from 18
+        doc_string="per-row int8: scale = max|x| over the last axis (keepdims), "
+        "q = QuantizeLinear(x / scale, 1/127, 128)",
+    )
+    return [scores, mix, vocab, row_quantize]
 
 
 def use_attention_kernels(model: onnx.ModelProto) -> int:
@@ -196,6 +227,74 @@ def use_vocabulary_kernel(
             output.type.tensor_type.shape.dim[-1].dim_param = "log_prob_columns"
     _declare(model)
     return True
+
+
+def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
+    """Rewrite `model` in place: each per-row int8 activation quantization as the export writes it
+    (Abs, ReduceMax over the last axis, Div, QuantizeLinear by 1/127 around 128; see
+    attnserve.export.quantize) becomes one RowQuantize node, bit for bit the same values.
+    Returns how many were rewritten."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+
+    def constant(name: str, value: float, dtype: str) -> bool:
+        array = constants.get(name)
+        return (
+            array is not None
+            and array.size == 1
+            and str(array.dtype) == dtype
+            and (float(array.reshape(())) == value)
+        )
+
+    dropped: set[int] = set()
+    replaced: dict[int, onnx.NodeProto] = {}
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.input) != 3 or not constant(node.input[1], ROW_STEP32, "float32"):
+            continue
+        if not constant(node.input[2], ROW_ZERO_POINT, "uint8") or node.attribute:
+            continue
+        div = producers.get(node.input[0])
+        if div is None or div.op_type != "Div" or readers.get(div.output[0]) != 1:
+            continue
+        x, scale = div.input
+        reduce = producers.get(scale)
+        if reduce is None or reduce.op_type != "ReduceMax" or len(reduce.input) != 2:
+            continue
+        keep = {a.name: a.i for a in reduce.attribute}
+        axes = constants.get(reduce.input[1])
+        if keep.get("keepdims", 1) != 1 or axes is None or axes.tolist() != [-1]:
+            continue
+        magnitude = producers.get(reduce.input[0])
+        if magnitude is None or magnitude.op_type != "Abs" or magnitude.input[0] != x:
+            continue
+        if readers.get(magnitude.output[0]) != 1:
+            continue
+        fused = _node(ROW_QUANTIZE, [x], [node.output[0], scale], node.name or scale)
+        replaced[id(node)] = fused
+        dropped.update((id(div), id(reduce), id(magnitude)))
+    if not replaced:
+        return 0
+    kept = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    _declare(model)
+    return len(replaced)
+
+
+def _node(op: str, inputs: list[str], outputs: list[str], name: str) -> onnx.NodeProto:
+    """A node of one of attnserve's ops."""
+    from onnx import helper
+
+    return helper.make_node(op, inputs, outputs, name=f"{name}_{op}", domain=DOMAIN)
 
 
 def _declare(model: onnx.ModelProto) -> None:

@@ -24,7 +24,12 @@ struct OrtApi;  // opaque: reached through OrtFns below
 
 enum OrtErrorCode { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
 
-enum OrtElementType { ORT_ELEMENT_UNDEFINED = 0, ORT_ELEMENT_FLOAT = 1, ORT_ELEMENT_INT64 = 7 };
+enum OrtElementType {
+  ORT_ELEMENT_UNDEFINED = 0,
+  ORT_ELEMENT_FLOAT = 1,
+  ORT_ELEMENT_UINT8 = 2,
+  ORT_ELEMENT_INT64 = 7,
+};
 
 struct OrtApiBase {
   const OrtApi* (*GetApi)(uint32_t version);

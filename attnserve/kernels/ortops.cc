@@ -309,6 +309,77 @@ RowFns pick_row_fns() {
   return {best_portable, exp_sum_portable};
 }
 
+// ---- Per-row int8 activations: a row's scale and its uint8 values in two passes -----------
+//
+// What the per-row int8 export writes as four nodes (Abs, ReduceMax, Div, QuantizeLinear: four
+// passes over the activation, three written): m = max |x| over the row, and
+// q = saturate(round(x / m / (1/127))) + 128, with ONNX Runtime's own arithmetic (two IEEE
+// divisions, the clamp to [-128, 127] before rounding half to even; 0/0 becomes 0), so the
+// kernel's bytes are the stock nodes' bytes.
+constexpr float kStep = 1.0f / 127.0f;
+
+inline uint8_t quantize_one(float x, float m) {
+  float v = (x / m) / kStep;
+  v = v > -128.0f ? v : -128.0f;  // as maxps / minps: a NaN becomes the bound
+  v = v < 127.0f ? v : 127.0f;
+  return static_cast<uint8_t>(static_cast<int>(std::nearbyint(v)) + 128);
+}
+
+float row_max_portable(const float* x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+void quantize_portable(const float* x, int64_t n, float m, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i) q[i] = quantize_one(x[i], m);
+}
+
+#if ATTNSERVE_AVX512
+__attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t n) {
+  __m512 m = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  float top = _mm512_reduce_max_ps(m);
+  for (; i < n; ++i) top = std::max(top, std::fabs(x[i]));
+  return top;
+}
+
+__attribute__((target("avx512f"))) void quantize_avx512(const float* x, int64_t n, float m,
+                                                        uint8_t* q) {
+  const __m512 scale = _mm512_set1_ps(m), step = _mm512_set1_ps(kStep);
+  const __m512 low = _mm512_set1_ps(-128.0f), high = _mm512_set1_ps(127.0f);
+  const __m512i zero_point = _mm512_set1_epi32(128);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m512 v = _mm512_div_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), scale), step);
+    v = _mm512_min_ps(_mm512_max_ps(v, low), high);  // max(v, low): a NaN becomes low
+    const __m512i r = _mm512_add_epi32(
+        _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero_point);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(r));
+  }
+  for (; i < n; ++i) q[i] = quantize_one(x[i], m);
+}
+#endif  // ATTNSERVE_AVX512
+
+struct RowQuantJob {
+  float (*row_max)(const float*, int64_t);
+  void (*quantize)(const float*, int64_t, float, uint8_t*);
+  const float* x;
+  uint8_t* q;
+  float* scales;
+  int64_t columns;
+};
+
+void row_quantize_one(void* data, size_t index) {
+  const RowQuantJob& job = *static_cast<const RowQuantJob*>(data);
+  const int64_t row = static_cast<int64_t>(index);
+  const float* x = job.x + row * job.columns;
+  const float m = job.row_max(x, job.columns);
+  job.scales[row] = m;
+  job.quantize(x, job.columns, m, job.q + row * job.columns);
+}
+
 struct Tensor {
   const void* raw = nullptr;
   std::vector<int64_t> dims;
@@ -372,7 +443,7 @@ void check_pair(const Tensor& a, const Tensor& b, int inner_a, int inner_b, cons
   }
 }
 
-enum class Kind { kScores, kMix, kVocab };
+enum class Kind { kScores, kMix, kVocab, kRowQuantize };
 
 struct Kernel {
   ort_abi::Fns api;
@@ -459,9 +530,34 @@ void run_vocab(const ort_abi::Fns& api, OrtKernelContext* context) {
         "running on the session's threads");
 }
 
+// x (..., K) -> q (..., K) uint8, m (..., 1): each row's max |x| and its values quantized.
+void run_row_quantize(const ort_abi::Fns& api, OrtKernelContext* context) {
+  const Tensor x = input(api, context, 0);
+  if (x.dims.empty()) throw Failure{ORT_INVALID_ARGUMENT, "RowQuantize wants rank >= 1"};
+  RowQuantJob job{row_max_portable, quantize_portable, x.data(), nullptr, nullptr,
+                  x.dims.back()};
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512()) job.row_max = row_max_avx512, job.quantize = quantize_avx512;
+#endif
+  job.q = static_cast<uint8_t*>(output(api, context, 0, x.dims));
+  std::vector<int64_t> dims = x.dims;
+  dims.back() = 1;
+  job.scales = static_cast<float*>(output(api, context, 1, dims));
+  const size_t rows = static_cast<size_t>(x.count() / std::max<int64_t>(job.columns, 1));
+  if (rows == 0 || job.columns == 0) {
+    for (size_t r = 0; r < rows; ++r) job.scales[r] = 0.0f;
+    return;
+  }
+  check(api,
+        api.KernelContextParallelFor(context, row_quantize_one, rows, std::min(rows, kBatches),
+                                     &job),
+        "running on the session's threads");
+}
+
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
   if (kernel.kind == Kind::kVocab) return run_vocab(api, context);
+  if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
   const Tensor a = input(api, context, 0);
   const Tensor b = input(api, context, 1);
   Job job{};
@@ -490,20 +586,32 @@ void run(const Kernel& kernel, OrtKernelContext* context) {
 template <Kind kind>
 struct Op {
   static const char* name(const OrtCustomOp*) {
-    return kind == Kind::kScores ? "AttnScores" : kind == Kind::kMix ? "AttnMix" : "LogSoftmaxTopK";
+    switch (kind) {
+      case Kind::kScores: return "AttnScores";
+      case Kind::kMix: return "AttnMix";
+      case Kind::kVocab: return "LogSoftmaxTopK";
+      case Kind::kRowQuantize: return "RowQuantize";
+    }
+    return "";
   }
   static OrtStatus* create(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo*,
                            void** kernel) {
     *kernel = new Kernel{ort_abi::Fns(api), kind};
     return nullptr;
   }
-  static size_t inputs(const OrtCustomOp*) { return kind == Kind::kVocab ? 3 : 2; }
-  static size_t outputs(const OrtCustomOp*) { return kind == Kind::kVocab ? 3 : 1; }
+  static size_t inputs(const OrtCustomOp*) {
+    return kind == Kind::kVocab ? 3 : kind == Kind::kRowQuantize ? 1 : 2;
+  }
+  static size_t outputs(const OrtCustomOp*) {
+    return kind == Kind::kVocab ? 3 : kind == Kind::kRowQuantize ? 2 : 1;
+  }
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
     return kind == Kind::kVocab && index > 0 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
   }
   static OrtElementType output_type(const OrtCustomOp*, size_t index) {
-    return kind == Kind::kVocab && index == 2 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
+    if (kind == Kind::kVocab && index == 2) return ORT_ELEMENT_INT64;
+    if (kind == Kind::kRowQuantize && index == 0) return ORT_ELEMENT_UINT8;
+    return ORT_ELEMENT_FLOAT;
   }
 };
 
@@ -555,6 +663,7 @@ constexpr OrtCustomOp make_op() {
 const OrtCustomOp kScores = make_op<Kind::kScores>();
 const OrtCustomOp kMix = make_op<Kind::kMix>();
 const OrtCustomOp kVocab = make_op<Kind::kVocab>();
+const OrtCustomOp kRowQuantize = make_op<Kind::kRowQuantize>();
 
 }  // namespace
 
@@ -569,11 +678,11 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   const ort_abi::Fns api(table);
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api.CreateCustomOpDomain(kDomain, &domain)) return status;
-  for (const OrtCustomOp* op : {&kScores, &kMix, &kVocab}) {
+  for (const OrtCustomOp* op : {&kScores, &kMix, &kVocab, &kRowQuantize}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   return api.AddCustomOpDomain(options, domain);
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 2; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 3; }

@@ -180,8 +180,16 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
         assert ops.count("AttnScores") == ops.count("AttnMix") == 2 * config.decoder_layers
         assert "MatMul" not in ops or variant == "fp32"  # int8: every weight product is integer
         assert ops.count(kernels.VOCAB) == 1 and "LogSoftmax" not in ops and "TopK" not in ops
-        rewritten = read_manifest(graphs)["options"][KERNEL_NODES]
-        assert rewritten == 4 * config.decoder_layers + 1
+        on_kernels = sum(
+            n.domain == kernels.DOMAIN
+            for g in ("encoder.onnx", "decoder.onnx")
+            for n in onnx.load(str(graphs / g), load_external_data=False).graph.node
+        )
+        assert read_manifest(graphs)["options"][KERNEL_NODES] == on_kernels
+        if variant == "fp32":  # no int8 activations to quantize
+            assert on_kernels == 4 * config.decoder_layers + 1
+        else:
+            assert ops.count(kernels.ROW_QUANTIZE) > 0
         stock = OnnxBackend(config, graphs, provider="cpu", threads=1, kernels=False)
         assert not stock.kernels
         want = decode_batch(stock, sources, options)
@@ -314,3 +322,65 @@ def test_the_vocabulary_kernel_refuses_more_candidates_than_tokens() -> None:
     }
     with pytest.raises(Exception, match="k must be within"):
         kernel.run(None, feed)
+
+
+def row_quantize_graph(rank: int, rewrite: bool) -> bytes:
+    """Per-row int8 quantization as attnserve.export.quantize writes it, optionally rewritten."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [f"d{i}" for i in range(rank)])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Abs", ["x"], ["magnitude"]),
+            helper.make_node("ReduceMax", ["magnitude", "last"], ["scale"], keepdims=1),
+            helper.make_node("Div", ["x", "scale"], ["unit"]),
+            helper.make_node("QuantizeLinear", ["unit", "step", "zero_point"], ["q"]),
+        ],
+        "row_quantize",
+        [x],
+        [
+            helper.make_tensor_value_info("q", TensorProto.UINT8, None),
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor("last", TensorProto.INT64, [1], [-1]),
+            helper.make_tensor("step", TensorProto.FLOAT, [], [1.0 / 127.0]),
+            helper.make_tensor("zero_point", TensorProto.UINT8, [], [128]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    if rewrite:
+        assert kernels.use_row_quantize_kernel(model) == 1
+        assert kernels.use_row_quantize_kernel(model) == 0
+        assert [n.op_type for n in model.graph.node] == [kernels.ROW_QUANTIZE]
+    return model.SerializeToString()
+
+
+def activations(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    x = (rng.standard_normal(shape) * rng.uniform(0.01, 50, shape[:-1] + (1,))).astype(np.float32)
+    x.reshape(-1, shape[-1])[0] = 0.0  # an all-zero row: scale 0, products 0
+    x.reshape(-1, shape[-1])[-1, :1] = 1e30  # one huge value: the rest rounds to the zero point
+    return x
+
+
+@pytest.mark.parametrize("shape", [(3, 1), (5, 15), (4, 16), (2, 3, 17), (9, 256), (1, 7, 1000)])
+def test_row_quantize_gives_the_stock_nodes_bytes(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(sum(shape))
+    x = activations(rng, shape)
+    stock = session(row_quantize_graph(len(shape), False), False).run(None, {"x": x})
+    portable = session(row_quantize_graph(len(shape), True), False).run(None, {"x": x})
+    runs = [portable]
+    if BUILT:
+        runs.append(session(row_quantize_graph(len(shape), True), True).run(None, {"x": x}))
+    for run in runs:
+        for got, want in zip(run, stock, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+
+
+def test_int8_exports_quantize_every_activation_on_the_kernel(tiny_onnx_import: Path) -> None:
+    graphs = tiny_onnx_import / "onnx" / "int8"
+    for name in ("encoder.onnx", "decoder.onnx"):
+        ops = [
+            n.op_type for n in onnx.load(str(graphs / name), load_external_data=False).graph.node
+        ]
+        assert ops.count(kernels.ROW_QUANTIZE) > 0
+        assert not {"QuantizeLinear", "Abs", "ReduceMax"} & set(ops), name
