@@ -234,10 +234,18 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     (Abs, ReduceMax over the last axis, Div, QuantizeLinear by 1/127 around 128; see
     attnserve.export.quantize) becomes one RowQuantize node, bit for bit the same values.
     Returns how many were rewritten."""
+    import onnx
     from onnx import numpy_helper
 
     graph = model.graph
-    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    initializers = {i.name: i for i in graph.initializer}
+
+    def small_constant(name: str) -> np.ndarray | None:
+        tensor = initializers.get(name)
+        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            return None  # weights beside the graph are never the step, zero point or axes
+        return numpy_helper.to_array(tensor)
+
     producers = {out: node for node in graph.node for out in node.output}
     readers: dict[str, int] = {}
     for node in graph.node:
@@ -245,7 +253,7 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
             readers[name] = readers.get(name, 0) + 1
 
     def constant(name: str, value: float, dtype: str) -> bool:
-        array = constants.get(name)
+        array = small_constant(name)
         return (
             array is not None
             and array.size == 1
@@ -270,7 +278,7 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
         if reduce is None or reduce.op_type != "ReduceMax" or len(reduce.input) != 2:
             continue
         keep = {a.name: a.i for a in reduce.attribute}
-        axes = constants.get(reduce.input[1])
+        axes = small_constant(reduce.input[1])
         if keep.get("keepdims", 1) != 1 or axes is None or axes.tolist() != [-1]:
             continue
         magnitude = producers.get(reduce.input[0])
