@@ -32,7 +32,14 @@ from typing import Any
 
 import onnx
 
-from attnserve.engine.onnx.layout import LM_GQA, LM_PLAIN, LM_STEP_NAME, LOGITS, ONNX_DIR
+from attnserve.engine.onnx.layout import (
+    KERNEL_NODES,
+    LM_GQA,
+    LM_PLAIN,
+    LM_STEP_NAME,
+    LOGITS,
+    ONNX_DIR,
+)
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
 from attnserve.export.lm_graph import LM_OPSET, build_lm_graph
@@ -205,6 +212,8 @@ def export_lm_variants(
                         out, model.config.intermediate_size, Path(tmp) / "int8-down"
                     )
                 options["smoothquant"] = smoothed
+                # the activations' per-row quantization on attnserve's kernel (the same bytes)
+                options[KERNEL_NODES] = build.use_kernels(out / LM_STEP_NAME, decoder=False)
             elif variant == "int4":
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size

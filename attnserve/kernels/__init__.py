@@ -26,7 +26,8 @@ The exported files stay loadable everywhere.
 computed alone, in a fixed order, so a row's result never depends on the rest of the batch. The
 attention and vocabulary kernels sum in another order than MLAS, so their float results differ
 from the stock graph's in the last bits (as two BLAS libraries do); RowQuantize's bytes are the
-stock nodes' bytes.
+stock nodes' bytes (a row holding a NaN gets a NaN scale wherever the NaN is, where ONNX
+Runtime's ReduceMax skips it unless it comes first).
 
 **Build.** `pip install` compiles the library with the machine's C++ compiler (setup.py; the
 extension is optional: without a compiler the install succeeds and graphs run their stock
@@ -59,14 +60,17 @@ ROW_STEP = 1.0 / 127.0  # per-row int8: q = round(x / max|x| / (1/127)) + 128
 ROW_STEP32 = float(np.float32(ROW_STEP))  # as the graph stores it
 ROW_ZERO_POINT = 128
 ENV_SWITCH = "ATTNSERVE_KERNELS"
-_BODY_OPSET = 13  # Transpose, MatMul, LogSoftmax and TopK have not changed since
+MIN_OPSET = 18  # the bodies' ReduceMax takes its axes as an input from opset 18
 
 
-def functions() -> list[onnx.FunctionProto]:
-    """The ops' definitions as ONNX functions: what a runtime without the library runs."""
+def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
+    """The ops' definitions as ONNX functions: what a runtime without the library runs. Their
+    bodies import the model's own ONNX opset (`opset_version`), as the checker requires."""
     from onnx import TensorProto, helper
 
-    opset = [helper.make_opsetid("", _BODY_OPSET)]
+    if opset_version < MIN_OPSET:
+        raise ValueError(f"attnserve's kernels need ONNX opset {MIN_OPSET} or newer")
+    opset = [helper.make_opsetid("", opset_version)]
     scores = helper.make_function(
         DOMAIN,
         SCORES,
@@ -120,7 +124,7 @@ def functions() -> list[onnx.FunctionProto]:
             helper.make_node("Div", ["x", "scale"], ["unit"]),
             helper.make_node("QuantizeLinear", ["unit", "step_value", "zero_point_value"], ["q"]),
         ],
-        [helper.make_opsetid("", 18)],  # ReduceMax takes its axes as an input from 18
+        opset,
         doc_string="per-row int8: scale = max|x| over the last axis (keepdims), "
         "q = QuantizeLinear(x / scale, 1/127, 128)",
     )
@@ -197,19 +201,24 @@ def use_vocabulary_kernel(
     graph = model.graph
     if any(i.name == full for i in graph.input):
         return False  # rewritten already
+
+    def plain(node: onnx.NodeProto, op: str) -> bool:
+        return node.op_type == op and node.domain in ("", "ai.onnx")
+
     softmax = next(
-        (n for n in graph.node if n.op_type == "LogSoftmax" and list(n.output) == [log_probs]),
-        None,
+        (n for n in graph.node if plain(n, "LogSoftmax") and list(n.output) == [log_probs]), None
     )
-    topk = next(
-        (n for n in graph.node if n.op_type == "TopK" and list(n.input) == [log_probs, candidates]),
-        None,
-    )
-    axes = {a.name: a.i for n in (softmax, topk) if n is not None for a in n.attribute}
-    if softmax is None or topk is None or axes.get("axis", -1) != -1:
+    readers = [n for n in graph.node if log_probs in n.input]
+    topk = readers[0] if len(readers) == 1 else None  # anything else reading the row: leave it
+    if softmax is None or topk is None or not plain(topk, "TopK"):
         return False
-    attrs = {a.name: a.i for a in topk.attribute}
-    if attrs.get("largest", 1) != 1 or attrs.get("sorted", 1) != 1 or attrs.get("axis", -1) != -1:
+    if list(topk.input) != [log_probs, candidates]:
+        return False
+    soft = {a.name: a.i for a in softmax.attribute}
+    top = {a.name: a.i for a in topk.attribute}
+    if soft.get("axis", -1) != -1 or top.get("axis", -1) != -1:
+        return False
+    if top.get("largest", 1) != 1 or top.get("sorted", 1) != 1:
         return False
     fused = helper.make_node(
         VOCAB,
@@ -218,13 +227,19 @@ def use_vocabulary_kernel(
         name="log_softmax_top_k",
         domain=DOMAIN,
     )
-    kept = [n for n in graph.node if n is not softmax and n is not topk]
+    nodes = []
+    for node in graph.node:  # the fused node where the LogSoftmax was (topological order)
+        if node is softmax:
+            nodes.append(fused)
+        elif node is not topk:
+            nodes.append(node)
     del graph.node[:]
-    graph.node.extend([*kept, fused])
+    graph.node.extend(nodes)
     graph.input.append(helper.make_tensor_value_info(full, TensorProto.INT64, [1]))
     for output in graph.output:  # the kernel may leave it empty: its last axis is symbolic
-        if output.name == log_probs:
-            output.type.tensor_type.shape.dim[-1].dim_param = "log_prob_columns"
+        dims = output.type.tensor_type.shape.dim
+        if output.name == log_probs and len(dims) > 0:
+            dims[-1].dim_param = "log_prob_columns"
     _declare(model)
     return True
 
@@ -251,6 +266,8 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     for node in graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
+    for output in graph.output:  # a graph output is read too
+        readers[output.name] = readers.get(output.name, 0) + 1
 
     def constant(name: str, value: float, dtype: str) -> bool:
         array = small_constant(name)
@@ -294,6 +311,13 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     kept = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
+    still_read = {name for node in graph.node for name in node.input}
+    still_read |= {output.name for output in graph.output}
+    unread = [i for i in graph.initializer if i.name not in still_read and i.name in readers]
+    for (
+        tensor
+    ) in unread:  # the quantization's step, zero point and axes, if nothing else reads them
+        graph.initializer.remove(tensor)
     _declare(model)
     return len(replaced)
 
@@ -309,9 +333,13 @@ def _declare(model: onnx.ModelProto) -> None:
     """The ops' functions and their domain in `model`, once."""
     from onnx import helper
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     have = {(f.domain, f.name) for f in model.functions}
-    model.functions.extend(f for f in functions() if (f.domain, f.name) not in have)
-    if not any(o.domain == DOMAIN for o in model.opset_import):
+    model.functions.extend(f for f in functions(opset) if (f.domain, f.name) not in have)
+    ours = [o for o in model.opset_import if o.domain == DOMAIN]
+    for entry in ours:  # ORT's offline optimizer writes its own number for a registered domain
+        entry.version = 1
+    if not ours:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
 
@@ -347,5 +375,9 @@ def register(options: object) -> bool:
     path = library_path()
     if path is None:
         return False
-    options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
+    try:
+        options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
+    except Exception as exc:  # e.g. an ONNX Runtime older than the library needs
+        log.warning("not using attnserve's kernels (%s): the graphs run their stock bodies", exc)
+        return False
     return True

@@ -85,6 +85,7 @@ constexpr uint32_t kApiVersion = 18;
 // Positions in the OrtApi table (all in version 1's table, but KernelContext_ParallelFor).
 enum Entry : size_t {
   kCreateStatus = 0,
+  kGetErrorMessage = 2,
   kCreateCustomOpDomain = 26,
   kCustomOpDomainAdd = 27,
   kAddCustomOpDomain = 28,
@@ -163,6 +164,9 @@ class Fns {
     return call<OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t,
                                void*)>(kKernelContextParallelFor)(context, fn, total, batches,
                                                                   data);
+  }
+  const char* GetErrorMessage(const OrtStatus* status) const {
+    return call<const char* (*)(const OrtStatus*)>(kGetErrorMessage)(status);
   }
   void ReleaseStatus(OrtStatus* status) const {
     call<void (*)(OrtStatus*)>(kReleaseStatus)(status);

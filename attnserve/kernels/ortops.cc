@@ -163,13 +163,17 @@ Block pick(bool scores, int64_t depth) {
 //
 // ONNX Runtime's LogSoftmax writes the whole (B, V) row (three passes over it) and TopK reads
 // it again; a beam search that takes its candidates from TopK never reads that row. This
-// kernel finds the k best logits and the row's maximum in one pass, sums exp(x - max) in a
-// second (in double precision), and writes the (B, V) log-probs only when asked. Every log-prob, in the row and
-// among the candidates, is (x - max) - log(sum): the same expression, the same bits.
+// kernel finds the row's maximum in one pass, sums exp(x - max) in a second (in double
+// precision), and in a third computes each log-prob (x - max) - log(sum), keeping the k best
+// (ties to the lower id, as ONNX's TopK) and writing the row only when asked. The candidates
+// are chosen among the very values the row holds, so a step that reads candidates and one that
+// reads the row choose alike (two logits can round to one log-prob: the lower id wins both
+// ways). A row holding a NaN comes out all NaN, its candidates the first k ids.
 
 // exp(x) for x <= 0 (the argument is x - max): Cephes' single-precision polynomial after
 // x = n ln2 + r, |r| <= ln2 / 2; below -87.3 the result is 0.
 inline float exp_nonpositive(float x) {
+  if (x != x) return x;  // NaN
   if (x < -87.33654f) return 0.0f;
   const float n = std::nearbyint(x * 1.44269504088896341f);
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
@@ -206,13 +210,25 @@ struct Best {
   }
 };
 
-float best_portable(const float* x, int64_t n, Best& best) {
+// The row's maximum, or NaN when it holds one.
+float max_portable(const float* x, int64_t n) {
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
     top = std::max(top, x[i]);
-    if (x[i] > best.threshold() || best.count < best.k) best.offer(x[i], i);
   }
   return top;
+}
+
+// The third pass: each log-prob (x - top) - log_sum, offered to `best` (and written to `out`
+// when it is not null).
+void select_portable(const float* x, int64_t n, float top, float log_sum, Best& best,
+                     float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float value = (x[i] - top) - log_sum;
+    if (out != nullptr) out[i] = value;
+    if (best.count < best.k || value > best.threshold()) best.offer(value, i);
+  }
 }
 
 double exp_sum_portable(const float* x, int64_t n, float top) {
@@ -247,30 +263,51 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(e, n));
 }
 
-__attribute__((target("avx512f"))) float best_avx512(const float* x, int64_t n, Best& best) {
+__attribute__((target("avx512f"))) float max_avx512(const float* x, int64_t n) {
+  __m512 tops = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
   int64_t i = 0;
-  float top = -std::numeric_limits<float>::infinity();
-  for (; i < n && best.count < best.k; ++i) {  // the first k fill the list
-    top = std::max(top, x[i]);
-    best.offer(x[i], i);
-  }
-  __m512 tops = _mm512_set1_ps(top);
   for (; i + kLanes <= n; i += kLanes) {
     const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     tops = _mm512_max_ps(tops, v);
-    __mmask16 above = _mm512_cmp_ps_mask(v, _mm512_set1_ps(best.threshold()), _CMP_GT_OQ);
-    while (above) {  // rare once the list holds good values
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  float top = _mm512_reduce_max_ps(tops);
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
+    top = std::max(top, x[i]);
+  }
+  return top;
+}
+
+__attribute__((target("avx512f"))) void select_avx512(const float* x, int64_t n, float top,
+                                                      float log_sum, Best& best, float* out) {
+  int64_t i = 0;
+  for (; i < n && best.count < best.k; ++i) {  // the first k fill the list
+    const float value = (x[i] - top) - log_sum;
+    if (out != nullptr) out[i] = value;
+    best.offer(value, i);
+  }
+  const __m512 tops = _mm512_set1_ps(top), sums = _mm512_set1_ps(log_sum);
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 values = _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), tops), sums);
+    if (out != nullptr) _mm512_storeu_ps(out + i, values);
+    __mmask16 above = _mm512_cmp_ps_mask(values, _mm512_set1_ps(best.threshold()), _CMP_GT_OQ);
+    if (!above) continue;  // the common case once the list holds good values
+    float lanes[kLanes];
+    _mm512_storeu_ps(lanes, values);
+    while (above) {
       const int l = __builtin_ctz(above);
-      best.offer(x[i + l], i + l);
+      best.offer(lanes[l], i + l);  // offer re-checks against the risen threshold
       above &= static_cast<__mmask16>(above - 1);
     }
   }
-  top = _mm512_reduce_max_ps(tops);
   for (; i < n; ++i) {
-    top = std::max(top, x[i]);
-    best.offer(x[i], i);
+    const float value = (x[i] - top) - log_sum;
+    if (out != nullptr) out[i] = value;
+    best.offer(value, i);
   }
-  return top;
 }
 
 // Lane l sums the elements l, l + 16, ... in double precision; the lanes are then added
@@ -298,15 +335,16 @@ __attribute__((target("avx512f"))) double exp_sum_avx512(const float* x, int64_t
 #endif  // ATTNSERVE_AVX512
 
 struct RowFns {
-  float (*best)(const float*, int64_t, Best&);
+  float (*max)(const float*, int64_t);
   double (*exp_sum)(const float*, int64_t, float);
+  void (*select)(const float*, int64_t, float, float, Best&, float*);
 };
 
 RowFns pick_row_fns() {
 #if ATTNSERVE_AVX512
-  if (cpu_has_avx512()) return {best_avx512, exp_sum_avx512};
+  if (cpu_has_avx512()) return {max_avx512, exp_sum_avx512, select_avx512};
 #endif
-  return {best_portable, exp_sum_portable};
+  return {max_portable, exp_sum_portable, select_portable};
 }
 
 // ---- Per-row int8 activations: a row's scale and its uint8 values in two passes -----------
@@ -325,9 +363,13 @@ inline uint8_t quantize_one(float x, float m) {
   return static_cast<uint8_t>(static_cast<int>(std::nearbyint(v)) + 128);
 }
 
+// max |x| of a row, NaN when it holds one (as ReduceMax: the row's bytes are then all 0).
 float row_max_portable(const float* x, int64_t n) {
   float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
+    m = std::max(m, std::fabs(x[i]));
+  }
   return m;
 }
 
@@ -338,10 +380,19 @@ void quantize_portable(const float* x, int64_t n, float m, uint8_t* q) {
 #if ATTNSERVE_AVX512
 __attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t n) {
   __m512 m = _mm512_setzero_ps();
+  __mmask16 nan = 0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, _mm512_abs_ps(v));
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
   float top = _mm512_reduce_max_ps(m);
-  for (; i < n; ++i) top = std::max(top, std::fabs(x[i]));
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
+    top = std::max(top, std::fabs(x[i]));
+  }
   return top;
 }
 
@@ -399,8 +450,9 @@ struct Failure {
 
 void check(const ort_abi::Fns& api, OrtStatus* status, const char* what) {
   if (status != nullptr) {
+    const std::string message = std::string(what) + " failed: " + api.GetErrorMessage(status);
     api.ReleaseStatus(status);
-    throw Failure{ORT_FAIL, std::string(what) + " failed"};
+    throw Failure{ORT_FAIL, message};
   }
 }
 
@@ -486,13 +538,15 @@ void vocab_row(void* data, size_t index) {
   const int64_t row = static_cast<int64_t>(index);
   const float* x = job.x + row * job.columns;
   Best best{job.top_values + row * job.k, job.top_ids + row * job.k, job.k};
-  const float top = job.fns.best(x, job.columns, best);
-  const float log_sum = static_cast<float>(std::log(job.fns.exp_sum(x, job.columns, top)));
-  for (int64_t j = 0; j < job.k; ++j) best.values[j] = (best.values[j] - top) - log_sum;
-  if (job.log_probs != nullptr) {
-    float* out = job.log_probs + row * job.columns;
-    for (int64_t i = 0; i < job.columns; ++i) out[i] = (x[i] - top) - log_sum;
+  float* out = job.log_probs == nullptr ? nullptr : job.log_probs + row * job.columns;
+  const float top = job.fns.max(x, job.columns);
+  if (top != top) {  // a NaN in the row: all NaN, the first k ids
+    for (int64_t i = 0; out != nullptr && i < job.columns; ++i) out[i] = top;
+    for (int64_t j = 0; j < job.k; ++j) best.values[j] = top, best.ids[j] = j;
+    return;
   }
+  const float log_sum = static_cast<float>(std::log(job.fns.exp_sum(x, job.columns, top)));
+  job.fns.select(x, job.columns, top, log_sum, best, out);
 }
 
 int64_t scalar_input(const ort_abi::Fns& api, OrtKernelContext* context, size_t index,

@@ -203,6 +203,10 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
             np.testing.assert_allclose(
                 [h.score for h in hyps], [h.score for h in ref], rtol=1e-5, atol=1e-5
             )
+        # candidates (the kernel's TopK, the row not written) choose as whole rows do, bit for bit
+        fast.candidates = False
+        assert decode_batch(fast, sources, options) == got
+        fast.candidates = True
         if variant != "int8":
             continue  # float32 products are not batch-invariant in ONNX Runtime's MLAS either
         for i, source in enumerate(sources):
@@ -384,3 +388,70 @@ def test_int8_exports_quantize_every_activation_on_the_kernel(tiny_onnx_import: 
         ]
         assert ops.count(kernels.ROW_QUANTIZE) > 0
         assert not {"QuantizeLinear", "Abs", "ReduceMax"} & set(ops), name
+
+
+@needs_library
+def test_candidates_that_round_to_one_log_prob_go_to_the_lower_id_as_in_the_row() -> None:
+    """Two logits a float apart can make the same log-prob: the candidates, like the row's
+    argmax and ONNX's TopK over the row, take the lower id first, whatever k a batch asks."""
+    kernel = session(vocabulary_graph(True), True)
+    x = np.full((1, 8000), 0.999, np.float32)
+    x[0, 0], x[0, 1] = 1.0, np.nextafter(np.float32(1.0), np.float32(2.0))
+    for k in (1, 2, 3):
+        full, _, ids = kernel.run(
+            None, {"logits": x, "k": np.array([k], np.int64), "full": np.ones(1, np.int64)}
+        )
+        assert full[0, 0] == full[0, 1]  # the case this guards
+        order = np.argsort(-full[0], kind="stable")[:k]
+        np.testing.assert_array_equal(ids[0], order)
+        assert ids[0, 0] == int(np.argmax(full[0])) == 0
+
+
+@needs_library
+def test_a_row_with_a_nan_gives_nan_log_probs_and_the_first_ids() -> None:
+    kernel = session(vocabulary_graph(True), True)
+    x = np.arange(40, dtype=np.float32)[None].repeat(2, axis=0)
+    x[0, 1] = np.nan
+    full, values, ids = kernel.run(
+        None, {"logits": x, "k": np.array([3], np.int64), "full": np.ones(1, np.int64)}
+    )
+    assert np.isnan(full[0]).all() and np.isnan(values[0]).all()
+    np.testing.assert_array_equal(ids, [[0, 1, 2], [39, 38, 37]])
+
+
+@needs_library
+@pytest.mark.parametrize("at", [0, 5, 17, 39])
+def test_row_quantize_of_a_row_with_a_nan_gives_it_a_nan_scale(at: int) -> None:
+    """Wherever the NaN is, its row's scale is NaN and its bytes 0 (the products then carry the
+    NaN on); the other rows get the stock bytes. ONNX Runtime's ReduceMax skips a NaN unless it
+    comes first, so the stock graph's scale depends on where the NaN is."""
+    x = activations(np.random.default_rng(at), (3, 40))
+    x[1, at] = np.nan
+    stock = session(row_quantize_graph(2, False), False).run(None, {"x": x})
+    q, scale = session(row_quantize_graph(2, True), True).run(None, {"x": x})
+    assert np.isnan(scale[1, 0]) and not q[1].any()
+    for got, want in zip((q, scale), stock, strict=True):
+        np.testing.assert_array_equal(got[[0, 2]], want[[0, 2]])
+
+
+def test_rewrites_leave_graphs_they_would_change_in_meaning() -> None:
+    """A log-softmax over another axis, or whose row something else reads, keeps its nodes; so
+    does a quantization whose intermediate value is a graph output."""
+    other_axis = onnx.load_from_string(vocabulary_graph(False))
+    other_axis.graph.node[0].attribute[0].i = 0
+    assert not kernels.use_vocabulary_kernel(other_axis, "log_probs", "k", "full")
+    read_twice = onnx.load_from_string(vocabulary_graph(False))
+    read_twice.graph.node.append(helper.make_node("Exp", ["log_probs"], ["probs"]))
+    read_twice.graph.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, None))
+    assert not kernels.use_vocabulary_kernel(read_twice, "log_probs", "k", "full")
+    exposed = onnx.load_from_string(row_quantize_graph(2, False))
+    exposed.graph.output.append(helper.make_tensor_value_info("unit", TensorProto.FLOAT, None))
+    assert kernels.use_row_quantize_kernel(exposed) == 0
+
+
+def test_the_kernels_domain_is_declared_at_version_1() -> None:
+    model = onnx.load_from_string(row_quantize_graph(2, False))
+    model.opset_import.append(helper.make_opsetid(kernels.DOMAIN, 1000))  # as ORT's saver writes
+    assert kernels.use_row_quantize_kernel(model) == 1
+    assert [o.version for o in model.opset_import if o.domain == kernels.DOMAIN] == [1]
+    assert not {"last", "step", "zero_point"} & {i.name for i in model.graph.initializer}

@@ -41,6 +41,7 @@ from attnserve.engine.onnx.layout import (
 )
 from attnserve.engine.onnx.rowops import Columns, HostRowOps, Tensor, first_used_column
 from attnserve.engine.torch_lm import lm_spec
+from attnserve.kernels import register as register_kernels
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
 
@@ -87,6 +88,7 @@ class OnnxLMBackend:
         optimization: str = "all",
         stop_ids: Sequence[int] = (),
         prefill_chunk: int = PREFILL_CHUNK,
+        kernels: bool = True,
     ) -> None:
         directory = Path(directory)
         self._spec = lm_spec(config, stop_ids)
@@ -102,6 +104,8 @@ class OnnxLMBackend:
         options.enable_cpu_mem_arena = False
         providers = choose_providers(provider)
         disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
+        # attnserve's kernels (an int8 step's activation quantization), on the CPU provider
+        self.kernels = providers[0] == CPU and kernels and register_kernels(options)
         inputs, outputs = self._io_names()
         attention = self.manifest.get("options", {}).get("attention", LM_PLAIN)
         if attention != self.attention:
