@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 3  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 4  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 VOCAB = "LogSoftmaxTopK"

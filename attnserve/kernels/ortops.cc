@@ -739,4 +739,4 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 3; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 4; }
