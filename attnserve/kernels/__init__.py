@@ -148,17 +148,11 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
             ranks[info.name] = len(tensor.shape.dim)
     graph = model.graph
     constants = {i.name for i in graph.initializer}
-    producers = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    for out in graph.output:
-        readers[out.name] = readers.get(out.name, 0) + 1
+    producers, readers = _wiring(graph)
     rewritten = 0
     dropped: set[int] = set()
     for node in graph.node:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        if not _is(node, "MatMul"):
             continue
         a, b = node.input
         if a in constants or b in constants or ranks.get(a) != 4 or ranks.get(b) != 4:
@@ -166,7 +160,7 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
         source = producers.get(b)
         swaps = (
             source is not None
-            and source.op_type == "Transpose"
+            and _is(source, "Transpose")
             and [list(attr.ints) for attr in source.attribute if attr.name == "perm"]
             == [[0, 1, 3, 2]]
         )
@@ -182,9 +176,7 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
         rewritten += 1
     if not rewritten:
         return 0
-    kept = [node for node in graph.node if id(node) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
+    _set_nodes(graph, [node for node in graph.node if id(node) not in dropped])
     _declare(model)
     return rewritten
 
@@ -202,15 +194,12 @@ def use_vocabulary_kernel(
     if any(i.name == full for i in graph.input):
         return False  # rewritten already
 
-    def plain(node: onnx.NodeProto, op: str) -> bool:
-        return node.op_type == op and node.domain in ("", "ai.onnx")
-
     softmax = next(
-        (n for n in graph.node if plain(n, "LogSoftmax") and list(n.output) == [log_probs]), None
+        (n for n in graph.node if _is(n, "LogSoftmax") and list(n.output) == [log_probs]), None
     )
     readers = [n for n in graph.node if log_probs in n.input]
     topk = readers[0] if len(readers) == 1 else None  # anything else reading the row: leave it
-    if softmax is None or topk is None or not plain(topk, "TopK"):
+    if softmax is None or topk is None or not _is(topk, "TopK"):
         return False
     if list(topk.input) != [log_probs, candidates]:
         return False
@@ -227,14 +216,8 @@ def use_vocabulary_kernel(
         name="log_softmax_top_k",
         domain=DOMAIN,
     )
-    nodes = []
-    for node in graph.node:  # the fused node where the LogSoftmax was (topological order)
-        if node is softmax:
-            nodes.append(fused)
-        elif node is not topk:
-            nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    # the fused node where the LogSoftmax was (topological order)
+    _set_nodes(graph, [fused if n is softmax else n for n in graph.node if n is not topk])
     graph.input.append(helper.make_tensor_value_info(full, TensorProto.INT64, [1]))
     for output in graph.output:  # the kernel may leave it empty: its last axis is symbolic
         dims = output.type.tensor_type.shape.dim
@@ -261,13 +244,7 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
             return None  # weights beside the graph are never the step, zero point or axes
         return numpy_helper.to_array(tensor)
 
-    producers = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    for output in graph.output:  # a graph output is read too
-        readers[output.name] = readers.get(output.name, 0) + 1
+    producers, readers = _wiring(graph)
 
     def constant(name: str, value: float, dtype: str) -> bool:
         array = small_constant(name)
@@ -281,25 +258,25 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     dropped: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
     for node in graph.node:
-        if node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx"):
+        if not _is(node, "QuantizeLinear"):
             continue
         if len(node.input) != 3 or not constant(node.input[1], ROW_STEP32, "float32"):
             continue
         if not constant(node.input[2], ROW_ZERO_POINT, "uint8") or node.attribute:
             continue
         div = producers.get(node.input[0])
-        if div is None or div.op_type != "Div" or readers.get(div.output[0]) != 1:
+        if div is None or not _is(div, "Div") or readers.get(div.output[0]) != 1:
             continue
         x, scale = div.input
         reduce = producers.get(scale)
-        if reduce is None or reduce.op_type != "ReduceMax" or len(reduce.input) != 2:
+        if reduce is None or not _is(reduce, "ReduceMax") or len(reduce.input) != 2:
             continue
         keep = {a.name: a.i for a in reduce.attribute}
         axes = small_constant(reduce.input[1])
         if keep.get("keepdims", 1) != 1 or axes is None or axes.tolist() != [-1]:
             continue
         magnitude = producers.get(reduce.input[0])
-        if magnitude is None or magnitude.op_type != "Abs" or magnitude.input[0] != x:
+        if magnitude is None or not _is(magnitude, "Abs") or magnitude.input[0] != x:
             continue
         if readers.get(magnitude.output[0]) != 1:
             continue
@@ -308,18 +285,34 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
         dropped.update((id(div), id(reduce), id(magnitude)))
     if not replaced:
         return 0
-    kept = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
-    still_read = {name for node in graph.node for name in node.input}
-    still_read |= {output.name for output in graph.output}
-    unread = [i for i in graph.initializer if i.name not in still_read and i.name in readers]
-    for (
-        tensor
-    ) in unread:  # the quantization's step, zero point and axes, if nothing else reads them
+    _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
+    # the quantization's step, zero point and axes, when nothing else reads them
+    _, still_read = _wiring(graph)
+    for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
         graph.initializer.remove(tensor)
     _declare(model)
     return len(replaced)
+
+
+def _is(node: onnx.NodeProto, op: str) -> bool:
+    """Whether `node` is the standard ONNX operator `op`."""
+    return node.op_type == op and node.domain in ("", "ai.onnx")
+
+
+def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int]]:
+    """Each value's producing node, and how many times each value is read (a graph output
+    counts as a read)."""
+    producers = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for name in [*(i for node in graph.node for i in node.input), *(o.name for o in graph.output)]:
+        readers[name] = readers.get(name, 0) + 1
+    return producers, readers
+
+
+def _set_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Replace the graph's node list (protobuf repeated fields are not assigned)."""
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _node(op: str, inputs: list[str], outputs: list[str], name: str) -> onnx.NodeProto:

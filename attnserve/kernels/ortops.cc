@@ -523,6 +523,13 @@ void run_one(void* data, size_t index) {
 // (row, head) is one call, on whatever thread, so the split never changes a result.
 constexpr size_t kBatches = 32;
 
+// fn(job, i) for every row i in [0, rows), the rows in contiguous batches on the session's threads.
+void for_each_row(const ort_abi::Fns& api, OrtKernelContext* context, void (*fn)(void*, size_t),
+                  size_t rows, void* job) {
+  check(api, api.KernelContextParallelFor(context, fn, rows, std::min(rows, kBatches), job),
+        "running on the session's threads");
+}
+
 // One row of the vocabulary kernel per index.
 struct VocabJob {
   RowFns fns;
@@ -580,8 +587,7 @@ void run_vocab(const ort_abi::Fns& api, OrtKernelContext* context) {
   job.top_ids = static_cast<int64_t*>(output(api, context, 2, dims));
   const size_t rows = static_cast<size_t>(x.count() / std::max<int64_t>(job.columns, 1));
   if (rows == 0 || job.columns == 0) return;
-  check(api, api.KernelContextParallelFor(context, vocab_row, rows, std::min(rows, kBatches), &job),
-        "running on the session's threads");
+  for_each_row(api, context, vocab_row, rows, &job);
 }
 
 // x (..., K) -> q (..., K) uint8, m (..., 1): each row's max |x| and its values quantized.
@@ -602,10 +608,7 @@ void run_row_quantize(const ort_abi::Fns& api, OrtKernelContext* context) {
     for (size_t r = 0; r < rows; ++r) job.scales[r] = 0.0f;
     return;
   }
-  check(api,
-        api.KernelContextParallelFor(context, row_quantize_one, rows, std::min(rows, kBatches),
-                                     &job),
-        "running on the session's threads");
+  for_each_row(api, context, row_quantize_one, rows, &job);
 }
 
 void run(const Kernel& kernel, OrtKernelContext* context) {
@@ -632,9 +635,7 @@ void run(const Kernel& kernel, OrtKernelContext* context) {
   job.a = a.data(), job.b = b.data();
   const size_t rows = static_cast<size_t>(a.dims[0] * a.dims[1]);
   if (rows == 0) return;
-  check(api,
-        api.KernelContextParallelFor(context, run_one, rows, std::min(rows, kBatches), &job),
-        "running on the session's threads");
+  for_each_row(api, context, run_one, rows, &job);
 }
 
 template <Kind kind>

@@ -43,9 +43,9 @@ MANIFEST_NAME = "manifest.json"
 # options["shared_weights"] lists them.
 SHARED_DATA = "shared.data"
 SHARED_WEIGHTS = "shared_weights"
-# How many of the decoder's nodes run on attnserve's own kernels where the library is registered
-# (attnserve.kernels: 4 attention products a layer and the vocabulary's log-softmax with its
-# TopK; the manifest's options["kernel_nodes"]).
+# How many of a variant's nodes run on attnserve's own kernels where the library is registered
+# (attnserve.kernels: a decoder's 4 attention products a layer and its log-softmax with the TopK,
+# and an int8 graph's per-row quantizations; the manifest's options["kernel_nodes"]).
 KERNEL_NODES = "kernel_nodes"
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
