@@ -12,7 +12,7 @@ setup(
             "attnserve.kernels._ortops",
             sources=["attnserve/kernels/ortops.cc"],
             depends=["attnserve/kernels/ort_abi.h"],
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-ffp-contract=off"],
             language="c++",
             optional=True,
         )

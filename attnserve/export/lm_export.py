@@ -32,8 +32,10 @@ from typing import Any
 
 import onnx
 
+from attnserve import kernels
 from attnserve.engine.onnx.layout import (
     KERNEL_NODES,
+    KERNELS_VERSION,
     LM_GQA,
     LM_PLAIN,
     LM_STEP_NAME,
@@ -214,6 +216,7 @@ def export_lm_variants(
                 options["smoothquant"] = smoothed
                 # the activations' per-row quantization on attnserve's kernel (the same bytes)
                 options[KERNEL_NODES] = build.use_kernels(out / LM_STEP_NAME, decoder=False)
+                options[KERNELS_VERSION] = kernels.VERSION
             elif variant == "int4":
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnserve import kernels
 from attnserve.defaults import ENCODER_DECODER_VARIANTS, OPSET
 from attnserve.engine.onnx.layout import (
     DECODER_INPUTS,
@@ -36,6 +37,7 @@ from attnserve.engine.onnx.layout import (
     ENCODER_INPUTS,
     ENCODER_NAME,
     KERNEL_NODES,
+    KERNELS_VERSION,
     LOG_PROBS,
     MANIFEST_NAME,
     ONNX_DIR,
@@ -291,6 +293,7 @@ def export_variants(
                 options[KERNEL_NODES] = build.use_kernels(
                     out / ENCODER_NAME, decoder=False
                 ) + build.use_kernels(out / DECODER_NAME)
+                options[KERNELS_VERSION] = kernels.VERSION
             shared = build.share_weights(out, (ENCODER_NAME, DECODER_NAME))
             if shared:
                 options[SHARED_WEIGHTS] = shared

@@ -48,6 +48,7 @@ from attnserve.engine.onnx.layout import (
 from attnserve.export.quantize import SHARED_LOOKUP_BYTES, quantize_rows
 from attnserve.kernels import (
     use_attention_kernels,
+    use_qmatmul_kernel,
     use_row_quantize_kernel,
     use_vocabulary_kernel,
 )
@@ -271,11 +272,12 @@ def add_candidates(path: Path) -> Path:
 def use_kernels(path: Path, *, decoder: bool = True) -> int:
     """Rewrite the graph at `path` to run on attnserve's kernels (attnserve.kernels: ONNX
     functions whose stock bodies run where the library is not registered): its per-row int8
-    activation quantizations, and in a decoder its attention products and its log-softmax with
-    the TopK of its candidates; returns how many nodes run on them. External weights stay in
-    place."""
+    activation quantizations and products (with their bias Adds), and in a decoder its
+    attention products and its log-softmax with the TopK of its candidates; returns how many
+    nodes run on them. External weights stay in place."""
     model = onnx.load(str(path), load_external_data=False)
     rewritten = use_row_quantize_kernel(model)
+    rewritten += use_qmatmul_kernel(model)
     if decoder:
         rewritten += use_attention_kernels(model)
         rewritten += use_vocabulary_kernel(model, LOG_PROBS, CANDIDATES, FULL_LOG_PROBS)

@@ -7,27 +7,33 @@ and the calls, not the arithmetic, take the time. Two kernels loop over (row, he
 query (or the output row) held in AVX-512 registers; a third replaces the step's log-softmax
 over the vocabulary and the TopK of its candidates, and writes the (B, V) log-probs only when
 the caller asks for them; a fourth is per-row int8's activation quantization in two passes
-instead of four nodes:
+instead of four nodes, and the last two per-row int8's products (ORT's MatMulIntegerToFloat,
+and its bias Add), on AVX-512 VNNI with the weights packed once per node:
 
     ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> q @ k^T      (B, H, M, N)
     ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> p @ v        (B, H, M, D)
     ai.attnserve.LogSoftmaxTopK(logits (B, V), k (1,), full (1,))
         -> log_probs (B, V) or (B, 0), top values (B, k), top ids (B, k)
     ai.attnserve.RowQuantize(x (..., K)) -> uint8 (..., K), max|x| (..., 1)
+    ai.attnserve.QMatMul(q (..., K) uint8, w (K, N) int8, scale (..., 1), w_scale (N,))
+    ai.attnserve.QMatMulBias(q, w, scale, w_scale, bias (N,)) -> (..., N)
 
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;
-MatMul; LogSoftmax + TopK; Abs, ReduceMax, Div, QuantizeLinear). A runtime with the library
-registered runs the kernel; any other ONNX Runtime (or another runtime that reads ONNX
-functions) inlines the body and runs exactly the graph it would have run before the rewrite.
-The exported files stay loadable everywhere.
+MatMul; LogSoftmax + TopK; Abs, ReduceMax, Div, QuantizeLinear; MatMulIntegerToFloat + Add).
+A runtime with the library registered runs the kernel; any other ONNX Runtime (or another
+runtime that reads ONNX functions) inlines the body and runs exactly the graph it would have run
+before the rewrite. The exported files stay loadable everywhere.
 
 **Batch invariance.** Each (row, head), and each row of the vocabulary or of an activation, is
 computed alone, in a fixed order, so a row's result never depends on the rest of the batch. The
 attention and vocabulary kernels sum in another order than MLAS, so their float results differ
 from the stock graph's in the last bits (as two BLAS libraries do); RowQuantize's bytes are the
 stock nodes' bytes (a row holding a NaN gets a NaN scale wherever the NaN is, where ONNX
-Runtime's ReduceMax skips it unless it comes first).
+Runtime's ReduceMax skips it unless it comes first), and QMatMul's floats the stock nodes'
+floats (its integer sums are exact; its epilogue rounds in their order). QMatMul is registered
+only on CPUs with AVX-512 VNNI (`ATTNSERVE_KERNELS_QMATMUL=0` leaves it out): elsewhere its
+stock body runs on ONNX Runtime's own GEMM.
 
 **Build.** `pip install` compiles the library with the machine's C++ compiler (setup.py; the
 extension is optional: without a compiler the install succeeds and graphs run their stock
@@ -51,11 +57,14 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 4  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 5  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 VOCAB = "LogSoftmaxTopK"
 ROW_QUANTIZE = "RowQuantize"
+QMATMUL = "QMatMul"
+QMATMUL_BIAS = "QMatMulBias"
+MS_DOMAIN = "com.microsoft"
 ROW_STEP = 1.0 / 127.0  # per-row int8: q = round(x / max|x| / (1/127)) + 128
 ROW_STEP32 = float(np.float32(ROW_STEP))  # as the graph stores it
 ROW_ZERO_POINT = 128
@@ -128,7 +137,36 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         doc_string="per-row int8: scale = max|x| over the last axis (keepdims), "
         "q = QuantizeLinear(x / scale, 1/127, 128)",
     )
-    return [scores, mix, vocab, row_quantize]
+    int8_opset = [*opset, helper.make_opsetid(MS_DOMAIN, 1)]
+    product = [
+        helper.make_node("Constant", [], ["zero_point_value"], value=zero_point),
+        helper.make_node(
+            "MatMulIntegerToFloat",
+            ["q", "w", "scale", "w_scale", "zero_point_value"],
+            ["product"],
+            domain=MS_DOMAIN,
+        ),
+    ]
+    qmatmul = helper.make_function(
+        DOMAIN,
+        QMATMUL,
+        ["q", "w", "scale", "w_scale"],
+        ["product"],
+        product,
+        int8_opset,
+        doc_string="per-row int8 product: MatMulIntegerToFloat(q, w, scale, w_scale, 128)",
+    )
+    qmatmul_bias = helper.make_function(
+        DOMAIN,
+        QMATMUL_BIAS,
+        ["q", "w", "scale", "w_scale", "bias"],
+        ["y"],
+        [*product, helper.make_node("Add", ["product", "bias"], ["y"])],
+        int8_opset,
+        doc_string="per-row int8 product and bias: "
+        "MatMulIntegerToFloat(q, w, scale, w_scale, 128) + bias",
+    )
+    return [scores, mix, vocab, row_quantize, qmatmul, qmatmul_bias]
 
 
 def use_attention_kernels(model: onnx.ModelProto) -> int:
@@ -288,6 +326,74 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
     # the quantization's step, zero point and axes, when nothing else reads them
     _, still_read = _wiring(graph)
+    for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
+        graph.initializer.remove(tensor)
+    _declare(model)
+    return len(replaced)
+
+
+def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
+    """Rewrite `model` in place: each per-row int8 product as the export writes it
+    (MatMulIntegerToFloat of uint8 rows around 128, an int8 (K, N) weight, the rows' scales and
+    the columns' scales; see attnserve.export.quantize) becomes a QMatMul node, or a QMatMulBias
+    node with the Add of a constant (N,) bias that is the product's only reader. Bit for bit the
+    same values. Returns how many were rewritten."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    initializers = {i.name: i for i in graph.initializer}
+    _, readers = _wiring(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def shaped(name: str, dtype: int, dims: list[int] | None = None) -> onnx.TensorProto | None:
+        tensor = initializers.get(name)
+        if tensor is None or tensor.data_type != dtype:
+            return None
+        return tensor if dims is None or list(tensor.dims) == dims else None
+
+    def zero_point(name: str) -> bool:
+        tensor = shaped(name, onnx.TensorProto.UINT8)
+        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            return False
+        value = numpy_helper.to_array(tensor)
+        return value.size == 1 and int(value.reshape(())) == ROW_ZERO_POINT
+
+    dropped: set[int] = set()
+    replaced: dict[int, onnx.NodeProto] = {}
+    for node in graph.node:
+        if node.op_type != "MatMulIntegerToFloat" or node.domain != MS_DOMAIN:
+            continue
+        if len(node.input) != 5 or node.attribute or not zero_point(node.input[4]):
+            continue
+        q, w, scale, w_scale, _ = node.input
+        weight = shaped(w, onnx.TensorProto.INT8)
+        if weight is None or len(weight.dims) != 2:
+            continue
+        columns = int(weight.dims[1])
+        if shaped(w_scale, onnx.TensorProto.FLOAT, [columns]) is None:
+            continue
+        product = node.output[0]
+        add = consumers.get(product, [None])[0] if readers.get(product) == 1 else None
+        bias = None
+        if add is not None and _is(add, "Add") and len(add.input) == 2:
+            other = add.input[1] if add.input[0] == product else add.input[0]
+            if shaped(other, onnx.TensorProto.FLOAT, [columns]) is not None:
+                bias = other
+        if bias is not None:
+            assert add is not None
+            fused = _node(QMATMUL_BIAS, [q, w, scale, w_scale, bias], [add.output[0]], product)
+            dropped.add(id(add))
+        else:
+            fused = _node(QMATMUL, [q, w, scale, w_scale], [product], product)
+        replaced[id(node)] = fused
+    if not replaced:
+        return 0
+    _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
+    _, still_read = _wiring(graph)  # the zero point, when nothing else reads it
     for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
         graph.initializer.remove(tensor)
     _declare(model)

@@ -1,4 +1,5 @@
-// attnserve's ONNX Runtime kernels: the decoder step's attention products.
+// attnserve's ONNX Runtime kernels: the decoder step's attention products, its log-softmax
+// and TopK, per-row int8's activation quantization and its products.
 //
 // A decoding step multiplies each row's one query by its own cached keys and values: per
 // (row, head) a (1 x D) by (D x T) product and a (1 x T) by (T x D) one. ONNX Runtime's MatMul
@@ -7,6 +8,7 @@
 //
 //   ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> (B, H, M, N) = q @ k^T
 //   ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> (B, H, M, D) = p @ v
+//   (and LogSoftmaxTopK, RowQuantize, QMatMul / QMatMulBias: see their sections below)
 //
 // The graph declares each as an ONNX function whose body is the stock Transpose + MatMul, so
 // a runtime without this library runs the body instead (attnserve/kernels/__init__.py).
@@ -15,8 +17,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -431,6 +436,174 @@ void row_quantize_one(void* data, size_t index) {
   job.quantize(x, job.columns, m, job.q + row * job.columns);
 }
 
+// ---- Per-row int8 products: MatMulIntegerToFloat with its per-row scale and the bias -------
+//
+// y = (float(x_q @ w - 128 * colsum(w)) * w_scale) * x_scale (+ bias): what the per-row int8
+// export writes as MatMulIntegerToFloat (the activation scale a (..., 1) tensor, applied after
+// the GEMM's per-column scale) and the bias Add, in that arithmetic order, so the floats are
+// the stock nodes' floats. The weight is packed once per node (the first run, and again only
+// if its buffer moves) into panels of 64 columns, each 4 consecutive k of a column adjacent as
+// AVX-512 VNNI's vpdpbusd reads them; 128 x colsum is kept beside it. Each row's integer sums
+// are exact and its epilogue is its own, so a row's result never depends on the other rows.
+constexpr int64_t kPanel = 64;     // columns per packed panel: 4 registers of 16 int32 sums
+constexpr int kRowBlock = 6;       // rows per register block: 24 sums + 4 weights + 1 row
+constexpr int64_t kTaskRows = 96;  // rows per task on the session's threads
+
+struct Packed {
+  const void* source = nullptr;  // the weight buffer it was packed from
+  int64_t k = 0, n = 0, k4 = 0, panels = 0;
+  std::vector<int8_t> storage;   // panels x k4 x 64 columns x 4, from `data` (64-byte aligned)
+  int8_t* data = nullptr;
+  std::vector<int32_t> offsets;  // 128 x colsum, panels x 64
+  const int8_t* panel(int64_t p) const { return data + p * k4 * kPanel * 4; }
+};
+
+void pack_weight(const int8_t* w, int64_t k, int64_t n, Packed& out) {
+  out.k = k, out.n = n, out.k4 = (k + 3) / 4, out.panels = (n + kPanel - 1) / kPanel;
+  out.storage.assign(static_cast<size_t>(out.panels * out.k4 * kPanel * 4 + 64), 0);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(out.storage.data());
+  out.data = out.storage.data() + ((64 - start % 64) % 64);
+  out.offsets.assign(static_cast<size_t>(out.panels * kPanel), 0);
+  for (int64_t p = 0; p < out.panels; ++p) {
+    int8_t* dst = out.data + p * out.k4 * kPanel * 4;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      for (int64_t c = 0; c < kPanel && p * kPanel + c < n; ++c) {
+        const int8_t v = w[kk * n + p * kPanel + c];
+        dst[(kk / 4) * kPanel * 4 + c * 4 + kk % 4] = v;
+        out.offsets[p * kPanel + c] += 128 * v;
+      }
+    }
+  }
+}
+
+struct QMatMulJob {
+  const uint8_t* a;  // (rows, lda) uint8, lda >= 4 * k4 (padded)
+  int64_t lda;
+  const float* a_scale;  // (rows,)
+  const Packed* w;
+  const float* w_scale;  // (n,)
+  const float* bias;     // (n,) or null
+  float* y;              // (rows, n)
+  int64_t rows, row_tasks;
+};
+
+#if ATTNSERVE_AVX512
+bool cpu_has_vnni() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+  }();
+  return vnni;
+}
+
+// R rows (1..6) by one 64-column panel. The 24 sums are named variables, not an array: GCC
+// keeps an array of vectors on the stack, storing every sum at every k.
+#define ATTNSERVE_SUMS(i) __m512i s##i##0, s##i##1, s##i##2, s##i##3;
+#define ATTNSERVE_ZERO(i)                                                             \
+  if constexpr (R > i) {                                                              \
+    s##i##0 = s##i##1 = s##i##2 = s##i##3 = _mm512_setzero_si512();                  \
+  }
+#define ATTNSERVE_ROW(i)                                                              \
+  if constexpr (R > i) {                                                              \
+    int32_t quad;                                                                     \
+    std::memcpy(&quad, a + i * job.lda + 4 * k4, 4);                                  \
+    const __m512i x = _mm512_set1_epi32(quad);                                        \
+    s##i##0 = _mm512_dpbusd_epi32(s##i##0, x, b0);                                    \
+    s##i##1 = _mm512_dpbusd_epi32(s##i##1, x, b1);                                    \
+    s##i##2 = _mm512_dpbusd_epi32(s##i##2, x, b2);                                    \
+    s##i##3 = _mm512_dpbusd_epi32(s##i##3, x, b3);                                    \
+  }
+#define ATTNSERVE_STORE(i, j)                                                         \
+  if constexpr (R > i) out(i, j, s##i##j);
+#define ATTNSERVE_STORE_ROW(i) \
+  ATTNSERVE_STORE(i, 0) ATTNSERVE_STORE(i, 1) ATTNSERVE_STORE(i, 2) ATTNSERVE_STORE(i, 3)
+#define ATTNSERVE_ALL(macro) macro(0) macro(1) macro(2) macro(3) macro(4) macro(5)
+
+struct Epilogue {
+  const QMatMulJob& job;
+  int64_t c0, r;
+  // Sums of row r + i, columns c0 + 16 j ..: (float(sum - offset) * w_scale) * x_scale + bias.
+  __attribute__((target("avx512f,avx512bw"), always_inline)) inline void operator()(
+      int i, int j, __m512i sums) const {
+    const Packed& w = *job.w;
+    const int64_t c = c0 + 16 * j;
+    const int64_t left = std::max<int64_t>(0, std::min<int64_t>(16, w.n - c));
+    if (left == 0) return;
+    const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
+    const __m512i offset = _mm512_loadu_si512(w.offsets.data() + c);
+    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset));
+    v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, job.w_scale + c));
+    v = _mm512_mul_ps(v, _mm512_set1_ps(job.a_scale[r + i]));
+    if (job.bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, job.bias + c));
+    _mm512_mask_storeu_ps(job.y + (r + i) * w.n + c, mask, v);
+  }
+};
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void qmatmul_block(
+    const QMatMulJob& job, int64_t p, int64_t r) {
+  static_assert(R >= 1 && R <= kRowBlock, "rows per block");
+  const Packed& w = *job.w;
+  const int8_t* b = w.panel(p);
+  const uint8_t* a = job.a + r * job.lda;
+  ATTNSERVE_ALL(ATTNSERVE_SUMS)
+  ATTNSERVE_ALL(ATTNSERVE_ZERO)
+  for (int64_t k4 = 0; k4 < w.k4; ++k4, b += kPanel * 4) {
+    const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64);
+    const __m512i b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
+    ATTNSERVE_ALL(ATTNSERVE_ROW)
+  }
+  const Epilogue out{job, p * kPanel, r};
+  ATTNSERVE_ALL(ATTNSERVE_STORE_ROW)
+}
+#undef ATTNSERVE_SUMS
+#undef ATTNSERVE_ZERO
+#undef ATTNSERVE_ROW
+#undef ATTNSERVE_STORE
+#undef ATTNSERVE_STORE_ROW
+#undef ATTNSERVE_ALL
+
+void qmatmul_avx512(const QMatMulJob& job, int64_t p, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + kRowBlock <= r1; r += kRowBlock) qmatmul_block<kRowBlock>(job, p, r);
+  switch (r1 - r) {
+    case 5: return qmatmul_block<5>(job, p, r);
+    case 4: return qmatmul_block<4>(job, p, r);
+    case 3: return qmatmul_block<3>(job, p, r);
+    case 2: return qmatmul_block<2>(job, p, r);
+    case 1: return qmatmul_block<1>(job, p, r);
+    default: return;
+  }
+}
+#endif  // ATTNSERVE_AVX512
+
+// One task: a panel of 64 columns for up to kTaskRows rows. The ops are registered only on a
+// CPU with AVX-512 VNNI (elsewhere the graph runs the functions' stock bodies: ONNX Runtime's
+// own GEMM is the fast one there).
+void qmatmul_task(void* data, size_t index) {
+#if ATTNSERVE_AVX512
+  const QMatMulJob& job = *static_cast<const QMatMulJob*>(data);
+  const int64_t p = static_cast<int64_t>(index) / job.row_tasks;
+  const int64_t t = static_cast<int64_t>(index) % job.row_tasks;
+  const int64_t r0 = t * kTaskRows, r1 = std::min(job.rows, r0 + kTaskRows);
+  qmatmul_avx512(job, p, r0, r1);
+#else
+  (void)data, (void)index;
+#endif
+}
+
+// Whether to register QMatMul: a CPU with AVX-512 VNNI, unless ATTNSERVE_KERNELS_QMATMUL=0.
+bool use_qmatmul() {
+  const char* switch_value = std::getenv("ATTNSERVE_KERNELS_QMATMUL");
+  if (switch_value != nullptr && std::string(switch_value) == "0") return false;
+#if ATTNSERVE_AVX512
+  return cpu_has_vnni();
+#else
+  return false;
+#endif
+}
+
 struct Tensor {
   const void* raw = nullptr;
   std::vector<int64_t> dims;
@@ -495,11 +668,15 @@ void check_pair(const Tensor& a, const Tensor& b, int inner_a, int inner_b, cons
   }
 }
 
-enum class Kind { kScores, kMix, kVocab, kRowQuantize };
+enum class Kind { kScores, kMix, kVocab, kRowQuantize, kQMatMul, kQMatMulBias };
 
 struct Kernel {
+  Kernel(const ort_abi::Fns& fns, Kind op) : api(fns), kind(op) {}
   ort_abi::Fns api;
   Kind kind;
+  // QMatMul: the node's weight, packed at its first run (runs may be concurrent).
+  mutable std::mutex mutex;
+  mutable std::shared_ptr<const Packed> packed;
 };
 
 // One product per (row, head): the job ONNX Runtime's threads share.
@@ -611,8 +788,63 @@ void run_row_quantize(const ort_abi::Fns& api, OrtKernelContext* context) {
   for_each_row(api, context, row_quantize_one, rows, &job);
 }
 
+std::shared_ptr<const Packed> packed_weight(const Kernel& kernel, const Tensor& w) {
+  std::lock_guard<std::mutex> lock(kernel.mutex);
+  const int64_t k = w.dims[0], n = w.dims[1];
+  const std::shared_ptr<const Packed>& have = kernel.packed;
+  if (!have || have->source != w.raw || have->k != k || have->n != n) {
+    auto fresh = std::make_shared<Packed>();
+    pack_weight(static_cast<const int8_t*>(w.raw), k, n, *fresh);
+    fresh->source = w.raw;
+    kernel.packed = std::move(fresh);
+  }
+  return kernel.packed;
+}
+
+// x_q (..., K) uint8, w (K, N) int8, x_scale (..., 1), w_scale (N,) [, bias (N,)] -> (..., N).
+void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias) {
+  const ort_abi::Fns& api = kernel.api;
+  const Tensor a = input(api, context, 0);
+  const Tensor w = input(api, context, 1);
+  const Tensor a_scale = input(api, context, 2);
+  const Tensor w_scale = input(api, context, 3);
+  if (a.dims.empty() || w.dims.size() != 2 || a.dims.back() != w.dims[0]) {
+    throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants x (..., K) and a (K, N) weight"};
+  }
+  const int64_t k = w.dims[0], n = w.dims[1];
+  const int64_t rows = a.count() / std::max<int64_t>(k, 1);
+  if (a_scale.count() != rows || w_scale.count() != n) {
+    throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants a scale per row of x and per column of w"};
+  }
+  const float* bias = nullptr;
+  if (with_bias) {
+    const Tensor b = input(api, context, 4);
+    if (b.count() != n) throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants a bias per column"};
+    bias = b.data();
+  }
+  std::vector<int64_t> dims = a.dims;
+  dims.back() = n;
+  float* y = static_cast<float*>(output(api, context, 0, dims));
+  if (rows == 0 || n == 0) return;
+  const std::shared_ptr<const Packed> packed = packed_weight(kernel, w);
+  QMatMulJob job{static_cast<const uint8_t*>(a.raw), k, a_scale.data(), packed.get(),
+                 w_scale.data(), bias, y, rows, (rows + kTaskRows - 1) / kTaskRows};
+  std::vector<uint8_t> padded;  // rows padded to 4 k: the packed weight's k beyond K are 0
+  if (k % 4 != 0) {
+    job.lda = packed->k4 * 4;
+    padded.assign(static_cast<size_t>(rows * job.lda), 128);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&padded[r * job.lda], job.a + r * k, k);
+    job.a = padded.data();
+  }
+  for_each_row(api, context, qmatmul_task, static_cast<size_t>(packed->panels * job.row_tasks),
+               &job);
+}
+
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
+  if (kernel.kind == Kind::kQMatMul || kernel.kind == Kind::kQMatMulBias) {
+    return run_qmatmul(kernel, context, kernel.kind == Kind::kQMatMulBias);
+  }
   if (kernel.kind == Kind::kVocab) return run_vocab(api, context);
   if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
   const Tensor a = input(api, context, 0);
@@ -646,21 +878,32 @@ struct Op {
       case Kind::kMix: return "AttnMix";
       case Kind::kVocab: return "LogSoftmaxTopK";
       case Kind::kRowQuantize: return "RowQuantize";
+      case Kind::kQMatMul: return "QMatMul";
+      case Kind::kQMatMulBias: return "QMatMulBias";
     }
     return "";
   }
   static OrtStatus* create(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo*,
                            void** kernel) {
-    *kernel = new Kernel{ort_abi::Fns(api), kind};
+    *kernel = new Kernel(ort_abi::Fns(api), kind);
     return nullptr;
   }
   static size_t inputs(const OrtCustomOp*) {
-    return kind == Kind::kVocab ? 3 : kind == Kind::kRowQuantize ? 1 : 2;
+    switch (kind) {
+      case Kind::kVocab: return 3;
+      case Kind::kRowQuantize: return 1;
+      case Kind::kQMatMul: return 4;
+      case Kind::kQMatMulBias: return 5;
+      default: return 2;
+    }
   }
   static size_t outputs(const OrtCustomOp*) {
     return kind == Kind::kVocab ? 3 : kind == Kind::kRowQuantize ? 2 : 1;
   }
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
+    if (kind == Kind::kQMatMul || kind == Kind::kQMatMulBias) {
+      return index == 0 ? ORT_ELEMENT_UINT8 : index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
+    }
     return kind == Kind::kVocab && index > 0 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
   }
   static OrtElementType output_type(const OrtCustomOp*, size_t index) {
@@ -719,6 +962,8 @@ const OrtCustomOp kScores = make_op<Kind::kScores>();
 const OrtCustomOp kMix = make_op<Kind::kMix>();
 const OrtCustomOp kVocab = make_op<Kind::kVocab>();
 const OrtCustomOp kRowQuantize = make_op<Kind::kRowQuantize>();
+const OrtCustomOp kQMatMul = make_op<Kind::kQMatMul>();
+const OrtCustomOp kQMatMulBias = make_op<Kind::kQMatMulBias>();
 
 }  // namespace
 
@@ -736,8 +981,12 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   for (const OrtCustomOp* op : {&kScores, &kMix, &kVocab, &kRowQuantize}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
+  for (const OrtCustomOp* op : {&kQMatMul, &kQMatMulBias}) {
+    if (!use_qmatmul()) break;
+    if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
+  }
   return api.AddCustomOpDomain(options, domain);
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 4; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 5; }

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from attnserve import kernels
 from attnserve.engine.onnx.backend import OnnxBackend
-from attnserve.engine.onnx.layout import KERNEL_NODES, read_manifest
+from attnserve.engine.onnx.layout import KERNEL_NODES, KERNELS_VERSION, read_manifest
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import decode_batch
 from attnserve.export.onnx_export import export_model
@@ -186,6 +186,7 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
             for n in onnx.load(str(graphs / g), load_external_data=False).graph.node
         )
         assert read_manifest(graphs)["options"][KERNEL_NODES] == on_kernels
+        assert read_manifest(graphs)["options"][KERNELS_VERSION] == kernels.VERSION
         if variant == "fp32":  # no int8 activations to quantize
             assert on_kernels == 4 * config.decoder_layers + 1
         else:
@@ -455,3 +456,174 @@ def test_the_kernels_domain_is_declared_at_version_1() -> None:
     assert kernels.use_row_quantize_kernel(model) == 1
     assert [o.version for o in model.opset_import if o.domain == kernels.DOMAIN] == [1]
     assert not {"last", "step", "zero_point"} & {i.name for i in model.graph.initializer}
+
+
+# ---- QMatMul: per-row int8 products with their bias ------------------------------------------
+
+HAS_VNNI = platform.machine() in ("x86_64", "AMD64") and "avx512_vnni" in Path(
+    "/proc/cpuinfo"
+).read_text(errors="replace")
+needs_vnni = pytest.mark.skipif(
+    not (BUILT and HAS_VNNI), reason="QMatMul runs on CPUs with AVX-512 VNNI"
+)
+
+
+def products_graph(k: int, n: int, rank: int, rewrite: bool) -> bytes:
+    """Three float products of one activation, as the torch export writes a Linear (MatMul, then
+    the bias Add), per-row int8 quantized by the export's own pass: one with a bias, one without,
+    one with a bias whose product is also a graph output (its Add must stay)."""
+    from attnserve.export.quantize import quantize_rows
+
+    rng = np.random.default_rng(k * 1000 + n)
+    dims = [f"d{i}" for i in range(rank - 1)]
+    inits = []
+    for name, shape in [("w1", (k, n)), ("w2", (k, n)), ("w3", (k, n)), ("b1", (n,)), ("b3", (n,))]:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(shape, np.float32), name))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["p1"]),
+        helper.make_node("Add", ["p1", "b1"], ["y1"]),
+        helper.make_node("MatMul", ["x", "w2"], ["y2"]),
+        helper.make_node("MatMul", ["x", "w3"], ["p3"]),
+        helper.make_node("Add", ["b3", "p3"], ["y3"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(y, TensorProto.FLOAT, [*dims, n])
+        for y in ("y1", "y2", "y3", "p3")
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*dims, k])],
+        outputs,
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    quantize_rows(model)
+    if rewrite:
+        assert kernels.use_row_quantize_kernel(model) == 1
+        assert kernels.use_qmatmul_kernel(model) == 3
+        assert kernels.use_qmatmul_kernel(model) == 0  # once only
+        ops = [n.op_type for n in model.graph.node]
+        assert ops == ["RowQuantize", "QMatMulBias", "QMatMul", "QMatMul", "Add"], ops
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 1, 1),
+        (2, 3, 5),
+        (7, 4, 16),
+        (5, 510, 70),
+        (13, 64, 130),
+        (1, 576, 1536),
+        (128, 512, 64),
+        (3, 2, 8, 20),
+    ],
+)
+def test_qmatmul_gives_the_stock_nodes_floats(shape: tuple[int, ...]) -> None:
+    *rows, k, n = shape
+    rank = len(rows) + 1
+    rng = np.random.default_rng(sum(shape))
+    x = activations(rng, (*rows, k))
+    stock = session(products_graph(k, n, rank, False), False).run(None, {"x": x})
+    portable = session(products_graph(k, n, rank, True), False).run(None, {"x": x})
+    runs = [portable]
+    if BUILT:
+        runs.append(session(products_graph(k, n, rank, True), True).run(None, {"x": x}))
+    for run in runs:
+        for got, want in zip(run, stock, strict=True):
+            assert got.shape == want.shape == (*rows, n)
+            np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    if np.prod(rows) > 1:
+        assert not np.any(stock[1].reshape(-1, n)[0])  # the all-zero row's product
+
+
+@needs_library
+def test_qmatmul_gives_a_row_the_same_bits_alone_as_in_any_batch() -> None:
+    run = session(products_graph(300, 100, 2, True), True)
+    x = activations(np.random.default_rng(3), (37, 300))
+    batch = run.run(None, {"x": x})
+    for i in [0, 1, 5, 6, 11, 36]:
+        for start in [i, max(0, i - 7)]:
+            alone = run.run(None, {"x": x[start : i + 1]})
+            for got, want in zip(alone, batch, strict=True):
+                np.testing.assert_array_equal(got[-1].view(np.int32), want[i].view(np.int32))
+
+
+def qmatmul_node_graph(k: int, n: int) -> bytes:
+    """A QMatMulBias node whose weight is a graph input (a buffer that moves between runs)."""
+    graph = helper.make_graph(
+        [helper.make_node("QMatMulBias", ["q", "w", "s", "ws", "b"], ["y"], domain=kernels.DOMAIN)],
+        "qmatmul",
+        [
+            helper.make_tensor_value_info("q", TensorProto.UINT8, ["m", k]),
+            helper.make_tensor_value_info("w", TensorProto.INT8, [k, n]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, ["m", 1]),
+            helper.make_tensor_value_info("ws", TensorProto.FLOAT, [n]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [n]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    kernels._declare(model)
+    model.opset_import.append(helper.make_opsetid(kernels.MS_DOMAIN, 1))
+    return model.SerializeToString()
+
+
+@needs_library
+def test_qmatmul_packs_a_weight_again_when_its_buffer_changes() -> None:
+    model = qmatmul_node_graph(20, 33)
+    ours, stock = session(model, True), session(model, False)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        feed = {
+            "q": rng.integers(0, 256, (9, 20), dtype=np.uint8),
+            "w": rng.integers(-127, 128, (20, 33), dtype=np.int8),
+            "s": rng.random((9, 1), dtype=np.float32),
+            "ws": rng.random(33, dtype=np.float32),
+            "b": rng.standard_normal(33, dtype=np.float32),
+        }
+        np.testing.assert_array_equal(ours.run(None, feed)[0], stock.run(None, feed)[0])
+    feed["s"] = feed["s"][:3]
+    with pytest.raises(Exception, match="a scale per row"):
+        ours.run(None, feed)
+
+
+def executed_ops(model: bytes, tmp_path: Path) -> set[str]:
+    """The op types ONNX Runtime ran for one call (its profiler's node events)."""
+    import json
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    options.profile_file_prefix = str(tmp_path / "profile")
+    assert kernels.register(options)
+    run = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    run.run(None, {"x": np.ones((2, 16), np.float32)})
+    events = json.loads(Path(run.end_profiling()).read_text())
+    return {e["args"]["op_name"] for e in events if e.get("cat") == "Node" and "args" in e}
+
+
+@needs_vnni
+def test_qmatmul_runs_on_the_kernel_and_the_switch_leaves_the_stock_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = products_graph(16, 24, 2, True)
+    assert {"QMatMul", "QMatMulBias", "RowQuantize"} <= executed_ops(model, tmp_path / "on")
+    monkeypatch.setenv("ATTNSERVE_KERNELS_QMATMUL", "0")
+    ran = executed_ops(model, tmp_path / "off")
+    assert "MatMulIntegerToFloat" in ran and not {"QMatMul", "QMatMulBias"} & ran
+    assert "RowQuantize" in ran
+
+
+def test_int8_exports_run_every_product_on_the_kernel(tiny_onnx_import: Path) -> None:
+    graphs = tiny_onnx_import / "onnx" / "int8"
+    for name in ("encoder.onnx", "decoder.onnx"):
+        ops = [
+            n.op_type for n in onnx.load(str(graphs / name), load_external_data=False).graph.node
+        ]
+        assert ops.count(kernels.QMATMUL_BIAS) > 0, name
+        assert "MatMulIntegerToFloat" not in ops, name

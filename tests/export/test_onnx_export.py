@@ -13,6 +13,7 @@ import onnx
 import pytest
 import torch
 
+from attnserve import kernels
 from attnserve.cli import main
 from attnserve.defaults import IR_VERSION, OPSET
 from attnserve.engine.onnx.backend import OnnxBackend
@@ -103,7 +104,9 @@ def test_graph_names_types_and_dynamic_axes(tiny_onnx_import: Path) -> None:
 def test_int8_quantizes_every_matmul_with_a_constant_weight(tiny_onnx_import: Path) -> None:
     decoder = onnx.load(str(tiny_onnx_import / "onnx" / "int8" / "decoder.onnx"))
     ops = [node.op_type for node in decoder.graph.node]
-    assert ops.count("MatMulIntegerToFloat") >= 2 * 4 + 1  # q, k, v, out, fc1, fc2 ... + the head
+    # q, k, v, out, fc1, fc2 ... + the head: MatMulIntegerToFloat, on the kernels as QMatMul
+    products = ("MatMulIntegerToFloat", kernels.QMATMUL, kernels.QMATMUL_BIAS)
+    assert sum(ops.count(op) for op in products) >= 2 * 4 + 1
     constants = {t.name for t in decoder.graph.initializer}
     float_products = [n for n in decoder.graph.node if n.op_type in ("MatMul", "Gemm")]
     assert not [n.name for n in float_products if n.input[1] in constants]  # only q.k, p.v

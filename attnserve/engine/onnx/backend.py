@@ -30,7 +30,7 @@ from attnserve.engine.onnx.layout import (
     ENCODER_INPUTS,
     ENCODER_NAME,
     FULL_LOG_PROBS,
-    KERNEL_NODES,
+    KERNELS_VERSION,
     LOG_PROBS,
     TOP_IDS,
     TOP_LOG_PROBS,
@@ -49,6 +49,7 @@ from attnserve.engine.onnx.rowops import (
     first_used_column,
     slot_index,
 )
+from attnserve.kernels import VERSION as KERNELS
 from attnserve.kernels import register as register_kernels
 from attnserve.model.checkpoint import ModelFileInvalidError, read_model_config
 from attnserve.model.config import ModelConfig
@@ -219,11 +220,11 @@ class OnnxBackend:
         if (
             self.kernels
             and self.variant in ("fp32", "int8")
-            and KERNEL_NODES not in self.manifest.get("options", {})
+            and self.manifest.get("options", {}).get(KERNELS_VERSION) != KERNELS
         ):
             log.info(
-                "%s was exported before attnserve's kernels: re-export it (`attnserve export %s "
-                "--variants %s`) to run its attention and log-softmax on them",
+                "%s was exported for another version of attnserve's kernels: re-export it "
+                "(`attnserve export %s --variants %s`) to run every node they cover on them",
                 directory,
                 directory.parent.parent,
                 self.variant,

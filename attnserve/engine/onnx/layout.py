@@ -45,8 +45,10 @@ SHARED_DATA = "shared.data"
 SHARED_WEIGHTS = "shared_weights"
 # How many of a variant's nodes run on attnserve's own kernels where the library is registered
 # (attnserve.kernels: a decoder's 4 attention products a layer and its log-softmax with the TopK,
-# and an int8 graph's per-row quantizations; the manifest's options["kernel_nodes"]).
+# and an int8 graph's per-row quantizations and products; the manifest's options["kernel_nodes"]),
+# and the version of the kernels the export rewrote for (attnserve.kernels.VERSION).
 KERNEL_NODES = "kernel_nodes"
+KERNELS_VERSION = "kernels_version"
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
