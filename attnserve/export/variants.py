@@ -274,14 +274,27 @@ def use_kernels(path: Path, *, decoder: bool = True) -> int:
     functions whose stock bodies run where the library is not registered): its per-row int8
     activation quantizations and products (with their bias Adds), and in a decoder its
     attention products and its log-softmax with the TopK of its candidates; returns how many
-    nodes run on them. External weights stay in place."""
+    nodes run on them. The int8 products' weights are stored packed for the kernel (a graph with
+    weights beside it is loaded whole and saved again, without the unpacked copies)."""
     model = onnx.load(str(path), load_external_data=False)
+    beside = {
+        entry.value
+        for t in model.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    }
+    whole = bool(beside) and any(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    if whole:
+        model = onnx.load(str(path))  # the weights too: packing rewrites them
+        for name in beside:  # onnx.save appends to a data file that exists
+            (path.parent / name).unlink()
     rewritten = use_row_quantize_kernel(model)
     rewritten += use_qmatmul_kernel(model)
     if decoder:
         rewritten += use_attention_kernels(model)
         rewritten += use_vocabulary_kernel(model, LOG_PROBS, CANDIDATES, FULL_LOG_PROBS)
-    if rewritten:
+    if rewritten or whole:
         save_graph(model, path)
     return rewritten
 

@@ -7,8 +7,8 @@ and the calls, not the arithmetic, take the time. Two kernels loop over (row, he
 query (or the output row) held in AVX-512 registers; a third replaces the step's log-softmax
 over the vocabulary and the TopK of its candidates, and writes the (B, V) log-probs only when
 the caller asks for them; a fourth is per-row int8's activation quantization in two passes
-instead of four nodes, and the last two per-row int8's products (ORT's MatMulIntegerToFloat,
-and its bias Add), on AVX-512 VNNI with the weights packed once per node:
+instead of four nodes, and the last ones per-row int8's products (ORT's MatMulIntegerToFloat,
+and its bias Add), on AVX-512 VNNI, the weights packed as the kernel reads them:
 
     ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> q @ k^T      (B, H, M, N)
     ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> p @ v        (B, H, M, D)
@@ -17,10 +17,13 @@ and its bias Add), on AVX-512 VNNI with the weights packed once per node:
     ai.attnserve.RowQuantize(x (..., K)) -> uint8 (..., K), max|x| (..., 1)
     ai.attnserve.QMatMul(q (..., K) uint8, w (K, N) int8, scale (..., 1), w_scale (N,))
     ai.attnserve.QMatMulBias(q, w, scale, w_scale, bias (N,)) -> (..., N)
+    ai.attnserve.PackedQMatMul[Bias]: the same with w stored as the kernel reads it,
+        (N / 64, K / 4, 64, 4), four consecutive k of a column adjacent (no copy in memory)
 
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;
-MatMul; LogSoftmax + TopK; Abs, ReduceMax, Div, QuantizeLinear; MatMulIntegerToFloat + Add).
+MatMul; LogSoftmax + TopK; Abs, ReduceMax, Div, QuantizeLinear; MatMulIntegerToFloat + Add,
+after a Transpose and a Flatten for a packed weight).
 A runtime with the library registered runs the kernel; any other ONNX Runtime (or another
 runtime that reads ONNX functions) inlines the body and runs exactly the graph it would have run
 before the rewrite. The exported files stay loadable everywhere.
@@ -57,13 +60,16 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 5  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 6  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 VOCAB = "LogSoftmaxTopK"
 ROW_QUANTIZE = "RowQuantize"
 QMATMUL = "QMatMul"
 QMATMUL_BIAS = "QMatMulBias"
+PACKED_QMATMUL = "PackedQMatMul"
+PACKED_QMATMUL_BIAS = "PackedQMatMulBias"
+PANEL = 64  # columns per panel of a packed weight (N / 64, K / 4, 64, 4)
 MS_DOMAIN = "com.microsoft"
 ROW_STEP = 1.0 / 127.0  # per-row int8: q = round(x / max|x| / (1/127)) + 128
 ROW_STEP32 = float(np.float32(ROW_STEP))  # as the graph stores it
@@ -166,7 +172,47 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         doc_string="per-row int8 product and bias: "
         "MatMulIntegerToFloat(q, w, scale, w_scale, 128) + bias",
     )
-    return [scores, mix, vocab, row_quantize, qmatmul, qmatmul_bias]
+    # a packed weight (N / 64, K / 4, 64, 4) back to (K, N): (K / 4, 4, N / 64, 64), flattened
+    unpack = [
+        helper.make_node("Transpose", ["packed"], ["k_major"], perm=[1, 3, 0, 2]),
+        helper.make_node("Flatten", ["k_major"], ["w"], axis=2),
+    ]
+    packed_qmatmul = helper.make_function(
+        DOMAIN,
+        PACKED_QMATMUL,
+        ["q", "packed", "scale", "w_scale"],
+        ["product"],
+        [*unpack, *product],
+        int8_opset,
+        doc_string="QMatMul with its weight stored packed: (N / 64, K / 4, 64, 4), element "
+        "[p, k4, c, j] = w[4 k4 + j, 64 p + c]",
+    )
+    packed_qmatmul_bias = helper.make_function(
+        DOMAIN,
+        PACKED_QMATMUL_BIAS,
+        ["q", "packed", "scale", "w_scale", "bias"],
+        ["y"],
+        [*unpack, *product, helper.make_node("Add", ["product", "bias"], ["y"])],
+        int8_opset,
+        doc_string="QMatMulBias with its weight stored packed, as PackedQMatMul's",
+    )
+    return [
+        scores,
+        mix,
+        vocab,
+        row_quantize,
+        qmatmul,
+        qmatmul_bias,
+        packed_qmatmul,
+        packed_qmatmul_bias,
+    ]
+
+
+def pack_weight(w: np.ndarray) -> np.ndarray:
+    """An int8 (K, N) weight as PackedQMatMul reads it: (N / 64, K / 4, 64, 4), four
+    consecutive k of a column adjacent (K a multiple of 4, N of 64)."""
+    k, n = w.shape
+    return np.ascontiguousarray(w.reshape(k // 4, 4, n // PANEL, PANEL).transpose(2, 0, 3, 1))
 
 
 def use_attention_kernels(model: onnx.ModelProto) -> int:
@@ -337,7 +383,10 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
     (MatMulIntegerToFloat of uint8 rows around 128, an int8 (K, N) weight, the rows' scales and
     the columns' scales; see attnserve.export.quantize) becomes a QMatMul node, or a QMatMulBias
     node with the Add of a constant (N,) bias that is the product's only reader. Bit for bit the
-    same values. Returns how many were rewritten."""
+    same values. A weight stored in the graph file, read by this product only, with K a
+    multiple of 4 and N of 64, is stored packed instead (PackedQMatMul[Bias]: the kernel reads
+    it where it is, where a (K, N) weight gets a packed copy in memory). Returns how many
+    products were rewritten."""
     import onnx
     from onnx import numpy_helper
 
@@ -362,8 +411,18 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
         value = numpy_helper.to_array(tensor)
         return value.size == 1 and int(value.reshape(())) == ROW_ZERO_POINT
 
+    def packable(weight: onnx.TensorProto) -> bool:
+        k, n = weight.dims
+        return (
+            weight.data_location != onnx.TensorProto.EXTERNAL
+            and readers.get(weight.name) == 1
+            and k % 4 == 0
+            and n % PANEL == 0
+        )
+
     dropped: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
+    packed: dict[str, onnx.TensorProto] = {}  # weight name -> its packed initializer
     for node in graph.node:
         if node.op_type != "MatMulIntegerToFloat" or node.domain != MS_DOMAIN:
             continue
@@ -376,6 +435,12 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
         columns = int(weight.dims[1])
         if shaped(w_scale, onnx.TensorProto.FLOAT, [columns]) is None:
             continue
+        in_place = packable(weight)
+        if in_place:
+            packed[w] = numpy_helper.from_array(
+                pack_weight(numpy_helper.to_array(weight)), f"{w}_packed"
+            )
+            w = packed[w].name
         product = node.output[0]
         add = consumers.get(product, [None])[0] if readers.get(product) == 1 else None
         bias = None
@@ -385,15 +450,18 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
                 bias = other
         if bias is not None:
             assert add is not None
-            fused = _node(QMATMUL_BIAS, [q, w, scale, w_scale, bias], [add.output[0]], product)
+            op = PACKED_QMATMUL_BIAS if in_place else QMATMUL_BIAS
+            fused = _node(op, [q, w, scale, w_scale, bias], [add.output[0]], product)
             dropped.add(id(add))
         else:
-            fused = _node(QMATMUL, [q, w, scale, w_scale], [product], product)
+            op = PACKED_QMATMUL if in_place else QMATMUL
+            fused = _node(op, [q, w, scale, w_scale], [product], product)
         replaced[id(node)] = fused
     if not replaced:
         return 0
     _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
-    _, still_read = _wiring(graph)  # the zero point, when nothing else reads it
+    graph.initializer.extend(packed.values())
+    _, still_read = _wiring(graph)  # the zero point and the packed weights' (K, N) copies
     for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
         graph.initializer.remove(tensor)
     _declare(model)

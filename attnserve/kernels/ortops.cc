@@ -450,22 +450,37 @@ constexpr int kRowBlock = 6;       // rows per register block: 24 sums + 4 weigh
 constexpr int64_t kTaskRows = 96;  // rows per task on the session's threads
 
 struct Packed {
-  const void* source = nullptr;  // the weight buffer it was packed from
+  const void* source = nullptr;  // the weight buffer it was packed from (or is, packed)
   int64_t k = 0, n = 0, k4 = 0, panels = 0;
   std::vector<int8_t> storage;   // panels x k4 x 64 columns x 4, from `data` (64-byte aligned)
-  int8_t* data = nullptr;
+  const int8_t* data = nullptr;  // into `storage`, or the packed weight itself
   std::vector<int32_t> offsets;  // 128 x colsum, panels x 64
   const int8_t* panel(int64_t p) const { return data + p * k4 * kPanel * 4; }
 };
+
+// A weight the export stored packed, (panels, k4, 64, 4): used where it is; only 128 x its
+// column sums are computed, once.
+void use_packed_weight(const int8_t* w, int64_t panels, int64_t k4, Packed& out) {
+  out.k = 4 * k4, out.n = panels * kPanel, out.k4 = k4, out.panels = panels;
+  out.data = w;
+  out.offsets.assign(static_cast<size_t>(panels * kPanel), 0);
+  for (int64_t p = 0; p < panels; ++p) {
+    const int8_t* panel = out.panel(p);
+    for (int64_t i = 0; i < k4 * kPanel * 4; ++i) {
+      out.offsets[p * kPanel + (i / 4) % kPanel] += 128 * panel[i];
+    }
+  }
+}
 
 void pack_weight(const int8_t* w, int64_t k, int64_t n, Packed& out) {
   out.k = k, out.n = n, out.k4 = (k + 3) / 4, out.panels = (n + kPanel - 1) / kPanel;
   out.storage.assign(static_cast<size_t>(out.panels * out.k4 * kPanel * 4 + 64), 0);
   const uintptr_t start = reinterpret_cast<uintptr_t>(out.storage.data());
-  out.data = out.storage.data() + ((64 - start % 64) % 64);
+  int8_t* base = out.storage.data() + ((64 - start % 64) % 64);
+  out.data = base;
   out.offsets.assign(static_cast<size_t>(out.panels * kPanel), 0);
   for (int64_t p = 0; p < out.panels; ++p) {
-    int8_t* dst = out.data + p * out.k4 * kPanel * 4;
+    int8_t* dst = base + p * out.k4 * kPanel * 4;
     for (int64_t kk = 0; kk < k; ++kk) {
       for (int64_t c = 0; c < kPanel && p * kPanel + c < n; ++c) {
         const int8_t v = w[kk * n + p * kPanel + c];
@@ -550,8 +565,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void qmatmul_block(
   ATTNSERVE_ALL(ATTNSERVE_SUMS)
   ATTNSERVE_ALL(ATTNSERVE_ZERO)
   for (int64_t k4 = 0; k4 < w.k4; ++k4, b += kPanel * 4) {
-    const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64);
-    const __m512i b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
+    const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64);
+    const __m512i b2 = _mm512_loadu_si512(b + 128), b3 = _mm512_loadu_si512(b + 192);
     ATTNSERVE_ALL(ATTNSERVE_ROW)
   }
   const Epilogue out{job, p * kPanel, r};
@@ -668,7 +683,21 @@ void check_pair(const Tensor& a, const Tensor& b, int inner_a, int inner_b, cons
   }
 }
 
-enum class Kind { kScores, kMix, kVocab, kRowQuantize, kQMatMul, kQMatMulBias };
+enum class Kind {
+  kScores,
+  kMix,
+  kVocab,
+  kRowQuantize,
+  kQMatMul,
+  kQMatMulBias,
+  kPackedQMatMul,
+  kPackedQMatMulBias
+};
+
+constexpr bool is_qmatmul(Kind kind) {
+  return kind == Kind::kQMatMul || kind == Kind::kQMatMulBias || kind == Kind::kPackedQMatMul ||
+         kind == Kind::kPackedQMatMulBias;
+}
 
 struct Kernel {
   Kernel(const ort_abi::Fns& fns, Kind op) : api(fns), kind(op) {}
@@ -788,30 +817,45 @@ void run_row_quantize(const ort_abi::Fns& api, OrtKernelContext* context) {
   for_each_row(api, context, row_quantize_one, rows, &job);
 }
 
+// The node's weight packed (once, and again if its buffer moves): a (K, N) weight into the
+// kernel's own copy, a packed one where it is.
 std::shared_ptr<const Packed> packed_weight(const Kernel& kernel, const Tensor& w) {
   std::lock_guard<std::mutex> lock(kernel.mutex);
-  const int64_t k = w.dims[0], n = w.dims[1];
+  const bool packed = w.dims.size() == 4;
+  const int64_t k = packed ? 4 * w.dims[1] : w.dims[0];
+  const int64_t n = packed ? kPanel * w.dims[0] : w.dims[1];
   const std::shared_ptr<const Packed>& have = kernel.packed;
   if (!have || have->source != w.raw || have->k != k || have->n != n) {
     auto fresh = std::make_shared<Packed>();
-    pack_weight(static_cast<const int8_t*>(w.raw), k, n, *fresh);
+    const int8_t* data = static_cast<const int8_t*>(w.raw);
+    if (packed) {
+      use_packed_weight(data, w.dims[0], w.dims[1], *fresh);
+    } else {
+      pack_weight(data, k, n, *fresh);
+    }
     fresh->source = w.raw;
     kernel.packed = std::move(fresh);
   }
   return kernel.packed;
 }
 
-// x_q (..., K) uint8, w (K, N) int8, x_scale (..., 1), w_scale (N,) [, bias (N,)] -> (..., N).
-void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias) {
+// x_q (..., K) uint8, w (K, N) int8 or packed (N / 64, K / 4, 64, 4), x_scale (..., 1),
+// w_scale (N,) [, bias (N,)] -> (..., N).
+void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias, bool packed) {
   const ort_abi::Fns& api = kernel.api;
   const Tensor a = input(api, context, 0);
   const Tensor w = input(api, context, 1);
   const Tensor a_scale = input(api, context, 2);
   const Tensor w_scale = input(api, context, 3);
-  if (a.dims.empty() || w.dims.size() != 2 || a.dims.back() != w.dims[0]) {
-    throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants x (..., K) and a (K, N) weight"};
+  const bool shaped = packed ? w.dims.size() == 4 && w.dims[2] == kPanel && w.dims[3] == 4
+                             : w.dims.size() == 2;
+  const int64_t k = !shaped ? -1 : packed ? 4 * w.dims[1] : w.dims[0];
+  if (a.dims.empty() || !shaped || a.dims.back() != k) {
+    throw Failure{ORT_INVALID_ARGUMENT,
+                  packed ? "PackedQMatMul wants x (..., K) and a (N / 64, K / 4, 64, 4) weight"
+                         : "QMatMul wants x (..., K) and a (K, N) weight"};
   }
-  const int64_t k = w.dims[0], n = w.dims[1];
+  const int64_t n = packed ? kPanel * w.dims[0] : w.dims[1];
   const int64_t rows = a.count() / std::max<int64_t>(k, 1);
   if (a_scale.count() != rows || w_scale.count() != n) {
     throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants a scale per row of x and per column of w"};
@@ -826,24 +870,27 @@ void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias
   dims.back() = n;
   float* y = static_cast<float*>(output(api, context, 0, dims));
   if (rows == 0 || n == 0) return;
-  const std::shared_ptr<const Packed> packed = packed_weight(kernel, w);
-  QMatMulJob job{static_cast<const uint8_t*>(a.raw), k, a_scale.data(), packed.get(),
+  const std::shared_ptr<const Packed> weight = packed_weight(kernel, w);
+  QMatMulJob job{static_cast<const uint8_t*>(a.raw), k, a_scale.data(), weight.get(),
                  w_scale.data(), bias, y, rows, (rows + kTaskRows - 1) / kTaskRows};
   std::vector<uint8_t> padded;  // rows padded to 4 k: the packed weight's k beyond K are 0
   if (k % 4 != 0) {
-    job.lda = packed->k4 * 4;
+    job.lda = weight->k4 * 4;
     padded.assign(static_cast<size_t>(rows * job.lda), 128);
     for (int64_t r = 0; r < rows; ++r) std::memcpy(&padded[r * job.lda], job.a + r * k, k);
     job.a = padded.data();
   }
-  for_each_row(api, context, qmatmul_task, static_cast<size_t>(packed->panels * job.row_tasks),
+  for_each_row(api, context, qmatmul_task, static_cast<size_t>(weight->panels * job.row_tasks),
                &job);
 }
 
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
-  if (kernel.kind == Kind::kQMatMul || kernel.kind == Kind::kQMatMulBias) {
-    return run_qmatmul(kernel, context, kernel.kind == Kind::kQMatMulBias);
+  if (is_qmatmul(kernel.kind)) {
+    const bool bias = kernel.kind == Kind::kQMatMulBias || kernel.kind == Kind::kPackedQMatMulBias;
+    const bool packed =
+        kernel.kind == Kind::kPackedQMatMul || kernel.kind == Kind::kPackedQMatMulBias;
+    return run_qmatmul(kernel, context, bias, packed);
   }
   if (kernel.kind == Kind::kVocab) return run_vocab(api, context);
   if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
@@ -880,6 +927,8 @@ struct Op {
       case Kind::kRowQuantize: return "RowQuantize";
       case Kind::kQMatMul: return "QMatMul";
       case Kind::kQMatMulBias: return "QMatMulBias";
+      case Kind::kPackedQMatMul: return "PackedQMatMul";
+      case Kind::kPackedQMatMulBias: return "PackedQMatMulBias";
     }
     return "";
   }
@@ -894,6 +943,8 @@ struct Op {
       case Kind::kRowQuantize: return 1;
       case Kind::kQMatMul: return 4;
       case Kind::kQMatMulBias: return 5;
+      case Kind::kPackedQMatMul: return 4;
+      case Kind::kPackedQMatMulBias: return 5;
       default: return 2;
     }
   }
@@ -901,7 +952,7 @@ struct Op {
     return kind == Kind::kVocab ? 3 : kind == Kind::kRowQuantize ? 2 : 1;
   }
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
-    if (kind == Kind::kQMatMul || kind == Kind::kQMatMulBias) {
+    if (is_qmatmul(kind)) {
       return index == 0 ? ORT_ELEMENT_UINT8 : index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
     }
     return kind == Kind::kVocab && index > 0 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
@@ -964,6 +1015,8 @@ const OrtCustomOp kVocab = make_op<Kind::kVocab>();
 const OrtCustomOp kRowQuantize = make_op<Kind::kRowQuantize>();
 const OrtCustomOp kQMatMul = make_op<Kind::kQMatMul>();
 const OrtCustomOp kQMatMulBias = make_op<Kind::kQMatMulBias>();
+const OrtCustomOp kPackedQMatMul = make_op<Kind::kPackedQMatMul>();
+const OrtCustomOp kPackedQMatMulBias = make_op<Kind::kPackedQMatMulBias>();
 
 }  // namespace
 
@@ -981,7 +1034,7 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   for (const OrtCustomOp* op : {&kScores, &kMix, &kVocab, &kRowQuantize}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
-  for (const OrtCustomOp* op : {&kQMatMul, &kQMatMulBias}) {
+  for (const OrtCustomOp* op : {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias}) {
     if (!use_qmatmul()) break;
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
@@ -989,4 +1042,4 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 5; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 6; }

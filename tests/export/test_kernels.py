@@ -504,7 +504,12 @@ def products_graph(k: int, n: int, rank: int, rewrite: bool) -> bytes:
         assert kernels.use_qmatmul_kernel(model) == 3
         assert kernels.use_qmatmul_kernel(model) == 0  # once only
         ops = [n.op_type for n in model.graph.node]
-        assert ops == ["RowQuantize", "QMatMulBias", "QMatMul", "QMatMul", "Add"], ops
+        # weights with K a multiple of 4 and N of 64 are stored packed, the others as they were
+        packed = "Packed" if k % 4 == 0 and n % kernels.PANEL == 0 else ""
+        want = ["RowQuantize", f"{packed}QMatMulBias", f"{packed}QMatMul", f"{packed}QMatMul"]
+        assert ops == [*want, "Add"], ops
+        ranks = {len(i.dims) for i in model.graph.initializer if i.data_type == TensorProto.INT8}
+        assert ranks == ({4} if packed else {2})
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
@@ -611,12 +616,15 @@ def executed_ops(model: bytes, tmp_path: Path) -> set[str]:
 def test_qmatmul_runs_on_the_kernel_and_the_switch_leaves_the_stock_body(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = products_graph(16, 24, 2, True)
+    model, packed = products_graph(16, 24, 2, True), products_graph(16, 64, 2, True)
     assert {"QMatMul", "QMatMulBias", "RowQuantize"} <= executed_ops(model, tmp_path / "on")
+    assert {"PackedQMatMul", "PackedQMatMulBias"} <= executed_ops(packed, tmp_path / "packed")
     monkeypatch.setenv("ATTNSERVE_KERNELS_QMATMUL", "0")
-    ran = executed_ops(model, tmp_path / "off")
-    assert "MatMulIntegerToFloat" in ran and not {"QMatMul", "QMatMulBias"} & ran
-    assert "RowQuantize" in ran
+    for graph, name in [(model, "off"), (packed, "packed-off")]:
+        ran = executed_ops(graph, tmp_path / name)
+        assert "MatMulIntegerToFloat" in ran and not {"QMatMul", "QMatMulBias"} & ran
+        assert not {"PackedQMatMul", "PackedQMatMulBias"} & ran
+        assert "RowQuantize" in ran
 
 
 def test_int8_exports_run_every_product_on_the_kernel(tiny_onnx_import: Path) -> None:
@@ -625,5 +633,43 @@ def test_int8_exports_run_every_product_on_the_kernel(tiny_onnx_import: Path) ->
         ops = [
             n.op_type for n in onnx.load(str(graphs / name), load_external_data=False).graph.node
         ]
-        assert ops.count(kernels.QMATMUL_BIAS) > 0, name
+        products = [kernels.QMATMUL_BIAS, kernels.PACKED_QMATMUL_BIAS]
+        assert sum(ops.count(op) for op in products) > 0, name
         assert "MatMulIntegerToFloat" not in ops, name
+
+
+def test_weights_beside_the_graph_are_packed_and_saved_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph whose weights are external data (large models) is loaded whole, its products'
+    weights packed, and saved again without the (K, N) copies: the data file holds each weight
+    once, and the graph computes what it did."""
+    from attnserve.export import variants
+
+    model = onnx.load_from_string(products_graph(16, 64, 2, False))
+    path = tmp_path / "graph.onnx"
+    onnx.save(
+        model, str(path), save_as_external_data=True, location="graph.onnx.data", size_threshold=512
+    )
+    x = activations(np.random.default_rng(7), (5, 16))
+    stock = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    weights_bytes = (path.parent / "graph.onnx.data").stat().st_size
+    monkeypatch.setattr(variants, "EXTERNAL_DATA_BYTES", 1)  # saved beside the graph again
+    assert variants.use_kernels(path, decoder=False) == 4  # RowQuantize and the 3 products
+    rewritten = onnx.load(str(path), load_external_data=False)
+    assert [n.op_type for n in rewritten.graph.node][1:4] == [
+        "PackedQMatMulBias",
+        "PackedQMatMul",
+        "PackedQMatMul",
+    ]
+    # the packed weights replace the (K, N) ones: not a byte more than before
+    assert (path.parent / "graph.onnx.data").stat().st_size <= weights_bytes
+    for library in [False, *([True] if BUILT else [])]:
+        options = ort.SessionOptions()
+        if library:
+            assert kernels.register(options)
+        got = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )
+        for a, b in zip(got, stock, strict=True):
+            np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))

@@ -106,6 +106,7 @@ def test_int8_quantizes_every_matmul_with_a_constant_weight(tiny_onnx_import: Pa
     ops = [node.op_type for node in decoder.graph.node]
     # q, k, v, out, fc1, fc2 ... + the head: MatMulIntegerToFloat, on the kernels as QMatMul
     products = ("MatMulIntegerToFloat", kernels.QMATMUL, kernels.QMATMUL_BIAS)
+    products += (kernels.PACKED_QMATMUL, kernels.PACKED_QMATMUL_BIAS)
     assert sum(ops.count(op) for op in products) >= 2 * 4 + 1
     constants = {t.name for t in decoder.graph.initializer}
     float_products = [n for n in decoder.graph.node if n.op_type in ("MatMul", "Gemm")]
