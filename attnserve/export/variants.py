@@ -284,16 +284,19 @@ def use_kernels(path: Path, *, decoder: bool = True) -> int:
         for entry in t.external_data
         if entry.key == "location"
     }
-    whole = bool(beside) and any(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    # the graph's own data file only (a file other graphs share, as SHARED_DATA, stays as it is)
+    whole = beside == {external_data_name(path.name)} and any(
+        n.op_type == "MatMulIntegerToFloat" for n in model.graph.node
+    )
     if whole:
         model = onnx.load(str(path))  # the weights too: packing rewrites them
-        for name in beside:  # onnx.save appends to a data file that exists
-            (path.parent / name).unlink()
     rewritten = use_row_quantize_kernel(model)
     rewritten += use_qmatmul_kernel(model)
     if decoder:
         rewritten += use_attention_kernels(model)
         rewritten += use_vocabulary_kernel(model, LOG_PROBS, CANDIDATES, FULL_LOG_PROBS)
+    if whole:  # onnx.save appends to a data file that exists; the weights are in `model` now
+        (path.parent / external_data_name(path.name)).unlink()
     if rewritten or whole:
         save_graph(model, path)
     return rewritten

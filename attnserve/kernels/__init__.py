@@ -392,7 +392,8 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
 
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
-    _, readers = _wiring(graph)
+    inputs = {i.name for i in graph.input}  # initializers a caller may override stay as they are
+    producers, readers = _wiring(graph)
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -415,6 +416,7 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
         k, n = weight.dims
         return (
             weight.data_location != onnx.TensorProto.EXTERNAL
+            and weight.name not in inputs
             and readers.get(weight.name) == 1
             and k % 4 == 0
             and n % PANEL == 0
@@ -430,7 +432,13 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
             continue
         q, w, scale, w_scale, _ = node.input
         weight = shaped(w, onnx.TensorProto.INT8)
-        if weight is None or len(weight.dims) != 2:
+        if weight is None or len(weight.dims) != 2 or w in inputs:
+            continue
+        source = producers.get(scale)  # one scale per row: the per-row quantization's
+        if source is None or (source.op_type, source.domain) not in (
+            (ROW_QUANTIZE, DOMAIN),
+            ("ReduceMax", ""),
+        ):
             continue
         columns = int(weight.dims[1])
         if shaped(w_scale, onnx.TensorProto.FLOAT, [columns]) is None:

@@ -15,6 +15,7 @@
 // Each (row, head) is computed on its own, in a fixed order, so a row's result does not depend
 // on the other rows of the batch.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cmath>
 #include <cstdlib>
@@ -448,6 +449,7 @@ void row_quantize_one(void* data, size_t index) {
 constexpr int64_t kPanel = 64;     // columns per packed panel: 4 registers of 16 int32 sums
 constexpr int kRowBlock = 6;       // rows per register block: 24 sums + 4 weights + 1 row
 constexpr int64_t kTaskRows = 96;  // rows per task on the session's threads
+constexpr int64_t kMaxDepth = 65536;  // K: 255 x 127 x K (and 128 x 127 x K) fit in int32
 
 struct Packed {
   const void* source = nullptr;  // the weight buffer it was packed from (or is, packed)
@@ -608,10 +610,15 @@ void qmatmul_task(void* data, size_t index) {
 #endif
 }
 
-// Whether to register QMatMul: a CPU with AVX-512 VNNI, unless ATTNSERVE_KERNELS_QMATMUL=0.
+// Whether to register QMatMul: a CPU with AVX-512 VNNI, unless ATTNSERVE_KERNELS_QMATMUL is
+// 0, false, no or off.
 bool use_qmatmul() {
   const char* switch_value = std::getenv("ATTNSERVE_KERNELS_QMATMUL");
-  if (switch_value != nullptr && std::string(switch_value) == "0") return false;
+  if (switch_value != nullptr) {
+    std::string value(switch_value);
+    for (char& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (value == "0" || value == "false" || value == "no" || value == "off") return false;
+  }
 #if ATTNSERVE_AVX512
   return cpu_has_vnni();
 #else
@@ -818,12 +825,16 @@ void run_row_quantize(const ort_abi::Fns& api, OrtKernelContext* context) {
 }
 
 // The node's weight packed (once, and again if its buffer moves): a (K, N) weight into the
-// kernel's own copy, a packed one where it is.
+// kernel's own copy, a packed one where it is. The weight must be a constant (an initializer,
+// as the graph rewrite makes it): the copy and the column sums are kept by buffer address.
 std::shared_ptr<const Packed> packed_weight(const Kernel& kernel, const Tensor& w) {
   std::lock_guard<std::mutex> lock(kernel.mutex);
   const bool packed = w.dims.size() == 4;
   const int64_t k = packed ? 4 * w.dims[1] : w.dims[0];
   const int64_t n = packed ? kPanel * w.dims[0] : w.dims[1];
+  if (k > kMaxDepth) {
+    throw Failure{ORT_INVALID_ARGUMENT, "QMatMul's int32 sums hold K up to 65536"};
+  }
   const std::shared_ptr<const Packed>& have = kernel.packed;
   if (!have || have->source != w.raw || have->k != k || have->n != n) {
     auto fresh = std::make_shared<Packed>();
@@ -856,6 +867,9 @@ void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias
                          : "QMatMul wants x (..., K) and a (K, N) weight"};
   }
   const int64_t n = packed ? kPanel * w.dims[0] : w.dims[1];
+  if (k > kMaxDepth) {
+    throw Failure{ORT_INVALID_ARGUMENT, "QMatMul's int32 sums hold K up to 65536"};
+  }
   const int64_t rows = a.count() / std::max<int64_t>(k, 1);
   if (a_scale.count() != rows || w_scale.count() != n) {
     throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants a scale per row of x and per column of w"};

@@ -578,7 +578,9 @@ def qmatmul_node_graph(k: int, n: int) -> bytes:
 
 
 @needs_library
-def test_qmatmul_packs_a_weight_again_when_its_buffer_changes() -> None:
+def test_qmatmul_packs_a_weight_again_at_another_address() -> None:
+    """The kernel keeps its packed copy by the weight's address (weights are constants in the
+    exported graphs); a weight at another address is packed again."""
     model = qmatmul_node_graph(20, 33)
     ours, stock = session(model, True), session(model, False)
     rng = np.random.default_rng(5)
@@ -673,3 +675,32 @@ def test_weights_beside_the_graph_are_packed_and_saved_once(
         )
         for a, b in zip(got, stock, strict=True):
             np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
+
+
+def test_products_without_a_scale_per_row_or_with_a_shared_weight_keep_their_nodes() -> None:
+    """A MatMulIntegerToFloat whose activation scale is one value for the tensor stays (the
+    kernel wants one per row); a weight that two products read stays (K, N) for both."""
+    from attnserve.export.quantize import quantize_rows
+
+    model = onnx.load_from_string(products_graph(8, 64, 2, False))
+    for node in model.graph.node:
+        if node.op_type == "MatMulIntegerToFloat":
+            node.input[2] = "one_scale"
+    model.graph.initializer.append(helper.make_tensor("one_scale", TensorProto.FLOAT, [], [0.5]))
+    assert kernels.use_qmatmul_kernel(model) == 0
+    rng = np.random.default_rng(2)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y1"]),
+            helper.make_node("MatMul", ["x", "w"], ["y2"]),
+        ],
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", 8])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["m", 64]) for y in ("y1", "y2")],
+        [onnx.numpy_helper.from_array(rng.standard_normal((8, 64), np.float32), "w")],
+    )
+    shared = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    quantize_rows(shared)
+    assert kernels.use_qmatmul_kernel(shared) == 2
+    assert [n.op_type for n in shared.graph.node][-2:] == ["QMatMul", "QMatMul"]
+    assert {len(i.dims) for i in shared.graph.initializer if i.data_type == TensorProto.INT8} == {2}
