@@ -881,9 +881,6 @@ std::shared_ptr<const Packed> packed_weight(const Kernel& kernel, const Tensor& 
   const bool packed = w.dims.size() == 4;
   const int64_t k = packed ? 4 * w.dims[1] : w.dims[0];
   const int64_t n = packed ? kPanel * w.dims[0] : w.dims[1];
-  if (k > kMaxDepth) {
-    throw Failure{ORT_INVALID_ARGUMENT, "QMatMul's int32 sums hold K up to 65536"};
-  }
   const std::shared_ptr<const Packed>& have = kernel.packed;
   if (!have || have->source != w.raw || have->k != k || have->n != n) {
     auto fresh = std::make_shared<Packed>();
