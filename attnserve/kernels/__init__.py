@@ -316,28 +316,12 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     (Abs, ReduceMax over the last axis, Div, QuantizeLinear by 1/127 around 128; see
     attnserve.export.quantize) becomes one RowQuantize node, bit for bit the same values.
     Returns how many were rewritten."""
-    import onnx
-    from onnx import numpy_helper
-
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
-
-    def small_constant(name: str) -> np.ndarray | None:
-        tensor = initializers.get(name)
-        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
-            return None  # weights beside the graph are never the step, zero point or axes
-        return numpy_helper.to_array(tensor)
-
     producers, readers = _wiring(graph)
 
     def constant(name: str, value: float, dtype: str) -> bool:
-        array = small_constant(name)
-        return (
-            array is not None
-            and array.size == 1
-            and str(array.dtype) == dtype
-            and (float(array.reshape(())) == value)
-        )
+        return _is_scalar(initializers, name, value, dtype)
 
     dropped: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
@@ -356,7 +340,7 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
         if reduce is None or not _is(reduce, "ReduceMax") or len(reduce.input) != 2:
             continue
         keep = {a.name: a.i for a in reduce.attribute}
-        axes = small_constant(reduce.input[1])
+        axes = _small_constant(initializers, reduce.input[1])
         if keep.get("keepdims", 1) != 1 or axes is None or axes.tolist() != [-1]:
             continue
         magnitude = producers.get(reduce.input[0])
@@ -370,10 +354,7 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     if not replaced:
         return 0
     _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
-    # the quantization's step, zero point and axes, when nothing else reads them
-    _, still_read = _wiring(graph)
-    for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
-        graph.initializer.remove(tensor)
+    _drop_unread(graph, readers)  # the quantization's step, zero point and axes
     _declare(model)
     return len(replaced)
 
@@ -405,13 +386,6 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
             return None
         return tensor if dims is None or list(tensor.dims) == dims else None
 
-    def zero_point(name: str) -> bool:
-        tensor = shaped(name, onnx.TensorProto.UINT8)
-        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
-            return False
-        value = numpy_helper.to_array(tensor)
-        return value.size == 1 and int(value.reshape(())) == ROW_ZERO_POINT
-
     def packable(weight: onnx.TensorProto) -> bool:
         k, n = weight.dims
         return (
@@ -428,7 +402,9 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
     for node in graph.node:
         if node.op_type != "MatMulIntegerToFloat" or node.domain != MS_DOMAIN:
             continue
-        if len(node.input) != 5 or node.attribute or not zero_point(node.input[4]):
+        if len(node.input) != 5 or node.attribute:
+            continue
+        if not _is_scalar(initializers, node.input[4], ROW_ZERO_POINT, "uint8"):
             continue
         q, w, scale, w_scale, _ = node.input
         weight = shaped(w, onnx.TensorProto.INT8)
@@ -469,11 +445,42 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
         return 0
     _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
     graph.initializer.extend(packed.values())
-    _, still_read = _wiring(graph)  # the zero point and the packed weights' (K, N) copies
-    for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
-        graph.initializer.remove(tensor)
+    _drop_unread(graph, readers)  # the zero point and the packed weights' (K, N) copies
     _declare(model)
     return len(replaced)
+
+
+def _small_constant(initializers: dict[str, onnx.TensorProto], name: str) -> np.ndarray | None:
+    """The value of initializer `name` stored in the graph, or None (not an initializer, or
+    weights beside the graph: never a step, zero point or axes)."""
+    import onnx
+    from onnx import numpy_helper
+
+    tensor = initializers.get(name)
+    if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    return numpy_helper.to_array(tensor)
+
+
+def _is_scalar(
+    initializers: dict[str, onnx.TensorProto], name: str, value: float, dtype: str
+) -> bool:
+    """Whether initializer `name` is the one value `value` of numpy dtype `dtype`."""
+    array = _small_constant(initializers, name)
+    return (
+        array is not None
+        and array.size == 1
+        and str(array.dtype) == dtype
+        and float(array.reshape(())) == value
+    )
+
+
+def _drop_unread(graph: onnx.GraphProto, readers: dict[str, int]) -> None:
+    """Remove the initializers that were read (`readers`, from before a rewrite) and no longer
+    are."""
+    _, still_read = _wiring(graph)
+    for tensor in [i for i in graph.initializer if i.name in readers and i.name not in still_read]:
+        graph.initializer.remove(tensor)
 
 
 def _is(node: onnx.NodeProto, op: str) -> bool:

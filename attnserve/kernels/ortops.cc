@@ -442,10 +442,11 @@ void row_quantize_one(void* data, size_t index) {
 // y = (float(x_q @ w - 128 * colsum(w)) * w_scale) * x_scale (+ bias): what the per-row int8
 // export writes as MatMulIntegerToFloat (the activation scale a (..., 1) tensor, applied after
 // the GEMM's per-column scale) and the bias Add, in that arithmetic order, so the floats are
-// the stock nodes' floats. The weight is packed once per node (the first run, and again only
-// if its buffer moves) into panels of 64 columns, each 4 consecutive k of a column adjacent as
-// AVX-512 VNNI's vpdpbusd reads them; 128 x colsum is kept beside it. Each row's integer sums
-// are exact and its epilogue is its own, so a row's result never depends on the other rows.
+// the stock nodes' floats. The kernel reads the weight in panels of 64 columns, each 4
+// consecutive k of a column adjacent as AVX-512 VNNI's vpdpbusd reads them: stored so by the
+// export (PackedQMatMul), or packed into a copy at the node's first run (QMatMul; again only if
+// its buffer moves); 128 x colsum is kept beside it. Each row's integer sums are exact and its
+// epilogue is its own, so a row's result never depends on the other rows.
 constexpr int64_t kPanel = 64;     // columns per packed panel: 4 registers of 16 int32 sums
 constexpr int kRowBlock = 6;       // rows per register block: 24 sums + 4 weights + 1 row
 constexpr int64_t kTaskRows = 96;  // rows per task on the session's threads
