@@ -110,6 +110,14 @@ def _usable(names: list[str], provider: str) -> list[str]:
     return kept
 
 
+def _onnx_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ONNX backends' load options: provider, and IO binding where the flag sets it."""
+    options: dict[str, Any] = {"provider": args.provider}
+    if getattr(args, "io_binding", None) is not None:
+        options["io_binding"] = args.io_binding
+    return options
+
+
 def _has_cuda(provider: str) -> bool:
     import onnxruntime as ort
 
@@ -140,7 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 name,
                 str(peer_dirs.get(name, model_dir)),
                 args.threads,
-                {} if name in PEERS or name == "torch" else {"provider": args.provider},
+                {} if name in PEERS or name == "torch" else _onnx_options(args),
             )
             for name in names
         ]

@@ -42,6 +42,12 @@ def _add_bench(sub: Any) -> None:
         f"and peers {', '.join(PEERS)} (skipped when not installed)",
     )
     p.add_argument("--provider", choices=list(PROVIDERS), default="auto", help="ORT")
+    p.add_argument(
+        "--io-binding",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ONNX backends: keep the cache on the device with IO binding (default: on CUDA)",
+    )
     p.add_argument("--beam-sizes", default="1,4")
     p.add_argument("--batch-sizes", default="1,32")
     p.add_argument("--sentences", type=int, default=64)

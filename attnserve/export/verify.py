@@ -319,11 +319,13 @@ def random_prompts(config: DecoderConfig, n: int = 8, seed: int = 0) -> list[lis
 def lm_parity(
     reference: Reference, config: DecoderConfig, directory: Path, variant: str
 ) -> dict[str, Any]:
-    """Parity figures of a language model's graphs in `directory` (CPU provider)."""
+    """Parity figures of a language model's graphs in `directory`: on the CPU provider, fp16 on
+    the CUDA provider where there is one (as for the encoder-decoder's variants)."""
     from attnserve.engine.onnx.lm_backend import open_lm_backend
 
     try:
-        candidate = open_lm_backend(config, directory, provider="cpu")
+        provider = "auto" if variant == "fp16" else "cpu"
+        candidate = open_lm_backend(config, directory, provider=provider)
         report = compare(candidate, reference)
     except Exception as exc:
         if variant in ("fp32", "int8", "int4"):

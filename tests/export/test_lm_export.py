@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -286,3 +287,34 @@ def test_rows_of_finished_requests_are_taken_over(exported: tuple[DecoderOnly, P
             np.testing.assert_allclose(more[row], full[0, -1].numpy(), atol=1e-4)
     with pytest.raises(ValueError, match="rows"):
         backend.replace(widened, np.array([0, 1]), late)
+
+
+def test_fp16_exports_verifies_and_decodes_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp16 (the CUDA provider's variant): float16 cache, float32 logits; its parity is measured
+    on the CUDA provider where there is one ("auto"), fp32's always on the CPU."""
+    import onnx
+
+    import attnserve.engine.onnx.lm_backend as lm_backend
+
+    seen: list[str] = []
+    real = lm_backend.open_lm_backend
+
+    def spy(config: DecoderConfig, directory: Path, **kwargs: str) -> Any:
+        seen.append(kwargs["provider"])
+        return real(config, directory, provider="cpu")
+
+    monkeypatch.setattr(lm_backend, "open_lm_backend", spy)
+    model = tiny()
+    written = export_lm_variants(model, tmp_path / "onnx", ("fp32", "fp16"), attention="plain")
+    assert seen == ["cpu", "auto"]
+    step = onnx.load(str(written["fp16"] / "step.onnx"), load_external_data=False)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*step.graph.input, *step.graph.output]}
+    assert types["logits"] == onnx.TensorProto.FLOAT
+    assert onnx.TensorProto.FLOAT16 in types.values()
+    parity = json.loads((written["fp16"] / "manifest.json").read_text())["parity"]
+    assert parity["top1_agreement"] >= 0.9 and parity["max_abs_log_prob_diff"] < 0.1
+    backend = real(model.config, written["fp16"], provider="cpu")
+    results = Generator(backend, IdTokenizer()).generate(PROMPTS, DecodingOptions(max_new_tokens=4))
+    assert all(1 <= len(r.completions[0].token_ids) <= 4 for r in results)

@@ -7,6 +7,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -185,6 +186,27 @@ def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path)
     log_probs, state = backend.step(np.array([config.start_id]), state)
     assert log_probs.dtype == np.float32 and np.isfinite(log_probs).all()
     assert state.past[0].dtype == np.float16
+
+
+def test_parity_runs_fp32_on_the_cpu_and_fp16_on_cuda(
+    tiny_onnx_import: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp32 parity is measured on the CPU provider even where CUDA is available (ORT's CUDA
+    provider runs fp32 MatMuls in TF32: 1e-2 log-prob differences on an H200, which the fp32
+    gate rejects); fp16's on the CUDA provider when there is one ("auto")."""
+    import attnserve.export.verify as verify
+
+    seen: list[tuple[str, str]] = []
+    real = verify.measure_parity
+
+    def spy(reference: Any, config: Any, directory: Path, variant: str, provider: str) -> Any:
+        seen.append((variant, provider))
+        return real(reference, config, directory, variant, "cpu")
+
+    monkeypatch.setattr(verify, "measure_parity", spy)
+    model, _ = load_model_dir(tiny_onnx_import)
+    export_variants(model, tmp_path / "onnx", ["fp32", "fp16"], verify=True)
+    assert seen == [("fp32", "cpu"), ("fp16", "auto")]
 
 
 @pytest.mark.gpu
