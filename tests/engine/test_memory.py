@@ -5,12 +5,21 @@ from __future__ import annotations
 import asyncio
 import ctypes.util
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from attnserve.engine.engine_loop import EngineLoop
-from attnserve.engine.memory import MemoryTrimmer
+from attnserve.engine.memory import (
+    HUGE_PAGE,
+    HUGE_PAGES_SWITCH,
+    MemoryTrimmer,
+    anonymous_mappings,
+    collapse,
+    new_parts,
+    weights_on_huge_pages,
+)
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scheduler import Request, Scheduler
 from tests.engine.fakes import TableBackend
@@ -98,3 +107,86 @@ def test_the_engine_loop_trims_after_steps() -> None:
         loop.stop(timeout=5)
     assert trimmer.calls >= 3  # once after every step
     assert trimmer.forced == 1  # and once when the engine went idle
+
+
+def test_new_parts_subtracts_what_was_mapped_before() -> None:
+    before = [(0, 10), (20, 30), (50, 60)]
+    after = [(0, 15), (18, 32), (40, 45), (50, 60)]
+    assert new_parts(before, after) == [(10, 15), (18, 20), (30, 32), (40, 45)]
+    assert new_parts([], [(1, 2)]) == [(1, 2)]
+    assert new_parts([(0, 100)], [(10, 20)]) == []
+
+
+def test_anonymous_mappings_are_private_read_write_and_not_files(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/python3\n"
+        "00651000-00652000 rw-p 00051000 08:02 173521 /usr/bin/python3\n"
+        "00e03000-01e24000 rw-p 00000000 00:00 0 [heap]\n"
+        "7f0000000000-7f0000800000 rw-p 00000000 00:00 0\n"
+        "7f0000800000-7f0000a00000 rw-s 00000000 00:01 7 /dev/zero (deleted)\n"
+        "7f0000a00000-7f0000c00000 r--p 00000000 00:00 0\n"
+        "7ffc0000000-7ffc0021000 rw-p 00000000 00:00 0 [stack]\n"
+    )
+    assert anonymous_mappings(str(maps)) == [
+        (0x00E03000, 0x01E24000),
+        (0x7F0000000000, 0x7F0000800000),
+    ]
+    assert anonymous_mappings(str(tmp_path / "missing")) == []
+
+
+def _anon_huge_kb(address: int) -> int | None:
+    """AnonHugePages of the mapping holding `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc only")
+def test_weights_on_huge_pages_collapses_what_the_block_mapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory mapped (and written, as ONNX Runtime writes a session's weights) inside the block
+    is on 2 MB pages after it, with its contents; memory mapped before is left alone; the switch
+    turns it off."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = 8 * HUGE_PAGE
+
+    def weights(flags: int = 0) -> tuple[int, np.ndarray]:
+        # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS (|NORESERVE: Linux merges adjacent mappings
+        # with equal flags into one, and smaps counts huge pages per mapping)
+        address = libc.mmap(None, size, 3, 0x22 | flags, -1, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value)
+        view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+        view[:] = np.arange(size, dtype=np.uint64).astype(np.uint8)
+        return address, view
+
+    probe, _ = weights()
+    try:
+        if collapse([(probe, probe + size)]) == 0:
+            pytest.skip("this kernel does not collapse pages (MADV_COLLAPSE: Linux 6.1+, THP on)")
+    finally:
+        libc.munmap(probe, size)
+    before, _ = weights(0x4000)
+    with weights_on_huge_pages():
+        inside, view = weights()
+    monkeypatch.setenv(HUGE_PAGES_SWITCH, "0")
+    with weights_on_huge_pages():
+        switched_off, _ = weights(0x4000)
+    try:
+        assert (_anon_huge_kb(inside) or 0) >= 4 * HUGE_PAGE // 1024
+        assert np.array_equal(view, np.arange(size, dtype=np.uint64).astype(np.uint8))
+        assert _anon_huge_kb(before) == 0
+        assert _anon_huge_kb(switched_off) == 0
+    finally:
+        for address in (before, inside, switched_off):
+            libc.munmap(address, size)

@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from attnserve.defaults import PROVIDERS
 from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
+from attnserve.engine.memory import weights_on_huge_pages
 from attnserve.engine.onnx.layout import (
     CANDIDATES,
     DECODER_INPUTS,
@@ -154,12 +155,13 @@ def open_session(
 ) -> ort.InferenceSession:
     """An InferenceSession, or OnnxModelError naming the file when it is corrupt or mismatched."""
     try:
-        session = ort.InferenceSession(
-            str(path),
-            options,
-            providers=list(providers),
-            disabled_optimizers=list(disabled_optimizers) or None,
-        )
+        with weights_on_huge_pages():
+            session = ort.InferenceSession(
+                str(path),
+                options,
+                providers=list(providers),
+                disabled_optimizers=list(disabled_optimizers) or None,
+            )
     except Exception as exc:  # onnxruntime raises its own pybind types (InvalidProtobuf, Fail...)
         raise OnnxModelError(f"{path} is not a loadable ONNX model: {exc}") from exc
     have_in = {i.name for i in session.get_inputs()}
