@@ -19,9 +19,11 @@ every weight once per token, faster than the CPU's prefetchers can follow across
 (they stop at each page's edge, and each new page costs a TLB walk). Transparent huge pages are
 usually enabled only for memory that asks (`madvise`), and ONNX Runtime does not ask for its
 initializers. `weights_on_huge_pages()` wraps a session's creation: afterwards it asks Linux
-(MADV_COLLAPSE, 6.1+) to back the anonymous memory the session mapped with 2 MB pages, in place.
-SmolLM2 int8, one thread: 111 -> 125 tokens/s (docs/BENCHMARKS.md). `ATTNSERVE_HUGE_PAGES=0`
-turns it off; elsewhere (other systems, older kernels, THP "never") it does nothing.
+(MADV_COLLAPSE, 6.1+) to back the anonymous memory the session mapped with huge pages, in place,
+one huge page at a time and only where that page's memory is already resident (so it costs no
+memory). SmolLM2 int8, one thread: 111 -> 128 tokens/s (docs/BENCHMARKS.md). It is best effort:
+`ATTNSERVE_HUGE_PAGES=0` turns it off, and so does the system's transparent huge pages setting
+"never"; elsewhere (other systems, kernels before 6.1) the calls fail and nothing changes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +84,35 @@ class MemoryTrimmer:
 
 
 HUGE_PAGES_SWITCH = "ATTNSERVE_HUGE_PAGES"
-HUGE_PAGE = 2 << 20  # x86-64's and arm64's (4 KB granule) PMD size
+THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
 _MADV_COLLAPSE = 25  # linux/mman.h, 6.1+
+_MIN_RESIDENT = 0.9  # of a huge page's small pages, for it to be collapsed
 Span = tuple[int, int]  # [start, end) of a mapping
+
+
+def huge_page_size(sysfs: Path = THP_SYSFS) -> int:
+    """The transparent huge page size (2 MB on x86-64; arm64's depends on its base page)."""
+    try:
+        return int((sysfs / "hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+def huge_pages_allowed(sysfs: Path = THP_SYSFS) -> bool:
+    """False when the switch or the system's setting ("never") says no."""
+    if os.environ.get(HUGE_PAGES_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        return "[never]" not in (sysfs / "enabled").read_text()
+    except OSError:
+        return True  # no sysfs: the madvise calls answer
 
 
 def anonymous_mappings(maps: str = "/proc/self/maps") -> list[Span]:
     """This process's private anonymous read-write mappings, in address order (Linux; else [])."""
     spans = []
     try:
-        with open(maps, encoding="ascii") as lines:
+        with open(maps, encoding="ascii", errors="replace") as lines:  # paths are raw bytes
             for line in lines:
                 fields = line.split()
                 if len(fields) < 5 or fields[1][:2] != "rw" or fields[1][3:4] != "p":
@@ -99,60 +121,78 @@ def anonymous_mappings(maps: str = "/proc/self/maps") -> list[Span]:
                     continue
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 spans.append((start, end))
-    except OSError:
+    except (OSError, ValueError):
         return []
     return spans
 
 
 def new_parts(before: list[Span], after: list[Span]) -> list[Span]:
-    """The parts of `after`'s spans that no span of `before` covered (both in address order)."""
+    """The parts of `after`'s spans that no span of `before` covered (both sorted, disjoint)."""
     parts = []
+    i = 0
     for start, end in after:
-        at = start
-        for lo, hi in before:
-            if hi <= at or lo >= end:
-                continue
+        while i < len(before) and before[i][1] <= start:
+            i += 1
+        at, j = start, i
+        while j < len(before) and before[j][0] < end:
+            lo, hi = before[j]
             if lo > at:
                 parts.append((at, lo))
             at = max(at, hi)
+            j += 1
         if at < end:
             parts.append((at, end))
     return parts
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
-    try:
+class _Libc:
+    """madvise and mincore through ctypes (None where there is no C library to load)."""
+
+    def __init__(self) -> None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        madvise = libc.madvise
+        self.madvise = libc.madvise
+        self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.madvise.restype = ctypes.c_int
+        self.mincore = libc.mincore
+        self.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        self.mincore.restype = ctypes.c_int
+
+
+def collapse(spans: list[Span], size: int | None = None) -> int:
+    """Ask Linux to back the whole huge pages of `spans` whose memory is resident (>= 90 %) with
+    huge pages, one at a time (a page it refuses does not stop the others); the bytes it did."""
+    try:
+        libc = _Libc()
     except (OSError, AttributeError):
-        return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
-
-
-def collapse(spans: list[Span]) -> int:
-    """Ask Linux to back each span's whole 2 MB pages with huge pages; the bytes it did."""
-    madvise = _madvise()
-    done = 0
-    if madvise is None:
         return 0
+    size = size or huge_page_size()
+    small = os.sysconf("SC_PAGE_SIZE")
+    resident = ctypes.create_string_buffer(size // small)
+    done = 0
     for lo, hi in spans:
-        start = (lo + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
-        end = hi // HUGE_PAGE * HUGE_PAGE
-        if end > start and madvise(start, end - start, _MADV_COLLAPSE) == 0:
-            done += end - start
+        for page in range((lo + size - 1) // size * size, hi // size * size, size):
+            if libc.mincore(page, size, resident) != 0:
+                continue
+            if sum(b & 1 for b in resident.raw) < _MIN_RESIDENT * len(resident.raw):
+                continue  # mostly untouched: collapsing would make all of it resident
+            if libc.madvise(page, size, _MADV_COLLAPSE) == 0:
+                done += size
     return done
 
 
 @contextlib.contextmanager
-def weights_on_huge_pages() -> Iterator[None]:
-    """Back the anonymous memory that the block maps (a session's weights) with huge pages."""
-    if os.environ.get(HUGE_PAGES_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        yield
-        return
-    before = anonymous_mappings()
+def weights_on_huge_pages(enabled: bool = True) -> Iterator[None]:
+    """Back the resident anonymous memory that the block maps (a session's weights) with huge
+    pages. Best effort: whatever fails leaves the memory as it was."""
+    before: list[Span] = []
+    if enabled and huge_pages_allowed():
+        before = anonymous_mappings()
     yield
-    if before:
+    if not before:
+        return
+    try:
         done = collapse(new_parts(before, anonymous_mappings()))
-        log.debug("%.0f MB of new mappings on huge pages", done / 1e6)
+    except Exception as exc:  # never fail a model's load for a speed-up
+        log.debug("huge pages: %s", exc)
+        return
+    log.debug("%.0f MB of new mappings on huge pages", done / 1e6)

@@ -185,3 +185,16 @@ def test_in_process_runner_rss_is_the_process_peak(
     )
     assert runner.timed_decode(BenchConfig(1, 5, 3))[0] == 15
     assert runner.peak_rss_mb() > 0
+
+
+def test_io_binding_flag_reaches_the_onnx_backends_only_when_given() -> None:
+    from attnserve.bench.runner import _onnx_options
+    from attnserve.cli import build_parser
+
+    parser = build_parser()
+    default = parser.parse_args(["bench", "--preset", "tiny", "--provider", "cuda"])
+    assert _onnx_options(default) == {"provider": "cuda"}  # the backend's default: on for CUDA
+    off = parser.parse_args(["bench", "--preset", "tiny", "--no-io-binding"])
+    assert _onnx_options(off) == {"provider": "auto", "io_binding": False}
+    on = parser.parse_args(["bench", "--preset", "tiny", "--io-binding", "--provider", "cpu"])
+    assert _onnx_options(on) == {"provider": "cpu", "io_binding": True}

@@ -155,7 +155,8 @@ def open_session(
 ) -> ort.InferenceSession:
     """An InferenceSession, or OnnxModelError naming the file when it is corrupt or mismatched."""
     try:
-        with weights_on_huge_pages():
+        # Weights the CPU reads from memory; on a GPU provider they live on the device.
+        with weights_on_huge_pages(enabled=list(providers)[:1] == [CPU]):
             session = ort.InferenceSession(
                 str(path),
                 options,
