@@ -250,7 +250,13 @@ def export_variants(
     `sentences` (token ids; default: random sources), stores it in each manifest, and raises
     ParityError when fp32 misses its bounds or int8 its gate.
     """
-    from attnserve.export.verify import check_fp32, check_int8, measure_parity, torch_reference
+    from attnserve.export.verify import (
+        check_fp32,
+        check_int8,
+        measure_parity,
+        parity_provider,
+        torch_reference,
+    )
 
     unknown = [v for v in variants if v not in ENCODER_DECODER_VARIANTS]
     if unknown or not variants:
@@ -300,10 +306,7 @@ def export_variants(
             parity: dict[str, Any] = {}
             write_manifest(out, variant, opset, options, parity)  # the backend reads the options
             if reference is not None:
-                # fp32 must equal torch, which the CPU provider checks: ORT's CUDA provider runs
-                # fp32 MatMuls in TF32 (1e-2 log-prob differences on an H200). int8 is the CPU's
-                # variant; fp16 is the CUDA provider's, measured there when there is one.
-                provider = "auto" if variant == "fp16" else "cpu"
+                provider = parity_provider(variant)
                 parity = measure_parity(reference, model.config, out, variant, provider)
                 parity["sources"] = "parity.tsv sentences" if sentences else "random token ids"
                 log.info("%s parity: %s", variant, json.dumps(parity))
