@@ -57,7 +57,7 @@ def _load_lm_backend(
     if kind == "onnx":
         from attnserve.engine.onnx.lm_backend import OnnxLMBackend
 
-        options = {k: v for k, v in kwargs.items() if k in ("provider", "spinning")}
+        options = {k: v for k, v in kwargs.items() if k in ("provider", "io_binding", "spinning")}
         chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT
         return OnnxLMBackend.from_dir(
             model_dir, chosen, threads=threads, stop_ids=stop_ids, **options

@@ -36,10 +36,11 @@ class NoText:
         return ""
 
 
-@pytest.fixture(scope="module", params=["torch", "onnx-gqa"])
+@pytest.fixture(scope="module", params=["torch", "onnx-gqa", "onnx-plain-io-binding"])
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The torch backend, and the ONNX backend of the GroupQueryAttention graph (its prompt
-    chunks go a row at a time once a row has a past)."""
+    """The torch backend, the ONNX backend of the GroupQueryAttention graph (its prompt chunks
+    go a row at a time once a row has a past), and the plain graph with its cache bound as
+    OrtValues (IO binding, CUDA's path, here on the CPU provider)."""
     config = DecoderConfig.preset("tiny", max_positions=256, eos_ids=(2,), head_dim=16)
     torch.manual_seed(0)
     model = DecoderOnly(config).eval()
@@ -50,9 +51,13 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
     if request.param == "torch":
         return TorchLMBackend(model)
-    root = tmp_path_factory.mktemp("gqa-lm") / "onnx"
-    export_lm_variants(model, root, ("fp32",), attention="gqa")
-    return open_lm_backend(config, root / "fp32", provider="cpu")
+    if request.param == "onnx-gqa":
+        root = tmp_path_factory.mktemp("gqa-lm") / "onnx"
+        export_lm_variants(model, root, ("fp32",), attention="gqa")
+        return open_lm_backend(config, root / "fp32", provider="cpu")
+    root = tmp_path_factory.mktemp("plain-lm") / "onnx"
+    export_lm_variants(model, root, ("fp32",), attention="plain")
+    return open_lm_backend(config, root / "fp32", provider="cpu", io_binding=True)
 
 
 def prompt(length: int, seed: int) -> list[int]:

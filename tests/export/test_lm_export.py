@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from attnserve.engine.generator import Generator
+from attnserve.engine.onnx.layout import read_manifest
 from attnserve.engine.onnx.lm_backend import open_lm_backend
 from attnserve.engine.onnx.lm_gqa import OnnxGqaLMBackend
+from attnserve.engine.onnx.rowops import DeviceRowOps
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.export.errors import ParityError
@@ -318,3 +320,30 @@ def test_fp16_exports_verifies_and_decodes_on_the_cpu(
     backend = real(model.config, written["fp16"], provider="cpu")
     results = Generator(backend, IdTokenizer()).generate(PROMPTS, DecodingOptions(max_new_tokens=4))
     assert all(1 <= len(r.completions[0].token_ids) <= 4 for r in results)
+
+
+def test_io_binding_decodes_as_host_buffers(exported: tuple[DecoderOnly, Path]) -> None:
+    """The cache as OrtValues (IO binding: CUDA's path, here on the CPU provider), appended,
+    reordered and selected by DeviceRowOps, gives the host buffers' tokens and scores, prompts
+    prefilled in chunks included."""
+    model, root = exported
+    if read_manifest(root / "fp32")["options"].get("attention") == "gqa":
+        pytest.skip("GroupQueryAttention binds its own host buffers")
+    host = open_lm_backend(model.config, root / "fp32", provider="cpu", prefill_chunk=4)
+    bound = open_lm_backend(
+        model.config, root / "fp32", provider="cpu", prefill_chunk=4, io_binding=True
+    )
+    assert bound.io_binding and isinstance(bound.rows, DeviceRowOps)
+    assert not host.io_binding
+    for options in [
+        DecodingOptions(max_new_tokens=8),
+        DecodingOptions(max_new_tokens=8, beam_size=4, num_hypotheses=2),
+        DecodingOptions(max_new_tokens=8, sampling=True, num_samples=3, seed=6),
+    ]:
+        want = Generator(host, IdTokenizer()).generate(PROMPTS, options)
+        got = Generator(bound, IdTokenizer()).generate(PROMPTS, options)
+        for a, b in zip(want, got, strict=True):
+            assert [c.token_ids for c in a.completions] == [c.token_ids for c in b.completions]
+            np.testing.assert_allclose(
+                [c.score for c in a.completions], [c.score for c in b.completions], atol=1e-5
+            )

@@ -6,6 +6,10 @@ in buffers with spare columns: the graph returns only the K/V of its new tokens,
 `HostRowOps.append` writes after the columns in use, in place when there is room. Prompts longer
 than `prefill_chunk` tokens are prefilled in chunks, so one call's activations stay bounded.
 Rows move (beams, requests joining and leaving) as in the encoder-decoder backend.
+
+With IO binding (the default on CUDA) the cache is OrtValues on the device, exactly `length`
+columns wide, appended to, selected and concatenated there by `DeviceRowOps` as the
+encoder-decoder's is; only ids, masks and the logits cross to the host.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from attnserve.engine.backend import FloatArray, IntArray, ModelSpec, left_padded
 from attnserve.engine.onnx.backend import (
     CPU,
+    CUDA,
     SLOW_CPU_FUSIONS,
     choose_providers,
     open_session,
@@ -39,7 +44,14 @@ from attnserve.engine.onnx.layout import (
     require_graph,
     variant_dir,
 )
-from attnserve.engine.onnx.rowops import Columns, HostRowOps, Tensor, first_used_column
+from attnserve.engine.onnx.rowops import (
+    Columns,
+    DeviceRowOps,
+    HostRowOps,
+    Tensor,
+    first_used_column,
+    width_of,
+)
 from attnserve.engine.torch_lm import lm_spec
 from attnserve.kernels import register as register_kernels
 from attnserve.model.decoder_checkpoint import read_decoder_config
@@ -74,8 +86,8 @@ class LMState:
 
 
 class OnnxLMBackend:
-    """step.onnx of one exported variant of a language model (CPU provider): prompt chunks and
-    decoding steps run the same graph."""
+    """step.onnx of one exported variant of a language model: prompt chunks and decoding steps
+    run the same graph (the cache in host buffers, or on the device with IO binding)."""
 
     def __init__(
         self,
@@ -89,6 +101,7 @@ class OnnxLMBackend:
         stop_ids: Sequence[int] = (),
         prefill_chunk: int = PREFILL_CHUNK,
         kernels: bool = True,
+        io_binding: bool | None = None,
     ) -> None:
         directory = Path(directory)
         self._spec = lm_spec(config, stop_ids)
@@ -119,8 +132,21 @@ class OnnxLMBackend:
         self.provider = self.session.get_providers()[0]
         kind = next(i.type for i in self.session.get_inputs() if i.name == self._past[0])
         self.kv_dtype = np.dtype(np.float16) if kind == "tensor(float16)" else np.dtype(np.float32)
-        self.rows = HostRowOps(LM_SPARE, BufferPool(room=LM_ROOM, rows=LM_ROWS, keep=LM_KEEP))
-        log.info("onnx %s language model on %s (threads %s)", self.variant, self.provider, threads)
+        on_cuda = self.provider == CUDA
+        self.device = ("cuda", 0) if on_cuda else ("cpu", 0)
+        self.io_binding = on_cuda if io_binding is None else io_binding
+        self.rows: HostRowOps | DeviceRowOps = (
+            DeviceRowOps(self.kv_dtype, providers, options, self.device)
+            if self.io_binding
+            else HostRowOps(LM_SPARE, BufferPool(room=LM_ROOM, rows=LM_ROWS, keep=LM_KEEP))
+        )
+        log.info(
+            "onnx %s language model on %s (threads %s, io binding %s)",
+            self.variant,
+            self.provider,
+            threads,
+            self.io_binding,
+        )
 
     attention = LM_PLAIN
 
@@ -145,6 +171,18 @@ class OnnxLMBackend:
             "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
             "past_mask": state.past_mask,
         }
+        if self.io_binding:
+            binding = session.io_binding()
+            for name, array in feeds.items():
+                binding.bind_cpu_input(name, array)
+            for name, value in zip(self._past, state.past, strict=True):
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_output(LOGITS, "cpu")
+            for name in self._new:
+                binding.bind_output(name, *self.device)
+            session.run_with_iobinding(binding)
+            out = binding.get_outputs()
+            return np.asarray(out[0].numpy(), dtype=np.float32), list(out[1:])
         feeds.update(zip(self._past, state.past, strict=True))
         out = session.run([LOGITS, *self._new], feeds)
         return np.asarray(out[0], dtype=np.float32), list(out[1:])
@@ -153,7 +191,7 @@ class OnnxLMBackend:
         """`state` with the new tokens' K/V (B, Hkv, T, D) appended, `mask` (B, T) their mask."""
         t, width = state.length, mask.shape[1]
         past, columns = self.rows.append(state.past, new, t, state.columns)
-        past_mask = np.zeros((mask.shape[0], past[0].shape[2]), dtype=np.int64)
+        past_mask = np.zeros((mask.shape[0], width_of(past[0])), dtype=np.int64)
         past_mask[:, :t] = state.past_mask[:, :t]
         past_mask[:, t : t + width] = mask
         return LMState(past, past_mask, t + width, columns)
@@ -162,7 +200,7 @@ class OnnxLMBackend:
         """A state of `rows` rows with nothing cached (all columns spare)."""
         heads, dim = self._kv_shape
         past = [self.rows.empty((rows, heads, 0, dim), self.kv_dtype) for _ in self._past]
-        past_mask = np.zeros((rows, past[0].shape[2]), dtype=np.int64)
+        past_mask = np.zeros((rows, width_of(past[0])), dtype=np.int64)
         return LMState(past, past_mask, 0, Columns(0))
 
     def extend(self, state: LMState, ids: IntArray, mask: IntArray) -> tuple[FloatArray, LMState]:
@@ -188,11 +226,15 @@ class OnnxLMBackend:
         """`select` for a caller that gives `state` up, as many rows as before: only rows whose
         source row differs are rewritten, in place."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        t, width = state.length, state.past[0].shape[2]
+        t, width = state.length, width_of(state.past[0])
         if rows.shape[0] != state.past_mask.shape[0]:
             return self.select(state, rows)
         mask = state.past_mask[rows]
-        if t >= width or first_used_column(mask[:, :t]) >= max(self.rows.spare, t // 4):
+        if (
+            isinstance(self.rows, DeviceRowOps)  # no spare columns: a device copy is cheap
+            or t >= width
+            or first_used_column(mask[:, :t]) >= max(self.rows.spare, t // 4)
+        ):
             return self.select(state, rows)  # grow, or trim the padding nobody uses
         return LMState(self.rows.reorder(state.past, rows, t), mask, t, state.columns)
 
@@ -204,8 +246,8 @@ class OnnxLMBackend:
         if start == 0 and t < mask.shape[1]:
             return LMState(self.rows.take_rows(state.past, rows), mask, t, Columns(t))
         width = t - start + 1 + self.rows.spare
-        past = self.rows.resize(state.past, rows, start, t, width)
-        past_mask = np.zeros((rows.shape[0], width), dtype=np.int64)
+        past = self.rows.resize(state.past, rows, start, t, width)  # the device's: t - start
+        past_mask = np.zeros((rows.shape[0], width_of(past[0])), dtype=np.int64)
         past_mask[:, : t - start] = mask[:, start:t]
         return LMState(past, past_mask, t - start, Columns(t - start))
 

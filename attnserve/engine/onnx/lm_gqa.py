@@ -31,7 +31,7 @@ import numpy as np
 from attnserve.engine.backend import FloatArray, IntArray
 from attnserve.engine.onnx.layout import LM_GQA, LM_GQA_INPUTS, LOGITS, lm_present_names
 from attnserve.engine.onnx.lm_backend import OnnxLMBackend
-from attnserve.engine.onnx.rowops import Tensor
+from attnserve.engine.onnx.rowops import HostRowOps, Tensor
 from attnserve.model.decoder_config import DecoderConfig
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,10 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         # would copy the whole cache to the device and back at every step.
         if provider == "cuda":
             log.warning("the GroupQueryAttention language model runs on the CPU provider")
-        super().__init__(config, directory, provider="cpu", **kwargs)
+        kwargs.pop("io_binding", None)  # its own binding of host buffers
+        super().__init__(config, directory, provider="cpu", io_binding=False, **kwargs)
+        assert isinstance(self.rows, HostRowOps)
+        self.host: HostRowOps = self.rows
         # The last call's binding and the (address, shape) of each cache buffer it binds: a
         # decoding step whose buffers did not move rebinds only its ids, lengths and logits
         # (binding 2L buffers through the Python API costs ~1.2 ms, 8 % of a step at one row).
@@ -94,13 +97,13 @@ class OnnxGqaLMBackend(OnnxLMBackend):
 
     def _buffers(self, rows: int, width: int) -> list[Tensor]:
         heads, dim = self._kv_shape
-        return self.rows.pool.get_many((rows, heads, width, dim), self.kv_dtype, len(self._past))
+        return self.host.pool.get_many((rows, heads, width, dim), self.kv_dtype, len(self._past))
 
     def _room(self, columns: int) -> int:
         """The width of new buffers for `columns` columns: a quarter more, at least spare,
         capped at the context (a row never holds more) but never below `columns` (the
         scheduler's rows stay within the context, so no caller asks for more)."""
-        grown = columns + max(self.rows.spare, columns // GROWTH)
+        grown = columns + max(self.host.spare, columns // GROWTH)
         return min(grown, max(columns, self.spec.max_positions))
 
     def _writable(self, state: GqaState, width: int) -> GqaState:
@@ -142,7 +145,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
     # -- Backend -----------------------------------------------------------------------------
 
     def empty(self, rows: int) -> GqaState:  # type: ignore[override]
-        past = self._buffers(rows, self.rows.spare)
+        past = self._buffers(rows, self.host.spare)
         return GqaState(past, np.zeros(rows, dtype=np.int64), _Owner(), 0)
 
     def step(self, tokens: IntArray, state: GqaState) -> tuple[FloatArray, GqaState]:  # type: ignore[override]
@@ -199,7 +202,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if rows.shape[0] != state.lengths.shape[0] or state.version != state.owner.version:
             return self.select(state, rows)
-        past = self.rows.reorder(state.past, rows, state.longest)
+        past = self.host.reorder(state.past, rows, state.longest)
         return self._written(
             GqaState(past, state.lengths, state.owner, state.version), state.lengths[rows]
         )
@@ -209,7 +212,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         lengths = state.lengths[rows]
         longest = int(lengths.max(initial=0))
         if longest < state.width <= self._room(longest):  # whole rows, one copy each
-            return GqaState(self.rows.take_rows(state.past, rows), lengths, _Owner(), 0)
+            return GqaState(self.host.take_rows(state.past, rows), lengths, _Owner(), 0)
         past = self._buffers(rows.shape[0], self._room(longest))  # trimmed to its rows
         for old, new in zip(state.past, past, strict=True):
             for i, row in enumerate(rows.tolist()):  # no gathered temporary of the cache
@@ -239,11 +242,11 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         if (
             state.version != state.owner.version
             or new.longest >= state.width
-            or not self.rows.room(state.past, rows)
+            or not self.host.room(state.past, rows)
         ):
             return None
         used = new.longest
-        past = self.rows.extend(state.past, rows, [t[:, :, :used] for t in new.past])
+        past = self.host.extend(state.past, rows, [t[:, :, :used] for t in new.past])
         joined = GqaState(past, state.lengths, state.owner, state.version)
         return self._written(joined, np.concatenate([state.lengths, new.lengths]))
 

@@ -202,6 +202,12 @@ def _rows(value: Any) -> int:
     return int(shape[0])
 
 
+def width_of(value: Any) -> int:
+    """Columns (axis 2) of a cache tensor: a numpy array or an OrtValue."""
+    shape = value.shape if isinstance(value, np.ndarray) else value.shape()
+    return int(shape[2])
+
+
 def time_pads(left: int, right: int) -> IntArray:
     """ONNX Pad amounts for (B, H, T, D): `left` columns before and `right` after on axis 2."""
     return np.array([0, 0, left, 0, 0, 0, right, 0], dtype=np.int64)
@@ -299,11 +305,13 @@ class DeviceRowOps:
     def append(
         self, tensors: Sequence[Any], new: Sequence[Any], length: int, columns: Columns
     ) -> tuple[list[Any], Columns]:
-        """concat(tensors[j], new[j]) on axis 2, on the device."""
+        """concat(tensors[j], new[j]) on axis 2, on the device (new: one column a decoding step,
+        a prompt chunk's columns a prefill)."""
         n = len(tensors)
         device = {f"x{j}": t for j, t in enumerate(tensors)}
         device.update({f"c{j}": c for j, c in enumerate(new)})
-        return self._run(self._session("append", 1, n), {}, device, n), Columns(length + 1)
+        grown = self._run(self._session("append", 1, n), {}, device, n)
+        return grown, Columns(length + width_of(new[0]))
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """A zero-filled OrtValue on the device (the zero-length past of a new row)."""
