@@ -347,3 +347,20 @@ def test_io_binding_decodes_as_host_buffers(exported: tuple[DecoderOnly, Path]) 
             np.testing.assert_allclose(
                 [c.score for c in a.completions], [c.score for c in b.completions], atol=1e-5
             )
+
+
+@pytest.mark.gpu
+def test_fp16_on_cuda_keeps_the_cache_on_the_device(tmp_path: Path) -> None:
+    """On the CUDA provider: fp16 parity measured there, the cache bound on the device by
+    default, and the same greedy tokens as with host buffers."""
+    model = tiny()
+    written = export_lm_variants(model, tmp_path / "onnx", ("fp32", "fp16"), attention="plain")
+    parity = json.loads((written["fp16"] / "manifest.json").read_text())["parity"]
+    assert parity["provider"] == "CUDAExecutionProvider" and parity["top1_agreement"] >= 0.9
+    bound = open_lm_backend(model.config, written["fp16"], provider="cuda")
+    host = open_lm_backend(model.config, written["fp16"], provider="cuda", io_binding=False)
+    assert bound.io_binding and bound.device[0] == "cuda" and not host.io_binding
+    options = DecodingOptions(max_new_tokens=8)
+    want = Generator(host, IdTokenizer()).generate(PROMPTS, options)
+    got = Generator(bound, IdTokenizer()).generate(PROMPTS, options)
+    assert [r.completions[0].token_ids for r in got] == [r.completions[0].token_ids for r in want]

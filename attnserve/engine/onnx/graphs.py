@@ -57,7 +57,8 @@ def concat_graph(k: int, n: int, elem_type: int) -> onnx.ModelProto:
 
 
 def append_graph(n: int, elem_type: int) -> onnx.ModelProto:
-    """x{j} (B, H, T, D), c{j} (B, H, 1, D) -> y{j} = concat(x{j}, c{j}) on axis 2"""
+    """x{j} (B, H, T, D), c{j} (B, H, T', D) -> y{j} = concat(x{j}, c{j}) on axis 2 (T' = 1 a
+    decoding step, a prompt chunk's length a language model's prefill)"""
     nodes, inputs, outputs = [], [], []
     for j in range(n):
         inputs += [_tensor(f"x{j}", elem_type, 4), _tensor(f"c{j}", elem_type, 4)]

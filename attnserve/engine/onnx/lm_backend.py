@@ -140,6 +140,9 @@ class OnnxLMBackend:
             if self.io_binding
             else HostRowOps(LM_SPARE, BufferPool(room=LM_ROOM, rows=LM_ROWS, keep=LM_KEEP))
         )
+        # The scheduler's prompt groups (RunningBatch.encode): one call a group on CUDA, where a
+        # call's launches cost more than padding (and each group count builds a concat session).
+        self.encode_call_tokens = 1024 if on_cuda else 16
         log.info(
             "onnx %s language model on %s (threads %s, io binding %s)",
             self.variant,

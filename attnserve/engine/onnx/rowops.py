@@ -2,7 +2,8 @@
 
 The self-attention cache of every layer is a `(B, H, T, D)` tensor whose first `length` columns
 are in use (left-padded, as `KVCache`); the decoder graph returns only the new column of every
-step (`new.{i}.self.*`, `(B, H, 1, D)`), which `append` writes after them. Cross-attention K/V
+step (`new.{i}.self.*`, `(B, H, 1, D)`; a language model's prompt chunk: its T columns), which
+`append` writes after them. Cross-attention K/V
 are `(N, H, S, D)` per encoded source; `slot_index` tells the graph which rows share a source.
 
 * `HostRowOps` (numpy, the CPU path): cache tensors keep `SPARE` free columns, so appending

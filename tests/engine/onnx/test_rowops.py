@@ -191,3 +191,28 @@ def test_reorder_in_place_equals_a_gather_for_chains_and_cycles() -> None:
         for t, b in zip(tensors, before, strict=True):
             np.testing.assert_array_equal(t[:, :, :4], b[rows, :, :4])
             np.testing.assert_array_equal(t[:, :, 4:], b[:, :, 4:])
+
+
+def test_device_append_takes_a_chunk_of_columns() -> None:
+    """DeviceRowOps (the IO binding path, here on the CPU provider): appending a prompt chunk's
+    T columns gives the concatenation, and the written count moves by T."""
+    import onnxruntime as ort
+
+    from attnserve.engine.onnx.rowops import DeviceRowOps, width_of
+
+    ops = DeviceRowOps(
+        np.dtype(np.float16), ["CPUExecutionProvider"], ort.SessionOptions(), ("cpu", 0)
+    )
+    rng = np.random.default_rng(0)
+    past = [rng.standard_normal((2, 3, 4, 5)).astype(np.float16) for _ in range(2)]
+    new = [rng.standard_normal((2, 3, 6, 5)).astype(np.float16) for _ in range(2)]
+    values = [ort.OrtValue.ortvalue_from_numpy(x) for x in past]
+    chunk = [ort.OrtValue.ortvalue_from_numpy(x) for x in new]
+    grown, columns = ops.append(values, chunk, 4, Columns(4))
+    assert columns.written == 10 and width_of(grown[0]) == 10
+    for y, x, c in zip(grown, past, new, strict=True):
+        np.testing.assert_array_equal(y.numpy(), np.concatenate([x, c], axis=2))
+    empty = ops.empty((2, 3, 0, 5), np.dtype(np.float16))
+    grown, columns = ops.append([empty, empty], chunk, 0, Columns(0))
+    assert columns.written == 6
+    np.testing.assert_array_equal(grown[1].numpy(), new[1])
