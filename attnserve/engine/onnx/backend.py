@@ -48,7 +48,9 @@ from attnserve.engine.onnx.rowops import (
     HostRowOps,
     Tensor,
     first_used_column,
+    run_bound,
     slot_index,
+    width_of,
 )
 from attnserve.kernels import VERSION as KERNELS
 from attnserve.kernels import register as register_kernels
@@ -298,19 +300,7 @@ class OnnxBackend:
         """Run a session; with IO binding, outputs stay on the device except log_probs."""
         if not self.io_binding:
             return list(session.run(list(outputs), {**host, **tensors}))
-        binding = session.io_binding()
-        for name, array in host.items():
-            binding.bind_cpu_input(name, array)
-        for name, value in tensors.items():
-            binding.bind_ortvalue_input(name, value)
-        for name in outputs:
-            if name in HOST_OUTPUTS:
-                binding.bind_output(name, "cpu")
-            else:
-                binding.bind_output(name, *self.device)
-        session.run_with_iobinding(binding)
-        values = binding.get_outputs()
-        return [v.numpy() if n in HOST_OUTPUTS else v for n, v in zip(outputs, values, strict=True)]
+        return run_bound(session, host, tensors, outputs, self.device, HOST_OUTPUTS)
 
     def _join_in_place(
         self, state: OnnxState, new: OnnxState, rows: HostRowOps
@@ -335,11 +325,6 @@ class OnnxBackend:
             state.columns,
         )
 
-    def _width(self, tensor: Tensor) -> int:
-        """Columns of a cache tensor (numpy: .shape; OrtValue: .shape())."""
-        shape = tensor.shape if isinstance(tensor, np.ndarray) else tensor.shape()
-        return int(shape[2])
-
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> OnnxState:
         ids = np.ascontiguousarray(src_ids, dtype=np.int64)  # (N, S)
         lengths = np.asarray(src_lengths, dtype=np.int64)
@@ -348,7 +333,7 @@ class OnnxBackend:
         rows = ids.shape[0]
         empty = (rows, self._head_shape[0], 0, self._head_shape[1])  # (B, H, 0, D)
         past = [self.rows.empty(empty, self.kv_dtype) for _ in self._past]
-        past_mask = np.zeros((rows, self._width(past[0])), dtype=np.int64)
+        past_mask = np.zeros((rows, width_of(past[0])), dtype=np.int64)
         row_source = np.arange(rows, dtype=np.int64)
         return OnnxState.build(mask, cross, row_source, past, past_mask, 0, Columns(0))
 
@@ -392,7 +377,7 @@ class OnnxBackend:
         n = len(outputs)
         t = state.length
         past, columns = self.rows.append(state.past, out[n:], t, state.columns)
-        width = self._width(past[0])
+        width = width_of(past[0])
         past_mask = np.zeros((len(tokens), width), dtype=np.int64)  # (B, W')
         past_mask[:, :t] = state.past_mask[:, :t]
         past_mask[:, t] = 1
@@ -427,7 +412,7 @@ class OnnxBackend:
         many rows as before, and on the host path only the rows whose source row differs are
         rewritten, in place (a beam step moves a few beams, not the whole cache)."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        t, width = state.length, self._width(state.past[0])
+        t, width = state.length, width_of(state.past[0])
         if not isinstance(self.rows, HostRowOps) or rows.shape[0] != state.row_source.shape[0]:
             return self.select(state, rows)
         mask = state.past_mask[rows]
@@ -449,7 +434,7 @@ class OnnxBackend:
             return OnnxState.build(src_mask, cross, row_source, past, mask, t, Columns(t))
         width = t - start + 1 + self.rows.spare
         past = self.rows.resize(state.past, rows, start, t, width)
-        past_mask = np.zeros((rows.shape[0], self._width(past[0])), dtype=np.int64)
+        past_mask = np.zeros((rows.shape[0], width_of(past[0])), dtype=np.int64)
         past_mask[:, : t - start] = mask[:, start:t]
         return OnnxState.build(
             src_mask, cross, row_source, past, past_mask, t - start, Columns(t - start)

@@ -50,6 +50,7 @@ from attnserve.engine.onnx.rowops import (
     HostRowOps,
     Tensor,
     first_used_column,
+    run_bound,
     width_of,
 )
 from attnserve.engine.torch_lm import lm_spec
@@ -174,20 +175,12 @@ class OnnxLMBackend:
             "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
             "past_mask": state.past_mask,
         }
+        cache = dict(zip(self._past, state.past, strict=True))
+        outputs = [LOGITS, *self._new]
         if self.io_binding:
-            binding = session.io_binding()
-            for name, array in feeds.items():
-                binding.bind_cpu_input(name, array)
-            for name, value in zip(self._past, state.past, strict=True):
-                binding.bind_ortvalue_input(name, value)
-            binding.bind_output(LOGITS, "cpu")
-            for name in self._new:
-                binding.bind_output(name, *self.device)
-            session.run_with_iobinding(binding)
-            out = binding.get_outputs()
-            return np.asarray(out[0].numpy(), dtype=np.float32), list(out[1:])
-        feeds.update(zip(self._past, state.past, strict=True))
-        out = session.run([LOGITS, *self._new], feeds)
+            out = run_bound(session, feeds, cache, outputs, self.device, (LOGITS,))
+        else:
+            out = session.run(outputs, {**feeds, **cache})
         return np.asarray(out[0], dtype=np.float32), list(out[1:])
 
     def _grow(self, state: LMState, new: list[Tensor], mask: IntArray) -> LMState:

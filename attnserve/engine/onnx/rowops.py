@@ -18,7 +18,7 @@ are `(N, H, S, D)` per encoded source; `slot_index` tells the graph which rows s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,16 +197,43 @@ class HostRowOps:
         return np.zeros((b, h, self.spare, d), dtype=dtype)
 
 
+def _shape(value: Any) -> tuple[int, ...]:
+    """The shape of a numpy array (.shape) or an OrtValue (.shape())."""
+    return tuple(value.shape if isinstance(value, np.ndarray) else value.shape())
+
+
 def _rows(value: Any) -> int:
-    """Rows of a numpy array or an OrtValue."""
-    shape = value.shape if isinstance(value, np.ndarray) else value.shape()
-    return int(shape[0])
+    return int(_shape(value)[0])
 
 
 def width_of(value: Any) -> int:
     """Columns (axis 2) of a cache tensor: a numpy array or an OrtValue."""
-    shape = value.shape if isinstance(value, np.ndarray) else value.shape()
-    return int(shape[2])
+    return int(_shape(value)[2])
+
+
+def run_bound(
+    session: ort.InferenceSession,
+    host: dict[str, IntArray],
+    device: dict[str, Any],
+    outputs: Sequence[str],
+    place: tuple[str, int],
+    on_host: Collection[str] = (),
+) -> list[Any]:
+    """Run a session with IO binding: numpy inputs from the host, OrtValue inputs where they
+    are; outputs stay on the device `place` as OrtValues, except `on_host` ones (numpy)."""
+    binding = session.io_binding()
+    for name, array in host.items():
+        binding.bind_cpu_input(name, array)
+    for name, value in device.items():
+        binding.bind_ortvalue_input(name, value)
+    for name in outputs:
+        if name in on_host:
+            binding.bind_output(name, "cpu")
+        else:
+            binding.bind_output(name, *place)
+    session.run_with_iobinding(binding)
+    values = binding.get_outputs()
+    return [v.numpy() if n in on_host else v for n, v in zip(outputs, values, strict=True)]
 
 
 def time_pads(left: int, right: int) -> IntArray:
@@ -257,15 +284,8 @@ class DeviceRowOps:
         device: dict[str, Any],
         n: int,
     ) -> list[Any]:
-        binding = session.io_binding()
-        for name, array in host.items():
-            binding.bind_cpu_input(name, array)
-        for name, value in device.items():
-            binding.bind_ortvalue_input(name, value)
-        for j in range(n):
-            binding.bind_output(f"y{j}", self.device_type, self.device_id)
-        session.run_with_iobinding(binding)
-        return list(binding.get_outputs())
+        outputs = [f"y{j}" for j in range(n)]
+        return run_bound(session, host, device, outputs, (self.device_type, self.device_id))
 
     def select(self, tensors: Sequence[Any], rows: IntArray, start: int) -> list[Any]:
         """tensors[j][rows][:, :, start:] for every j, on the device."""
