@@ -69,6 +69,13 @@ def register(sub: Any) -> None:
         help="int8 activation scales: one per row (default; a request's output does not depend "
         "on its batch) or one per tensor (ONNX Runtime's quantize_dynamic)",
     )
+    p.add_argument(
+        "--int8-cache",
+        choices=["float16", "float32"],
+        default="float16",
+        help="int8: the dtype of the KV cache and cross K/V (default float16: half the bytes a "
+        "decoding step reads)",
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("package", help="write a training run's best weights as a model directory")
@@ -113,6 +120,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 if args.quantize_output_projection is None
                 else not args.quantize_output_projection,
                 int8_scales=args.int8_scales,
+                int8_cache=args.int8_cache,
             )
     except ParityError as exc:
         sys.stderr.write(f"attnserve: {exc}\n")

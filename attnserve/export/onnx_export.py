@@ -9,8 +9,9 @@ position is computed as ``sum([past_mask, 1]) - 1`` so no reduction runs over an
 Attention gets a custom translation (`attention`) that ORT fuses better than torchlib's.
 
 Graph layout and names: `attnserve.engine.onnx.layout`. Variants (`attnserve.export.variants`):
-``fp32`` as exported; ``int8`` dynamic quantization after ORT's basic graph optimizations;
-``fp16`` for the CUDA provider.
+``fp32`` as exported; ``int8`` dynamic quantization after ORT's basic graph optimizations, its
+KV cache and cross K/V stored in float16 (`variants.store_cache_half`); ``fp16`` for the CUDA
+provider.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from attnserve.engine.onnx.layout import (
     ENCODER_NAME,
     KERNEL_NODES,
     KERNELS_VERSION,
+    KV_CACHE,
     LOG_PROBS,
     MANIFEST_NAME,
     ONNX_DIR,
@@ -49,6 +51,7 @@ from attnserve.engine.onnx.layout import (
 )
 from attnserve.export import variants as build
 from attnserve.export.decoder_step import DecoderStepGraph
+from attnserve.export.variants import INT8_CACHE, INT8_CACHES
 from attnserve.model.transformer import EncoderDecoder
 
 log = logging.getLogger(__name__)
@@ -242,6 +245,7 @@ def export_variants(
     verify: bool = True,
     int8_float_output: bool | None = None,
     int8_scales: str = "row",
+    int8_cache: str = INT8_CACHE,
     sentences: list[list[int]] | None = None,
 ) -> dict[str, Path]:
     """Export `variants` of `model` into onnx_root/<variant>/; returns the variant directories.
@@ -264,7 +268,10 @@ def export_variants(
             f"variants {unknown} are not exported for encoder-decoder models; "
             f"choose from {', '.join(ENCODER_DECODER_VARIANTS)}"
         )
+    if int8_cache not in INT8_CACHES:
+        raise ValueError(f"unknown int8 cache {int8_cache!r}; choose from {', '.join(INT8_CACHES)}")
     root = Path(onnx_root)
+    n_layers = model.config.decoder_layers
     written: dict[str, Path] = {}
     reference = torch_reference(model, sentences) if verify else None
     with tempfile.TemporaryDirectory(prefix="attnserve-export-") as tmp:
@@ -295,6 +302,15 @@ def export_variants(
             else:
                 options = build.convert_fp16(fp32_dir, out)
             build.add_candidates(out / DECODER_NAME)
+            if variant == "int8" and int8_cache == "float16":
+                build.store_cache_half(out / ENCODER_NAME, (), cross_names(n_layers))
+                build.store_cache_half(
+                    out / DECODER_NAME,
+                    [*past_names(n_layers), *cross_names(n_layers)],
+                    new_names(n_layers),
+                )
+            if variant == "int8":
+                options[KV_CACHE] = int8_cache
             if variant != "fp16":  # the kernels are the CPU provider's; fp16 is for CUDA
                 options[KERNEL_NODES] = build.use_kernels(
                     out / ENCODER_NAME, decoder=False
@@ -338,6 +354,7 @@ def export_model(
     verify: bool = True,
     int8_float_output: bool | None = None,
     int8_scales: str = "row",
+    int8_cache: str = INT8_CACHE,
 ) -> dict[str, Path]:
     """Export a model directory to MODEL_DIR/onnx/<variant>/{encoder,decoder}.onnx + manifest."""
     from attnserve.export.verify import sentence_sources
@@ -352,5 +369,6 @@ def export_model(
         verify=verify,
         int8_float_output=int8_float_output,
         int8_scales=int8_scales,
+        int8_cache=int8_cache,
         sentences=sentence_sources(Path(model_dir)) if verify else None,
     )

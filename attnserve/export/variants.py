@@ -302,6 +302,73 @@ def use_kernels(path: Path, *, decoder: bool = True) -> int:
     return rewritten
 
 
+# The int8 variant's KV cache and cross K/V (export --int8-cache): float16 by default. A decoding
+# step reads every cached key and value once, and at beam 4 x 32 rows the cache, not the
+# weights, is most of the bytes a step reads; beam search's reorder copies are halved too.
+# Measured in docs/BENCHMARKS.md ("The int8 cache in half precision").
+INT8_CACHES = ("float16", "float32")
+INT8_CACHE = "float16"
+
+
+def store_cache_half(path: Path, inputs: Sequence[str], outputs: Sequence[str]) -> int:
+    """Make the graph at `path` keep its KV cache in float16: the float inputs `inputs` become
+    float16 (widened to float as the graph reads them: the attention kernels read the halves
+    directly, `use_attention_kernels`), the float outputs `outputs` are rounded to float16, and
+    the graph's own readers of an output read it rounded too, so a key or value is the same
+    number in the step that computes it and in every later step that reads it from the cache.
+    Returns how many inputs and outputs changed (0: the graph is unchanged)."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    half, full = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    wanted_in = {i.name for i in graph.input if i.name in inputs and _elem(i) == full}
+    wanted_out = {o.name for o in graph.output if o.name in outputs and _elem(o) == full}
+    if not wanted_in and not wanted_out:
+        return 0
+    renamed: dict[str, str] = {}  # what the graph's nodes read instead
+    first: list[onnx.NodeProto] = []
+    after: dict[str, list[onnx.NodeProto]] = {}  # nodes to place after a value's producer
+    for name in sorted(wanted_in):
+        renamed[name] = f"{name}.float"
+        first.append(onnx.helper.make_node("Cast", [name], [f"{name}.float"], to=full))
+    for name in sorted(wanted_out):
+        renamed[name] = f"{name}.rounded"
+        after[name] = [
+            onnx.helper.make_node("Cast", [f"{name}.float"], [name], to=half),
+            onnx.helper.make_node("Cast", [name], [f"{name}.rounded"], to=full),
+        ]
+    nodes: list[onnx.NodeProto] = list(first)
+    for node in graph.node:
+        for i, value in enumerate(node.input):
+            if value in renamed:
+                node.input[i] = renamed[value]
+        placed = []
+        for i, value in enumerate(node.output):
+            if value in after:
+                node.output[i] = f"{value}.float"
+                placed += after[value]
+        nodes.append(node)
+        nodes.extend(placed)
+    for info in [*graph.input, *graph.output]:
+        if info.name in wanted_in or info.name in wanted_out:
+            info.type.tensor_type.elem_type = half
+    stale = wanted_in | wanted_out
+    kept_info = [v for v in graph.value_info if v.name not in stale]
+    del graph.value_info[:]
+    graph.value_info.extend(kept_info)
+    _set_graph_nodes(graph, nodes)
+    save_graph(model, path)
+    return len(wanted_in) + len(wanted_out)
+
+
+def _elem(info: onnx.ValueInfoProto) -> int:
+    return int(info.type.tensor_type.elem_type)
+
+
+def _set_graph_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def output_projection_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the MatMul/Gemm nodes nearest to `log_probs`, walking back through the graph."""
     producers = {out: node for node in model.graph.node for out in node.output}

@@ -12,6 +12,8 @@ and its bias Add), on AVX-512 VNNI, the weights packed as the kernel reads them:
 
     ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> q @ k^T      (B, H, M, N)
     ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> p @ v        (B, H, M, D)
+    ai.attnserve.AttnScoresHalf / AttnMixHalf: the same with k / v float16, widened to float
+        exactly as they are read (a KV cache stored in half precision: half the bytes a step)
     ai.attnserve.LogSoftmaxTopK(logits (B, V), k (1,), full (1,))
         -> log_probs (B, V) or (B, 0), top values (B, k), top ids (B, k)
     ai.attnserve.RowQuantize(x (..., K)) -> uint8 (..., K), max|x| (..., 1)
@@ -60,9 +62,11 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 6  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 7  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
+SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision
+MIX_HALF = "AttnMixHalf"  # v float16
 VOCAB = "LogSoftmaxTopK"
 ROW_QUANTIZE = "RowQuantize"
 QMATMUL = "QMatMul"
@@ -106,6 +110,29 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         [helper.make_node("MatMul", ["p", "v"], ["mixed"])],
         opset,
         doc_string="p @ v over rank-4 (B, H, M, N) and (B, H, N, D)",
+    )
+    widen = helper.make_node("Cast", ["half"], ["wide"], to=TensorProto.FLOAT)
+    scores_half = helper.make_function(
+        DOMAIN,
+        SCORES_HALF,
+        ["q", "half"],
+        ["scores"],
+        [
+            widen,
+            helper.make_node("Transpose", ["wide"], ["k_t"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["q", "k_t"], ["scores"]),
+        ],
+        opset,
+        doc_string="q @ float(k)^T over rank-4 (B, H, M, D) float and (B, H, N, D) float16",
+    )
+    mix_half = helper.make_function(
+        DOMAIN,
+        MIX_HALF,
+        ["p", "half"],
+        ["mixed"],
+        [widen, helper.make_node("MatMul", ["p", "wide"], ["mixed"])],
+        opset,
+        doc_string="p @ float(v) over rank-4 (B, H, M, N) float and (B, H, N, D) float16",
     )
     vocab = helper.make_function(
         DOMAIN,
@@ -199,6 +226,8 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
     return [
         scores,
         mix,
+        scores_half,
+        mix_half,
         vocab,
         row_quantize,
         qmatmul,
@@ -218,23 +247,28 @@ def pack_weight(w: np.ndarray) -> np.ndarray:
 def use_attention_kernels(model: onnx.ModelProto) -> int:
     """Rewrite `model` in place: every MatMul of two rank-4 activations becomes AttnScores (when
     its right operand is a Transpose swapping the last two axes: the Transpose is read through)
-    or AttnMix; the functions are added. Returns how many products were rewritten (0: the model
-    is unchanged)."""
+    or AttnMix; the functions are added. A right operand that is a float16 tensor Cast to float
+    (a half cache) is read through too, by AttnScoresHalf / AttnMixHalf. Returns how many
+    products were rewritten (0: the model is unchanged)."""
     import onnx
 
-    if any(n.domain == DOMAIN and n.op_type in (SCORES, MIX) for n in model.graph.node):
+    ours = (SCORES, MIX, SCORES_HALF, MIX_HALF)
+    if any(n.domain == DOMAIN and n.op_type in ours for n in model.graph.node):
         return 0  # rewritten already
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     ranks: dict[str, int] = {}
+    halves: set[str] = set()
     for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
         tensor = info.type.tensor_type
         if tensor.HasField("shape") and tensor.elem_type == onnx.TensorProto.FLOAT:
             ranks[info.name] = len(tensor.shape.dim)
+        if tensor.elem_type == onnx.TensorProto.FLOAT16:
+            halves.add(info.name)
     graph = model.graph
     constants = {i.name for i in graph.initializer}
-    producers, readers = _wiring(graph)
+    producers, _ = _wiring(graph)
     rewritten = 0
-    dropped: set[int] = set()
+    read_through: set[str] = set()  # outputs of Transposes and Casts read through
     for node in graph.node:
         if not _is(node, "MatMul"):
             continue
@@ -252,15 +286,28 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
             assert source is not None
             node.op_type, node.domain = SCORES, DOMAIN
             node.input[1] = source.input[0]
-            readers[b] -= 1
-            if readers[b] == 0:
-                dropped.add(id(source))
+            read_through.add(source.output[0])
         else:
             node.op_type, node.domain = MIX, DOMAIN
+        widened = producers.get(node.input[1])
+        if (
+            widened is not None
+            and _is(widened, "Cast")
+            and widened.input[0] in halves
+            and [a.i for a in widened.attribute if a.name == "to"] == [onnx.TensorProto.FLOAT]
+        ):
+            node.op_type = SCORES_HALF if node.op_type == SCORES else MIX_HALF
+            node.input[1] = widened.input[0]
+            read_through.add(widened.output[0])
         rewritten += 1
     if not rewritten:
         return 0
-    _set_nodes(graph, [node for node in graph.node if id(node) not in dropped])
+    # The Transposes and Casts read through, where nothing else reads them (Casts after the
+    # Transposes they fed).
+    for _ in range(2):
+        _, readers = _wiring(graph)
+        unread = {name for name in read_through if not readers.get(name)}
+        _set_nodes(graph, [n for n in graph.node if n.output[0] not in unread])
     _declare(model)
     return rewritten
 

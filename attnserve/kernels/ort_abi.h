@@ -30,6 +30,7 @@ enum OrtElementType {
   ORT_ELEMENT_UINT8 = 2,
   ORT_ELEMENT_INT8 = 3,
   ORT_ELEMENT_INT64 = 7,
+  ORT_ELEMENT_FLOAT16 = 10,
 };
 
 struct OrtApiBase {

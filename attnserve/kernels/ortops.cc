@@ -8,6 +8,7 @@
 //
 //   ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> (B, H, M, N) = q @ k^T
 //   ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> (B, H, M, D) = p @ v
+//   ai.attnserve.AttnScoresHalf / AttnMixHalf: the same with k / v float16 (a half cache)
 //   (and LogSoftmaxTopK, RowQuantize, QMatMul / QMatMulBias: see their sections below)
 //
 // The graph declares each as an ONNX function whose body is the stock Transpose + MatMul, so
@@ -41,20 +42,47 @@ namespace {
 constexpr const char* kDomain = "ai.attnserve";
 constexpr int kLanes = 16;  // floats in an AVX-512 register; the portable loops' partial sums
 
+// The keys and values are float32, or float16 (a cache stored in half precision: half the
+// bytes to read at every step). A half is widened to a float exactly before any arithmetic, so
+// a half cache's products are the float loops' products of the widened values.
+using Half = uint16_t;
+
+inline float widen(float x) { return x; }
+inline float widen(Half h) {  // IEEE binary16 -> binary32, exact (subnormals, inf, NaN)
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    int shift = 0;
+    while (!(mantissa & 0x400u)) mantissa <<= 1, ++shift;
+    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
 // Portable loops: q (M, D) against k (N, D) into out (M, N), each dot product kLanes partial
 // sums added pairwise; p (M, N) times v (N, D) into out (M, D), summed over n in order.
-void scores_portable(const float* q, const float* k, float* out, int64_t m_count,
+template <typename T>
+void scores_portable(const float* q, const void* keys, float* out, int64_t m_count,
                      int64_t n_count, int64_t depth) {
+  const T* k = static_cast<const T*>(keys);
   const int64_t whole = depth - depth % kLanes;
   for (int64_t m = 0; m < m_count; ++m) {
     const float* qm = q + m * depth;
     for (int64_t n = 0; n < n_count; ++n) {
-      const float* kn = k + n * depth;
+      const T* kn = k + n * depth;
       float acc[kLanes] = {0};
       for (int64_t d = 0; d < whole; d += kLanes) {
-        for (int l = 0; l < kLanes; ++l) acc[l] += qm[d + l] * kn[d + l];
+        for (int l = 0; l < kLanes; ++l) acc[l] += qm[d + l] * widen(kn[d + l]);
       }
-      for (int64_t d = whole; d < depth; ++d) acc[d - whole] += qm[d] * kn[d];
+      for (int64_t d = whole; d < depth; ++d) acc[d - whole] += qm[d] * widen(kn[d]);
       for (int width = kLanes / 2; width > 0; width /= 2) {
         for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
       }
@@ -63,16 +91,18 @@ void scores_portable(const float* q, const float* k, float* out, int64_t m_count
   }
 }
 
-void mix_portable(const float* p, const float* v, float* out, int64_t m_count, int64_t n_count,
-                  int64_t depth) {
+template <typename T>
+void mix_portable(const float* p, const void* values, float* out, int64_t m_count,
+                  int64_t n_count, int64_t depth) {
+  const T* v = static_cast<const T*>(values);
   for (int64_t m = 0; m < m_count; ++m) {
     float* om = out + m * depth;
     std::memset(om, 0, sizeof(float) * depth);
     const float* pm = p + m * n_count;
     for (int64_t n = 0; n < n_count; ++n) {
       const float weight = pm[n];
-      const float* vn = v + n * depth;
-      for (int64_t d = 0; d < depth; ++d) om[d] += weight * vn[d];
+      const T* vn = v + n * depth;
+      for (int64_t d = 0; d < depth; ++d) om[d] += weight * widen(vn[d]);
     }
   }
 }
@@ -82,10 +112,20 @@ void mix_portable(const float* p, const float* v, float* out, int64_t m_count, i
 // and the output row stay in registers.
 constexpr int64_t kMaxChunks = 16;
 
+// Sixteen keys' or values' elements as floats.
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* x) {
+  return _mm512_loadu_ps(x);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const Half* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+
 // q (M, D) against k (N, D): four keys at a time (independent chains of fused multiply-adds).
-__attribute__((target("avx512f"))) void scores_avx512(const float* q, const float* k,
+template <typename T>
+__attribute__((target("avx512f"))) void scores_avx512(const float* q, const void* keys,
                                                       float* out, int64_t m_count,
                                                       int64_t n_count, int64_t depth) {
+  const T* k = static_cast<const T*>(keys);
   const int64_t chunks = depth / kLanes;
   for (int64_t m = 0; m < m_count; ++m) {
     __m512 qm[kMaxChunks];
@@ -93,17 +133,17 @@ __attribute__((target("avx512f"))) void scores_avx512(const float* q, const floa
     float* om = out + m * n_count;
     int64_t n = 0;
     for (; n + 4 <= n_count; n += 4) {
-      const float* kn = k + n * depth;
-      __m512 a0 = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn));
-      __m512 a1 = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn + depth));
-      __m512 a2 = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn + 2 * depth));
-      __m512 a3 = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn + 3 * depth));
+      const T* kn = k + n * depth;
+      __m512 a0 = _mm512_mul_ps(qm[0], load16(kn));
+      __m512 a1 = _mm512_mul_ps(qm[0], load16(kn + depth));
+      __m512 a2 = _mm512_mul_ps(qm[0], load16(kn + 2 * depth));
+      __m512 a3 = _mm512_mul_ps(qm[0], load16(kn + 3 * depth));
       for (int64_t c = 1; c < chunks; ++c) {
         const int64_t o = c * kLanes;
-        a0 = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + o), a0);
-        a1 = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + depth + o), a1);
-        a2 = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + 2 * depth + o), a2);
-        a3 = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + 3 * depth + o), a3);
+        a0 = _mm512_fmadd_ps(qm[c], load16(kn + o), a0);
+        a1 = _mm512_fmadd_ps(qm[c], load16(kn + depth + o), a1);
+        a2 = _mm512_fmadd_ps(qm[c], load16(kn + 2 * depth + o), a2);
+        a3 = _mm512_fmadd_ps(qm[c], load16(kn + 3 * depth + o), a3);
       }
       om[n] = _mm512_reduce_add_ps(a0);
       om[n + 1] = _mm512_reduce_add_ps(a1);
@@ -111,10 +151,10 @@ __attribute__((target("avx512f"))) void scores_avx512(const float* q, const floa
       om[n + 3] = _mm512_reduce_add_ps(a3);
     }
     for (; n < n_count; ++n) {
-      const float* kn = k + n * depth;
-      __m512 a = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn));
+      const T* kn = k + n * depth;
+      __m512 a = _mm512_mul_ps(qm[0], load16(kn));
       for (int64_t c = 1; c < chunks; ++c) {
-        a = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + c * kLanes), a);
+        a = _mm512_fmadd_ps(qm[c], load16(kn + c * kLanes), a);
       }
       om[n] = _mm512_reduce_add_ps(a);
     }
@@ -122,9 +162,11 @@ __attribute__((target("avx512f"))) void scores_avx512(const float* q, const floa
 }
 
 // p (M, N) times v (N, D): the output row in registers, the value rows summed in order.
-__attribute__((target("avx512f"))) void mix_avx512(const float* p, const float* v, float* out,
-                                                   int64_t m_count, int64_t n_count,
-                                                   int64_t depth) {
+template <typename T>
+__attribute__((target("avx512f"))) void mix_avx512(const float* p, const void* values,
+                                                   float* out, int64_t m_count,
+                                                   int64_t n_count, int64_t depth) {
+  const T* v = static_cast<const T*>(values);
   const int64_t chunks = depth / kLanes;
   for (int64_t m = 0; m < m_count; ++m) {
     __m512 acc[kMaxChunks];
@@ -132,9 +174,9 @@ __attribute__((target("avx512f"))) void mix_avx512(const float* p, const float* 
     const float* pm = p + m * n_count;
     for (int64_t n = 0; n < n_count; ++n) {
       const __m512 weight = _mm512_set1_ps(pm[n]);
-      const float* vn = v + n * depth;
+      const T* vn = v + n * depth;
       for (int64_t c = 0; c < chunks; ++c) {
-        acc[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(vn + c * kLanes), acc[c]);
+        acc[c] = _mm512_fmadd_ps(weight, load16(vn + c * kLanes), acc[c]);
       }
     }
     for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + m * depth + c * kLanes, acc[c]);
@@ -143,7 +185,7 @@ __attribute__((target("avx512f"))) void mix_avx512(const float* p, const float* 
 
 #endif  // ATTNSERVE_AVX512
 
-using Block = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t);
+using Block = void (*)(const float*, const void*, float*, int64_t, int64_t, int64_t);
 
 // The loop for this CPU and head size, chosen once per kernel.
 #if ATTNSERVE_AVX512
@@ -156,13 +198,14 @@ bool cpu_has_avx512() {
 }
 #endif
 
+template <typename T>
 Block pick(bool scores, int64_t depth) {
 #if ATTNSERVE_AVX512
   if (cpu_has_avx512() && depth > 0 && depth % kLanes == 0 && depth / kLanes <= kMaxChunks) {
-    return scores ? scores_avx512 : mix_avx512;
+    return scores ? scores_avx512<T> : mix_avx512<T>;
   }
 #endif
-  return scores ? scores_portable : mix_portable;
+  return scores ? scores_portable<T> : mix_portable<T>;
 }
 
 // ---- The vocabulary: each row's log-softmax and its k best tokens, in two passes ----------
@@ -743,6 +786,8 @@ void check_pair(const Tensor& a, const Tensor& b, int inner_a, int inner_b, cons
 enum class Kind {
   kScores,
   kMix,
+  kScoresHalf,
+  kMixHalf,
   kVocab,
   kRowQuantize,
   kQMatMul,
@@ -769,16 +814,16 @@ struct Kernel {
 struct Job {
   Block block;
   const float* a;
-  const float* b;
+  const char* b;  // float or Half
   float* out;
-  int64_t a_size, b_size, out_size;  // one (row, head)'s elements in each
+  int64_t a_size, b_bytes, out_size;  // one (row, head)'s elements in a and out, bytes in b
   int64_t m, n, depth;
 };
 
 void run_one(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const int64_t i = static_cast<int64_t>(index);
-  job.block(job.a + i * job.a_size, job.b + i * job.b_size, job.out + i * job.out_size, job.m,
+  job.block(job.a + i * job.a_size, job.b + i * job.b_bytes, job.out + i * job.out_size, job.m,
             job.n, job.depth);
 }
 
@@ -958,22 +1003,25 @@ void run(const Kernel& kernel, OrtKernelContext* context) {
   if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
   const Tensor a = input(api, context, 0);
   const Tensor b = input(api, context, 1);
+  const bool half = kernel.kind == Kind::kScoresHalf || kernel.kind == Kind::kMixHalf;
+  const int64_t b_element = half ? sizeof(Half) : sizeof(float);
   Job job{};
-  if (kernel.kind == Kind::kScores) {
+  if (kernel.kind == Kind::kScores || kernel.kind == Kind::kScoresHalf) {
     check_pair(a, b, 3, 3, "AttnScores");  // q (B, H, M, D), k (B, H, N, D)
     job.m = a.dims[2], job.depth = a.dims[3], job.n = b.dims[2];
     job.out = static_cast<float*>(output(api, context, 0, {a.dims[0], a.dims[1], job.m, job.n}));
-    job.block = pick(true, job.depth);
-    job.a_size = job.m * job.depth, job.b_size = job.n * job.depth, job.out_size = job.m * job.n;
+    job.block = half ? pick<Half>(true, job.depth) : pick<float>(true, job.depth);
+    job.a_size = job.m * job.depth, job.out_size = job.m * job.n;
   } else {
     check_pair(a, b, 3, 2, "AttnMix");  // p (B, H, M, N), v (B, H, N, D)
     job.m = a.dims[2], job.n = a.dims[3], job.depth = b.dims[3];
     job.out =
         static_cast<float*>(output(api, context, 0, {a.dims[0], a.dims[1], job.m, job.depth}));
-    job.block = pick(false, job.depth);
-    job.a_size = job.m * job.n, job.b_size = job.n * job.depth, job.out_size = job.m * job.depth;
+    job.block = half ? pick<Half>(false, job.depth) : pick<float>(false, job.depth);
+    job.a_size = job.m * job.n, job.out_size = job.m * job.depth;
   }
-  job.a = a.data(), job.b = b.data();
+  job.b_bytes = job.n * job.depth * b_element;
+  job.a = a.data(), job.b = static_cast<const char*>(b.raw);
   const size_t rows = static_cast<size_t>(a.dims[0] * a.dims[1]);
   if (rows == 0) return;
   for_each_row(api, context, run_one, rows, &job);
@@ -985,6 +1033,8 @@ struct Op {
     switch (kind) {
       case Kind::kScores: return "AttnScores";
       case Kind::kMix: return "AttnMix";
+      case Kind::kScoresHalf: return "AttnScoresHalf";
+      case Kind::kMixHalf: return "AttnMixHalf";
       case Kind::kVocab: return "LogSoftmaxTopK";
       case Kind::kRowQuantize: return "RowQuantize";
       case Kind::kQMatMul: return "QMatMul";
@@ -1016,6 +1066,9 @@ struct Op {
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
     if (is_qmatmul(kind)) {
       return index == 0 ? ORT_ELEMENT_UINT8 : index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
+    }
+    if ((kind == Kind::kScoresHalf || kind == Kind::kMixHalf) && index == 1) {
+      return ORT_ELEMENT_FLOAT16;
     }
     return kind == Kind::kVocab && index > 0 ? ORT_ELEMENT_INT64 : ORT_ELEMENT_FLOAT;
   }
@@ -1073,6 +1126,8 @@ constexpr OrtCustomOp make_op() {
 
 const OrtCustomOp kScores = make_op<Kind::kScores>();
 const OrtCustomOp kMix = make_op<Kind::kMix>();
+const OrtCustomOp kScoresHalf = make_op<Kind::kScoresHalf>();
+const OrtCustomOp kMixHalf = make_op<Kind::kMixHalf>();
 const OrtCustomOp kVocab = make_op<Kind::kVocab>();
 const OrtCustomOp kRowQuantize = make_op<Kind::kRowQuantize>();
 const OrtCustomOp kQMatMul = make_op<Kind::kQMatMul>();
@@ -1093,7 +1148,7 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   const ort_abi::Fns api(table);
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api.CreateCustomOpDomain(kDomain, &domain)) return status;
-  for (const OrtCustomOp* op : {&kScores, &kMix, &kVocab, &kRowQuantize}) {
+  for (const OrtCustomOp* op : {&kScores, &kMix, &kScoresHalf, &kMixHalf, &kVocab, &kRowQuantize}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   for (const OrtCustomOp* op : {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias}) {
@@ -1104,4 +1159,4 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 6; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 7; }

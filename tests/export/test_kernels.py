@@ -127,6 +127,84 @@ def test_a_row_gets_the_same_bits_alone_as_in_any_batch() -> None:
     np.testing.assert_array_equal(pair[0], batch[0][4:6])
 
 
+def half_attention_graph(rewrite: bool) -> bytes:
+    """attention_graph with k and v float16 inputs Cast to float, as a half cache's graph reads
+    them: rewritten, the Casts are read through by AttnScoresHalf / AttnMixHalf."""
+    model = onnx.load_from_string(attention_graph(False))
+    graph = model.graph
+    for info in graph.input:
+        if info.name in ("k", "v"):
+            info.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in ("k", "v"):
+                node.input[i] = f"{name}_wide"
+    casts = [helper.make_node("Cast", [n], [f"{n}_wide"], to=TensorProto.FLOAT) for n in "kv"]
+    nodes = [*casts, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if rewrite:
+        assert kernels.use_attention_kernels(model) == 2
+        assert [n.op_type for n in model.graph.node] == [
+            kernels.SCORES_HALF,
+            "Softmax",
+            kernels.MIX_HALF,
+        ]
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def half_inputs(rng: np.random.Generator, *shape: int) -> dict:
+    feed = inputs(rng, *shape)
+    return {**feed, "k": feed["k"].astype(np.float16), "v": feed["v"].astype(np.float16)}
+
+
+def test_without_the_library_the_half_functions_run_the_stock_graph_bit_for_bit() -> None:
+    stock = session(half_attention_graph(False), False)
+    portable = session(half_attention_graph(True), False)
+    feed = half_inputs(np.random.default_rng(5), 4, 2, 1, 9, 16)
+    for got, want in zip(portable.run(None, feed), stock.run(None, feed), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_library
+@pytest.mark.parametrize("shape", [(16, 8, 1, 8, 64), (3, 2, 4, 30, 64), (2, 2, 3, 6, 40)])
+def test_the_half_kernels_compute_attention_on_the_widened_halves(shape: tuple[int, ...]) -> None:
+    """AVX-512 (head size 64) and the portable loops (40): as float32 on float(k), float(v);
+    a row's bits do not depend on the batch."""
+    rng = np.random.default_rng(sum(shape))
+    feed = half_inputs(rng, *shape)
+    kernel = session(half_attention_graph(True), True)
+    out, scores = kernel.run(None, feed)
+    k, v = feed["k"].astype(np.float64), feed["v"].astype(np.float64)
+    np.testing.assert_allclose(scores, feed["q"] @ k.swapaxes(-1, -2), rtol=1e-5, atol=1e-4)
+    p = np.exp(scores.astype(np.float64) - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, p @ v, rtol=1e-5, atol=1e-5)
+    alone = kernel.run(None, {n: t[1:2] for n, t in feed.items()})
+    for got, want in zip(alone, (out, scores), strict=True):
+        np.testing.assert_array_equal(got[0], want[1])
+
+
+@needs_library
+@pytest.mark.parametrize("depth", [64, 40])
+def test_a_half_is_widened_exactly(depth: int) -> None:
+    """One-hot queries read single keys back: every half (subnormals, zeros, the largest finite
+    one) comes out as numpy widens it, on the AVX-512 loops and on the portable ones."""
+    halves = np.array(
+        [0.0, -0.0, 1.0, -2.5, 65504.0, -65504.0, 6.1e-5, 5.96e-8, -5.96e-8, 3.0e-6, 0.1, 1e-3],
+        dtype=np.float16,
+    )
+    n = halves.size
+    k = np.zeros((1, 1, n, depth), dtype=np.float16)
+    k[0, 0, :, 3] = halves
+    q = np.zeros((1, 1, 1, depth), dtype=np.float32)
+    q[0, 0, 0, 3] = 1.0
+    feed = {"q": q, "k": k, "v": np.zeros((1, 1, n, depth), dtype=np.float16)}
+    _, scores = session(half_attention_graph(True), True).run(None, feed)
+    np.testing.assert_array_equal(scores[0, 0, 0], halves.astype(np.float32))
+
+
 @needs_library
 def test_mismatched_inputs_fail_the_run_with_a_message() -> None:
     kernel = session(attention_graph(True), True)
@@ -177,7 +255,10 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
         graphs = model_dir / "onnx" / variant
         decoder = onnx.load(str(graphs / "decoder.onnx"), load_external_data=False)
         ops = [n.op_type for n in decoder.graph.node]
-        assert ops.count("AttnScores") == ops.count("AttnMix") == 2 * config.decoder_layers
+        # int8 keeps its cache in float16: the kernels read the halves
+        half = "Half" if variant == "int8" else ""
+        assert ops.count(kernels.SCORES + half) == 2 * config.decoder_layers
+        assert ops.count(kernels.MIX + half) == 2 * config.decoder_layers
         assert "MatMul" not in ops or variant == "fp32"  # int8: every weight product is integer
         assert ops.count(kernels.VOCAB) == 1 and "LogSoftmax" not in ops and "TopK" not in ops
         on_kernels = sum(

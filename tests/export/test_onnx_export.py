@@ -165,6 +165,74 @@ def test_other_architecture_exports_with_fp32_parity(
     assert (written["fp32"] / "manifest.json").read_text() == before
 
 
+def test_int8_keeps_its_cache_in_half_precision(tiny_onnx_import: Path, tmp_path: Path) -> None:
+    """int8's cache and cross K/V are float16 (the manifest says so), log-probs float32; with
+    --int8-cache float32 they stay float. Both decode alike on a tiny model, and the half
+    cache's rows are the backend's float16 buffers."""
+    model, _ = load_model_dir(tiny_onnx_import)
+    config = model.config
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    decoded = {}
+    for cache, dtype in (("float16", f16), ("float32", f32)):
+        root = tmp_path / cache / "onnx"
+        written = export_variants(model, root, ["int8"], verify=False, int8_cache=cache)
+        graphs = written["int8"]
+        encoder = onnx.load(str(graphs / "encoder.onnx"), load_external_data=False)
+        decoder = onnx.load(str(graphs / "decoder.onnx"), load_external_data=False)
+        inputs, outputs = io_spec(list(decoder.graph.input)), io_spec(list(decoder.graph.output))
+        assert io_spec(list(encoder.graph.output))["cross.0.key"][0] == dtype
+        assert inputs["past.0.self.key"][0] == inputs["cross.1.value"][0] == dtype
+        assert outputs["new.1.self.value"][0] == dtype
+        assert outputs["log_probs"][0] == outputs["top_log_probs"][0] == f32
+        assert json.loads((graphs / "manifest.json").read_text())["options"]["kv_cache"] == cache
+        backend = OnnxBackend(config, graphs, provider="cpu", threads=1)
+        state = backend.encode(np.array([[5, 6, 7, 0]]), np.array([4]))
+        assert state.cross[0].dtype == state.past[0].dtype == np.dtype(cache)
+        tokens = [config.start_id]
+        for _ in range(6):
+            log_probs, state = backend.step(np.array(tokens[-1:]), state)
+            tokens.append(int(log_probs[0].argmax()))
+        decoded[cache] = tokens
+    assert decoded["float16"] == decoded["float32"]
+    with pytest.raises(ValueError, match="unknown int8 cache"):
+        export_variants(model, tmp_path / "x", ["int8"], verify=False, int8_cache="bfloat16")
+
+
+def test_a_half_cache_graph_reads_its_new_keys_as_the_cache_will_hold_them(tmp_path: Path) -> None:
+    """store_cache_half: an input becomes float16 (widened where read), an output is rounded to
+    float16, and the graph's own readers of that output read the rounded value: a key is the
+    same number in its own step and in every later one."""
+    from onnx import TensorProto, helper
+
+    from attnserve.export.variants import store_cache_half
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "past"], ["new"]),
+            helper.make_node("Add", ["new", "past"], ["used"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("x", "past")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("new", "used")],
+    )
+    path = tmp_path / "g.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.save(model, path)
+    assert store_cache_half(path, ["past"], ["new"]) == 2
+    assert store_cache_half(path, ["past"], ["new"]) == 0  # float16 already
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.array([1.0001, 3.14159, -2.71828], dtype=np.float32)
+    past = np.array([1.0, 0.33325, 7.0], dtype=np.float16)
+    new, used = session.run(None, {"x": x, "past": past})
+    assert new.dtype == np.float16 and used.dtype == np.float32
+    want = (x * past.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(new, want)
+    np.testing.assert_array_equal(used, want.astype(np.float32) + past.astype(np.float32))
+
+
 def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path) -> None:
     """fp16: cache and cross K/V in float16, log_probs float32; runs on CPU (slowly)."""
     model, _ = load_model_dir(tiny_onnx_import)

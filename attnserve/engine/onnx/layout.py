@@ -49,6 +49,9 @@ SHARED_WEIGHTS = "shared_weights"
 # and the version of the kernels the export rewrote for (attnserve.kernels.VERSION).
 KERNEL_NODES = "kernel_nodes"
 KERNELS_VERSION = "kernels_version"
+# The dtype a variant's KV cache and cross K/V are stored in (options["kv_cache"]): the int8
+# variant's are float16 by default (half the bytes a step reads and beam search copies).
+KV_CACHE = "kv_cache"
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_INPUTS = ("input_ids", "encoder_attention_mask", "past_mask", "row_slots", "slot_rows")
