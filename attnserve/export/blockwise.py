@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from attnserve import kernels
 from attnserve.export.quantize import lookup_table
 
 BLOCK = 32
@@ -80,6 +81,42 @@ def affine4(weight: np.ndarray, block: int = BLOCK) -> Blocks:
     )
 
 
+@dataclass(frozen=True)
+class Q4Panels:
+    """A weight in BlockQ4MatMul's layout (attnserve.kernels): q (N/16, K/32, 256) uint8, d and
+    m (N/16, K/32, 16) float16."""
+
+    q: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+
+
+def affine4_panels(weight: np.ndarray) -> Q4Panels:
+    """Q4_1-style blocks of 32 of a (K, N) weight for attnserve's 4-bit kernel: w ~ d * q + m
+    with d and m float16, as a Q4_1 file stores them (exact on such a file's grid: its blocks'
+    minimum and maximum are grid points, and its d and m are float16 values)."""
+    w = _blocks(weight, kernels.Q4_BLOCK)
+    low, high = w.min(axis=-1), w.max(axis=-1)
+    d = ((high - low) / 15.0).astype(np.float16).astype(np.float64)
+    m = low.astype(np.float16).astype(np.float64)
+    safe = np.where(d > 0, d, 1.0)
+    q = np.where(d[..., None] > 0, np.rint((w - m[..., None]) / safe[..., None]), 0.0)
+    q = np.clip(q, 0, 15)
+    return Q4Panels(kernels.pack_q4(q), kernels.q4_panels(d), kernels.q4_panels(m))
+
+
+def dequantize_panels(panels: Q4Panels) -> np.ndarray:
+    """The (K, N) float32 weight that BlockQ4MatMul's `panels` stand for."""
+    p, blocks, _ = panels.q.shape
+    q = np.empty((p, blocks, 2, 4, kernels.Q4_PANEL, 4), dtype=np.float64)  # p b h g c i
+    raw = panels.q.reshape(p, blocks, 4, kernels.Q4_PANEL, 4)
+    q[:, :, 0], q[:, :, 1] = raw & 0x0F, raw >> 4
+    k_major = q.transpose(1, 2, 3, 5, 0, 4).reshape(blocks, kernels.Q4_BLOCK, -1)
+    d = panels.d.astype(np.float64).transpose(1, 0, 2).reshape(blocks, 1, -1)
+    m = panels.m.astype(np.float64).transpose(1, 0, 2).reshape(blocks, 1, -1)
+    return (k_major * d + m).reshape(blocks * kernels.Q4_BLOCK, -1).astype(np.float32)
+
+
 def symmetric8(weight: np.ndarray, block: int = BLOCK) -> Blocks:
     """Q8_0-style blocks of a (K, N) weight: w ~ d * q, q in -127..127 (exact on a Q8_0 grid)."""
     w = _blocks(weight, block)
@@ -119,10 +156,13 @@ def quantize_blockwise(
     accuracy_level: int = ACCURACY_LEVEL,
     only: Collection[str] | None = None,
     bits: int | None = None,
+    q4_kernel: bool = False,
 ) -> dict[str, Any]:
     """Rewrite, in place, every MatMul of `model` (or those named in `only`) with a constant
     2-D weight whose K is a multiple of `block`: 8-bit symmetric blocks where N ==
-    `vocab_size` (the output projection) or `bits` is 8, 4-bit affine blocks elsewhere.
+    `vocab_size` (the output projection) or `bits` is 8, 4-bit affine blocks elsewhere, on
+    attnserve's BlockQ4MatMul with `q4_kernel` (blocks of 32, N a multiple of 16; float16 d
+    and m) and as MatMulNBits with the offsets' correction product otherwise.
     With `only` None, the token embedding (a Gather from a constant (`vocab_size`, C) float
     table) becomes an 8-bit block lookup. Returns counts for the manifest."""
     graph = model.graph
@@ -138,6 +178,8 @@ def quantize_blockwise(
     dropped: set[str] = set()
     lookups: dict[str, tuple[str, str]] = {}  # table -> its 8-bit blocks and scales
     counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0, "embedding_int8": 0}
+    if q4_kernel:
+        counts["int4_on_kernel"] = 0
     for node in graph.node:
         table = _embedding_table(node, initializers, vocab_size, block) if only is None else None
         if table is not None:
@@ -160,6 +202,25 @@ def quantize_blockwise(
         k, n = w.shape
         x, out = node.input[0], node.output[0]
         base = out  # unique (one producer per value); node names need not be
+        affine = not (n == vocab_size or bits == 8)
+        if q4_kernel and affine and block == kernels.Q4_BLOCK and n % kernels.Q4_PANEL == 0:
+            panels = affine4_panels(w)
+            names = [f"{base}.q4_{part}" for part in ("q", "d", "m")]
+            new_inits += [
+                numpy_helper.from_array(array, name)
+                for array, name in zip((panels.q, panels.d, panels.m), names, strict=True)
+            ]
+            nodes.append(
+                helper.make_node(
+                    kernels.BLOCK_Q4, [x, *names], [out], name=f"{base}.q4", domain=kernels.DOMAIN
+                )
+            )
+            counts["int4_affine"] += 1
+            counts["int4_on_kernel"] += 1
+            uses[weight.name] -= 1
+            if uses[weight.name] == 0:
+                dropped.add(weight.name)
+            continue
         blocks = symmetric8(w, block) if n == vocab_size or bits == 8 else affine4(w, block)
         counts["int8_symmetric" if blocks.bits == 8 else "int4_affine"] += 1
         new_inits += [
@@ -216,6 +277,8 @@ def quantize_blockwise(
     graph.initializer.extend(kept + new_inits)
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    if counts.get("int4_on_kernel"):
+        kernels.declare(model)
     return counts
 
 

@@ -117,14 +117,24 @@ def block_down_projections(out_dir: Path, intermediate_size: int, work_dir: Path
 
 
 def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int) -> dict[str, Any]:
-    """int4 prefill/decode graphs (MatMulNBits, export/blockwise.py) from the fp32 graphs."""
+    """int4 prefill/decode graphs (export/blockwise.py) from the fp32 graphs: the 4-bit
+    products on attnserve's BlockQ4MatMul where this CPU runs it (AVX-512 VNNI), else ONNX
+    Runtime's MatMulNBits."""
     work_dir.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
+    q4_kernel = kernels.integer_products()
     for name in LM_GRAPHS:
         optimized = onnx.load(str(build.optimize_offline(src_dir / name, work_dir / name)))
-        counts = quantize_blockwise(optimized, vocab_size)
+        counts = quantize_blockwise(optimized, vocab_size, q4_kernel=q4_kernel)
         build.save_graph(optimized, out_dir / name)
+    products = (
+        "the 4-bit products on attnserve's BlockQ4MatMul (float16 d and m, activations "
+        "quantized per block of 32 of a row, integer sums)"
+        if q4_kernel
+        else "the 4-bit products as MatMulNBits with a float product of the blocks' offsets"
+    )
     return {
+        "int4_products": products,
         "offline_optimization": "ORT_ENABLE_BASIC",
         "quantization": (
             f"weight-only, blocks of {BLOCK} along the input dimension (MatMulNBits, "
@@ -221,6 +231,8 @@ def export_lm_variants(
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
                 )
+                options[KERNEL_NODES] = options["matmuls"].get("int4_on_kernel", 0)
+                options[KERNELS_VERSION] = kernels.VERSION
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             options["attention"] = attention

@@ -21,6 +21,9 @@ and its bias Add), on AVX-512 VNNI, the weights packed as the kernel reads them:
     ai.attnserve.QMatMulBias(q, w, scale, w_scale, bias (N,)) -> (..., N)
     ai.attnserve.PackedQMatMul[Bias]: the same with w stored as the kernel reads it,
         (N / 64, K / 4, 64, 4), four consecutive k of a column adjacent (no copy in memory)
+    ai.attnserve.BlockQ4MatMul(x (..., K), q (N/16, K/32, 256) uint8, d, m (N/16, K/32, 16)
+        float16) -> (..., N): W in 4-bit affine blocks of 32 (w = d q + m, llama.cpp's Q4_1),
+        x quantized per block of 32 of a row as RowQuantize quantizes a row, integer sums
 
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;
@@ -62,7 +65,7 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 7  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 8  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision
@@ -74,6 +77,9 @@ QMATMUL_BIAS = "QMatMulBias"
 PACKED_QMATMUL = "PackedQMatMul"
 PACKED_QMATMUL_BIAS = "PackedQMatMulBias"
 PANEL = 64  # columns per panel of a packed weight (N / 64, K / 4, 64, 4)
+BLOCK_Q4 = "BlockQ4MatMul"
+Q4_BLOCK = 32  # BlockQ4MatMul: k per block
+Q4_PANEL = 16  # and columns per panel: q (N / 16, K / 32, 256), d and m (N / 16, K / 32, 16)
 MS_DOMAIN = "com.microsoft"
 ROW_STEP = 1.0 / 127.0  # per-row int8: q = round(x / max|x| / (1/127)) + 128
 ROW_STEP32 = float(np.float32(ROW_STEP))  # as the graph stores it
@@ -223,7 +229,9 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         int8_opset,
         doc_string="QMatMulBias with its weight stored packed, as PackedQMatMul's",
     )
+    block_q4 = _block_q4_function(opset)
     return [
+        block_q4,
         scores,
         mix,
         scores_half,
@@ -235,6 +243,105 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         packed_qmatmul,
         packed_qmatmul_bias,
     ]
+
+
+def _block_q4_function(opset: list[onnx.OperatorSetIdProto]) -> onnx.FunctionProto:
+    """BlockQ4MatMul's body: the weight unpacked and dequantized (constants: ONNX Runtime folds
+    them at load, so a runtime without the kernel holds a float copy of the weight), the
+    activation quantized per block of 32 as RowQuantize's body quantizes a row, a MatMul."""
+    from onnx import TensorProto, helper
+
+    def const(name: str, dtype: int, dims: list[int], values: list[float | int]) -> onnx.NodeProto:
+        tensor = helper.make_tensor(name, dtype, dims, values)
+        return helper.make_node("Constant", [], [name], value=tensor)
+
+    nodes = [
+        const("low4", TensorProto.UINT8, [], [15]),
+        const("four", TensorProto.UINT8, [], [4]),
+        const("groups", TensorProto.INT64, [6], [0, 0, 1, 4, Q4_PANEL, 4]),
+        const("block_rows", TensorProto.INT64, [3], [0, Q4_BLOCK, -1]),
+        const("block_scales", TensorProto.INT64, [3], [0, 1, -1]),
+        const("blocks", TensorProto.INT64, [2], [-1, Q4_BLOCK]),
+        const("last_axis", TensorProto.INT64, [1], [-1]),
+        const("step_value", TensorProto.FLOAT, [], [ROW_STEP]),
+        const("zero_point_value", TensorProto.UINT8, [], [ROW_ZERO_POINT]),
+        # w[b * 32 + 16 h + 4 g + i, 16 p + c] = d * nibble + m, the nibble of byte [g][c][i]
+        helper.make_node("BitwiseAnd", ["q", "low4"], ["lo"]),
+        helper.make_node("BitShift", ["q", "four"], ["hi"], direction="RIGHT"),
+        helper.make_node("Reshape", ["lo", "groups"], ["lo6"]),
+        helper.make_node("Reshape", ["hi", "groups"], ["hi6"]),
+        helper.make_node("Concat", ["lo6", "hi6"], ["nibbles"], axis=2),
+        helper.make_node("Transpose", ["nibbles"], ["k_major"], perm=[1, 2, 3, 5, 0, 4]),
+        helper.make_node("Cast", ["k_major"], ["q_float"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["q_float", "block_rows"], ["q_blocks"]),
+        helper.make_node("Cast", ["d"], ["d_float"], to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["d_float"], ["d_t"], perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["d_t", "block_scales"], ["d_blocks"]),
+        helper.make_node("Cast", ["m"], ["m_float"], to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["m_float"], ["m_t"], perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["m_t", "block_scales"], ["m_blocks"]),
+        helper.make_node("Mul", ["q_blocks", "d_blocks"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "m_blocks"], ["w_blocks"]),
+        helper.make_node("Flatten", ["w_blocks"], ["w"], axis=2),
+        # x (..., K) in blocks of 32, each quantized as RowQuantize quantizes a row
+        helper.make_node("Reshape", ["x", "blocks"], ["x_blocks"]),
+        helper.make_node("Abs", ["x_blocks"], ["magnitude"]),
+        helper.make_node("ReduceMax", ["magnitude", "last_axis"], ["scale"], keepdims=1),
+        helper.make_node("Div", ["x_blocks", "scale"], ["unit"]),
+        helper.make_node("QuantizeLinear", ["unit", "step_value", "zero_point_value"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "step_value", "zero_point_value"], ["x_unit"]),
+        helper.make_node("Mul", ["x_unit", "scale"], ["x_hat_blocks"]),
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Reshape", ["x_hat_blocks", "x_shape"], ["x_hat"]),
+        helper.make_node("MatMul", ["x_hat", "w"], ["y"]),
+    ]
+    return helper.make_function(
+        DOMAIN,
+        BLOCK_Q4,
+        ["x", "q", "d", "m"],
+        ["y"],
+        nodes,
+        opset,
+        doc_string="x @ W, W (K, N) in 4-bit affine blocks of 32 along K (w = d q + m), stored "
+        "q (N/16, K/32, 256) uint8 (byte [g][c][i] of a block: low nibble k = 4 g + i, high "
+        "nibble k = 16 + 4 g + i, of column c), d and m (N/16, K/32, 16) float16; x quantized "
+        "per block of 32 of a row as RowQuantize quantizes a row",
+    )
+
+
+def pack_q4(q: np.ndarray) -> np.ndarray:
+    """4-bit values q (N, K/32, 32) (column, block, k in the block), 0..15, as BlockQ4MatMul
+    reads them: (N/16, K/32, 256) uint8."""
+    n, blocks, _ = q.shape
+    v = q.astype(np.uint8).reshape(n // Q4_PANEL, Q4_PANEL, blocks, 2, 4, 4)  # p c b h g i
+    v = v.transpose(0, 2, 3, 4, 1, 5)  # p b h g c i
+    packed = v[:, :, 0] | (v[:, :, 1] << 4)
+    return np.ascontiguousarray(packed.reshape(n // Q4_PANEL, blocks, 256))
+
+
+def q4_panels(values: np.ndarray) -> np.ndarray:
+    """Per block and column values (N, K/32) as BlockQ4MatMul reads d and m: (N/16, K/32, 16)
+    float16."""
+    n, blocks = values.shape
+    v = values.astype(np.float16).reshape(n // Q4_PANEL, Q4_PANEL, blocks)
+    return np.ascontiguousarray(v.transpose(0, 2, 1))
+
+
+def integer_products() -> bool:
+    """Whether the library registers its integer products (QMatMul..., BlockQ4MatMul) here: a
+    CPU with AVX-512 VNNI, the library built and not switched off."""
+    path = library_path()
+    if path is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(str(path)).attnserve_kernels_integer_products())
+    except (OSError, AttributeError):
+        return False
+
+
+def declare(model: onnx.ModelProto) -> None:
+    """The ops' functions and their domain in `model` (for a graph written with them)."""
+    _declare(model)
 
 
 def pack_weight(w: np.ndarray) -> np.ndarray:

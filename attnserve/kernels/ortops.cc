@@ -9,6 +9,7 @@
 //   ai.attnserve.AttnScores(q (B, H, M, D), k (B, H, N, D)) -> (B, H, M, N) = q @ k^T
 //   ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> (B, H, M, D) = p @ v
 //   ai.attnserve.AttnScoresHalf / AttnMixHalf: the same with k / v float16 (a half cache)
+//   ai.attnserve.BlockQ4MatMul(x, q, d, m): a product with a weight in 4-bit affine blocks
 //   (and LogSoftmaxTopK, RowQuantize, QMatMul / QMatMulBias: see their sections below)
 //
 // The graph declares each as an ONNX function whose body is the stock Transpose + MatMul, so
@@ -703,6 +704,124 @@ void qmatmul_task(void* data, size_t index) {
 #endif
 }
 
+// ---- 4-bit affine blocks (llama.cpp's Q4_1): a weight-only product on AVX-512 VNNI ---------
+//
+// W (K, N) in blocks of 32 along K per column: w = d * q + m, q in 0..15, d and m float16 per
+// block and column. The activation x is quantized per block of 32 of a row, as RowQuantize
+// quantizes a row (s = max |x| over the block, the same bytes, here read as signed: x ~
+// (s / 127) xq), and the product is summed exactly in integers per block:
+//   y = sum_b (s_b / 127) * (d_b * (q . xq)_b + m_b * sum(xq)_b)
+// what llama.cpp's Q4_1 x Q8_1 dot product computes. The weight is stored as the kernel reads
+// it, panels of 16 columns: q (N / 16, K / 32, 256) uint8, per block four groups of 64 bytes,
+// byte [g][c][i] holding q[4 g + i][c] in its low nibble and q[16 + 4 g + i][c] in its high
+// one; d and m (N / 16, K / 32, 16) float16. One vpdpbusd multiplies four k of 16 columns (the
+// weights unsigned, the activations signed). A row's result depends on that row alone.
+constexpr int64_t kQ4Block = 32;
+constexpr int64_t kQ4Panel = 16;
+constexpr int64_t kQ4PanelBytes = kQ4Block * kQ4Panel / 2;  // 256
+constexpr int kQ4Rows = 4;  // rows per register block
+constexpr int64_t kQ4TaskPanels = 4;  // panels per task
+
+struct Q4Job {
+  const int8_t* xq;    // (rows, K) the activations' signed bytes
+  const float* scale;  // (rows, K / 32) s_b / 127
+  const float* sums;   // (rows, K / 32) sum(xq)_b
+  const uint8_t* q;
+  const Half* d;
+  const Half* m;
+  float* y;  // (rows, N)
+  int64_t rows, k, n, blocks, panels, row_tasks;
+};
+
+// Per block of 32 of one row: its RowQuantize bytes read as signed, s_b / 127 and sum(xq)_b.
+void q4_quantize_row(const Q4Job& job, const float* x, int64_t row,
+                     float (*row_max)(const float*, int64_t),
+                     void (*quantize)(const float*, int64_t, float, uint8_t*)) {
+  int8_t* xq = const_cast<int8_t*>(job.xq) + row * job.k;
+  float* scale = const_cast<float*>(job.scale) + row * job.blocks;
+  float* sums = const_cast<float*>(job.sums) + row * job.blocks;
+  for (int64_t b = 0; b < job.blocks; ++b) {
+    const float* xb = x + b * kQ4Block;
+    const float s = row_max(xb, kQ4Block);
+    uint8_t bytes[kQ4Block];
+    quantize(xb, kQ4Block, s, bytes);
+    int32_t total = 0;
+    for (int64_t i = 0; i < kQ4Block; ++i) {
+      const int8_t v = static_cast<int8_t>(bytes[i] ^ 0x80u);  // zero point 128 -> signed
+      xq[b * kQ4Block + i] = v;
+      total += v;
+    }
+    scale[b] = s * kStep;
+    sums[b] = static_cast<float>(total);
+  }
+}
+
+#if ATTNSERVE_AVX512
+// R rows (1..kQ4Rows) by one panel of 16 columns, over all of K.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void q4_block(const Q4Job& job,
+                                                                     int64_t p, int64_t r) {
+  const uint8_t* q = job.q + p * job.blocks * kQ4PanelBytes;
+  const Half* d = job.d + p * job.blocks * kQ4Panel;
+  const Half* m = job.m + p * job.blocks * kQ4Panel;
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < job.blocks; ++b, q += kQ4PanelBytes, d += kQ4Panel, m += kQ4Panel) {
+    __m512i w[8];
+    for (int g = 0; g < 4; ++g) {
+      const __m512i bytes = _mm512_loadu_si512(q + 64 * g);
+      w[g] = _mm512_and_si512(bytes, low4);
+      w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+    }
+    const __m512 db = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+    const __m512 mb = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = r + i;
+      const int8_t* x = job.xq + row * job.k + b * kQ4Block;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int g = 0; g < 8; g += 2) {
+        int32_t quad0, quad1;
+        std::memcpy(&quad0, x + 4 * g, 4);
+        std::memcpy(&quad1, x + 4 * g + 4, 4);
+        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(quad0));
+        s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(quad1));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      const int64_t at = row * job.blocks + b;
+      const __m512 t = _mm512_fmadd_ps(dot, db, _mm512_mul_ps(mb, _mm512_set1_ps(job.sums[at])));
+      acc[i] = _mm512_fmadd_ps(t, _mm512_set1_ps(job.scale[at]), acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(job.y + (r + i) * job.n + p * kQ4Panel, acc[i]);
+}
+
+void q4_rows(const Q4Job& job, int64_t p, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + kQ4Rows <= r1; r += kQ4Rows) q4_block<kQ4Rows>(job, p, r);
+  switch (r1 - r) {
+    case 3: return q4_block<3>(job, p, r);
+    case 2: return q4_block<2>(job, p, r);
+    case 1: return q4_block<1>(job, p, r);
+    default: return;
+  }
+}
+#endif  // ATTNSERVE_AVX512
+
+// One task: up to kQ4TaskPanels panels for up to kTaskRows rows.
+void q4_task(void* data, size_t index) {
+#if ATTNSERVE_AVX512
+  const Q4Job& job = *static_cast<const Q4Job*>(data);
+  const int64_t group = static_cast<int64_t>(index) / job.row_tasks;
+  const int64_t t = static_cast<int64_t>(index) % job.row_tasks;
+  const int64_t r0 = t * kTaskRows, r1 = std::min(job.rows, r0 + kTaskRows);
+  const int64_t p1 = std::min(job.panels, (group + 1) * kQ4TaskPanels);
+  for (int64_t p = group * kQ4TaskPanels; p < p1; ++p) q4_rows(job, p, r0, r1);
+#else
+  (void)data, (void)index;
+#endif
+}
+
 // Whether to register QMatMul: a CPU with AVX-512 VNNI, unless ATTNSERVE_KERNELS_QMATMUL is
 // 0, false, no or off.
 bool use_qmatmul() {
@@ -793,7 +912,8 @@ enum class Kind {
   kQMatMul,
   kQMatMulBias,
   kPackedQMatMul,
-  kPackedQMatMulBias
+  kPackedQMatMulBias,
+  kBlockQ4MatMul
 };
 
 constexpr bool is_qmatmul(Kind kind) {
@@ -991,6 +1111,63 @@ void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias
   for_each_row(api, context, qmatmul_task, static_cast<size_t>(tasks), &job);
 }
 
+struct Q4QuantJob {
+  const Q4Job* job;
+  const float* x;
+};
+
+void q4_quantize_task(void* data, size_t index) {
+  const Q4QuantJob& quant = *static_cast<const Q4QuantJob*>(data);
+  const int64_t row = static_cast<int64_t>(index);
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512()) {
+    return q4_quantize_row(*quant.job, quant.x + row * quant.job->k, row, row_max_avx512,
+                           quantize_avx512);
+  }
+#endif
+  q4_quantize_row(*quant.job, quant.x + row * quant.job->k, row, row_max_portable,
+                  quantize_portable);
+}
+
+// x (..., K) float, q (N / 16, K / 32, 256) uint8, d and m (N / 16, K / 32, 16) float16
+// -> (..., N).
+void run_q4(const ort_abi::Fns& api, OrtKernelContext* context) {
+  const Tensor x = input(api, context, 0);
+  const Tensor q = input(api, context, 1);
+  const Tensor d = input(api, context, 2);
+  const Tensor m = input(api, context, 3);
+  const bool shaped = !x.dims.empty() && q.dims.size() == 3 && q.dims[2] == kQ4PanelBytes &&
+                      d.dims == std::vector<int64_t>{q.dims[0], q.dims[1], kQ4Panel} &&
+                      m.dims == d.dims && x.dims.back() == q.dims[1] * kQ4Block;
+  if (!shaped) {
+    throw Failure{ORT_INVALID_ARGUMENT,
+                  "BlockQ4MatMul wants x (..., K), q (N/16, K/32, 256), d and m (N/16, K/32, 16)"};
+  }
+  Q4Job job{};
+  job.k = x.dims.back(), job.blocks = q.dims[1], job.panels = q.dims[0];
+  job.n = job.panels * kQ4Panel;
+  job.rows = x.count() / std::max<int64_t>(job.k, 1);
+  std::vector<int64_t> dims = x.dims;
+  dims.back() = job.n;
+  job.y = static_cast<float*>(output(api, context, 0, dims));
+  if (job.rows == 0 || job.n == 0) return;
+  if (job.k == 0) {
+    std::fill(job.y, job.y + job.rows * job.n, 0.0f);
+    return;
+  }
+  std::vector<int8_t> xq(static_cast<size_t>(job.rows * job.k));
+  std::vector<float> scale(static_cast<size_t>(job.rows * job.blocks));
+  std::vector<float> sums(scale.size());
+  job.xq = xq.data(), job.scale = scale.data(), job.sums = sums.data();
+  job.q = static_cast<const uint8_t*>(q.raw);
+  job.d = static_cast<const Half*>(d.raw), job.m = static_cast<const Half*>(m.raw);
+  Q4QuantJob quant{&job, x.data()};
+  for_each_row(api, context, q4_quantize_task, static_cast<size_t>(job.rows), &quant);
+  job.row_tasks = (job.rows + kTaskRows - 1) / kTaskRows;
+  const int64_t groups = (job.panels + kQ4TaskPanels - 1) / kQ4TaskPanels;
+  for_each_row(api, context, q4_task, static_cast<size_t>(groups * job.row_tasks), &job);
+}
+
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
   if (is_qmatmul(kernel.kind)) {
@@ -1000,6 +1177,7 @@ void run(const Kernel& kernel, OrtKernelContext* context) {
     return run_qmatmul(kernel, context, bias, packed);
   }
   if (kernel.kind == Kind::kVocab) return run_vocab(api, context);
+  if (kernel.kind == Kind::kBlockQ4MatMul) return run_q4(api, context);
   if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
   const Tensor a = input(api, context, 0);
   const Tensor b = input(api, context, 1);
@@ -1041,6 +1219,7 @@ struct Op {
       case Kind::kQMatMulBias: return "QMatMulBias";
       case Kind::kPackedQMatMul: return "PackedQMatMul";
       case Kind::kPackedQMatMulBias: return "PackedQMatMulBias";
+      case Kind::kBlockQ4MatMul: return "BlockQ4MatMul";
     }
     return "";
   }
@@ -1057,6 +1236,7 @@ struct Op {
       case Kind::kQMatMulBias: return 5;
       case Kind::kPackedQMatMul: return 4;
       case Kind::kPackedQMatMulBias: return 5;
+      case Kind::kBlockQ4MatMul: return 4;
       default: return 2;
     }
   }
@@ -1066,6 +1246,9 @@ struct Op {
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
     if (is_qmatmul(kind)) {
       return index == 0 ? ORT_ELEMENT_UINT8 : index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
+    }
+    if (kind == Kind::kBlockQ4MatMul) {
+      return index == 0 ? ORT_ELEMENT_FLOAT : index == 1 ? ORT_ELEMENT_UINT8 : ORT_ELEMENT_FLOAT16;
     }
     if ((kind == Kind::kScoresHalf || kind == Kind::kMixHalf) && index == 1) {
       return ORT_ELEMENT_FLOAT16;
@@ -1134,6 +1317,7 @@ const OrtCustomOp kQMatMul = make_op<Kind::kQMatMul>();
 const OrtCustomOp kQMatMulBias = make_op<Kind::kQMatMulBias>();
 const OrtCustomOp kPackedQMatMul = make_op<Kind::kPackedQMatMul>();
 const OrtCustomOp kPackedQMatMulBias = make_op<Kind::kPackedQMatMulBias>();
+const OrtCustomOp kBlockQ4MatMul = make_op<Kind::kBlockQ4MatMul>();
 
 }  // namespace
 
@@ -1151,12 +1335,16 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   for (const OrtCustomOp* op : {&kScores, &kMix, &kScoresHalf, &kMixHalf, &kVocab, &kRowQuantize}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
-  for (const OrtCustomOp* op : {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias}) {
+  for (const OrtCustomOp* op :
+       {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kBlockQ4MatMul}) {
     if (!use_qmatmul()) break;
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   return api.AddCustomOpDomain(options, domain);
 }
 
+// Whether the integer products (QMatMul..., BlockQ4MatMul) are registered on this CPU.
+ATTNSERVE_EXPORT int attnserve_kernels_integer_products() { return use_qmatmul() ? 1 : 0; }
+
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 7; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 8; }
