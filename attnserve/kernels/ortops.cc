@@ -721,6 +721,7 @@ constexpr int64_t kQ4Panel = 16;
 constexpr int64_t kQ4PanelBytes = kQ4Block * kQ4Panel / 2;  // 256
 constexpr int kQ4Rows = 4;  // rows per register block
 constexpr int64_t kQ4TaskPanels = 4;  // panels per task
+constexpr int64_t kQ4Prefetch = 16;  // blocks ahead
 
 struct Q4Job {
   const int8_t* xq;    // (rows, K) the activations' signed bytes
@@ -768,6 +769,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void q4_block(const Q4Job
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < job.blocks; ++b, q += kQ4PanelBytes, d += kQ4Panel, m += kQ4Panel) {
+    for (int line = 0; line < 4; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + kQ4Prefetch * kQ4PanelBytes + 64 * line),
+                   _MM_HINT_T0);
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(d + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(m + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
     __m512i w[8];
     for (int g = 0; g < 4; ++g) {
       const __m512i bytes = _mm512_loadu_si512(q + 64 * g);
