@@ -84,11 +84,11 @@ def affine4(weight: np.ndarray, block: int = BLOCK) -> Blocks:
 @dataclass(frozen=True)
 class Q4Panels:
     """A weight in BlockQ4MatMul's layout (attnserve.kernels): q (N/16, K/32, 256) uint8, d and
-    m (N/16, K/32, 16) float16."""
+    m (N/16, K/32, 16) float16; or BlockQ8MatMul's: q (N/16, K/32, 512) uint8, d, m None."""
 
     q: np.ndarray
     d: np.ndarray
-    m: np.ndarray
+    m: np.ndarray | None
 
 
 def affine4_panels(weight: np.ndarray) -> Q4Panels:
@@ -105,9 +105,24 @@ def affine4_panels(weight: np.ndarray) -> Q4Panels:
     return Q4Panels(kernels.pack_q4(q), kernels.q4_panels(d), kernels.q4_panels(m))
 
 
+def symmetric8_panels(weight: np.ndarray) -> Q4Panels:
+    """Q8_0-style blocks of 32 of a (K, N) weight for attnserve's 8-bit block kernel: w ~ d * q,
+    q in -127..127, d float16 (exact on a Q8_0 file's grid)."""
+    w = _blocks(weight, kernels.Q4_BLOCK)
+    d = (np.abs(w).max(axis=-1) / 127.0).astype(np.float16).astype(np.float64)
+    safe = np.where(d > 0, d, 1.0)
+    q = np.clip(np.rint(w / safe[..., None]), -127, 127)
+    return Q4Panels(kernels.pack_q8(q), kernels.q4_panels(d), None)
+
+
 def dequantize_panels(panels: Q4Panels) -> np.ndarray:
-    """The (K, N) float32 weight that BlockQ4MatMul's `panels` stand for."""
+    """The (K, N) float32 weight that BlockQ4MatMul's or BlockQ8MatMul's `panels` stand for."""
     p, blocks, _ = panels.q.shape
+    if panels.m is None:  # 8-bit: byte [g][c][i] is k = 4 g + i of column c
+        raw = panels.q.reshape(p, blocks, 8, kernels.Q4_PANEL, 4).astype(np.float64) - 128.0
+        q8 = raw.transpose(1, 2, 4, 0, 3).reshape(blocks, kernels.Q4_BLOCK, -1)
+        d8 = panels.d.astype(np.float64).transpose(1, 0, 2).reshape(blocks, 1, -1)
+        return (q8 * d8).reshape(blocks * kernels.Q4_BLOCK, -1).astype(np.float32)
     q = np.empty((p, blocks, 2, 4, kernels.Q4_PANEL, 4), dtype=np.float64)  # p b h g c i
     raw = panels.q.reshape(p, blocks, 4, kernels.Q4_PANEL, 4)
     q[:, :, 0], q[:, :, 1] = raw & 0x0F, raw >> 4
@@ -161,8 +176,9 @@ def quantize_blockwise(
     """Rewrite, in place, every MatMul of `model` (or those named in `only`) with a constant
     2-D weight whose K is a multiple of `block`: 8-bit symmetric blocks where N ==
     `vocab_size` (the output projection) or `bits` is 8, 4-bit affine blocks elsewhere, on
-    attnserve's BlockQ4MatMul with `q4_kernel` (blocks of 32, N a multiple of 16; float16 d
-    and m) and as MatMulNBits with the offsets' correction product otherwise.
+    attnserve's BlockQ4MatMul / BlockQ8MatMul with `q4_kernel` (blocks of 32, N a multiple of
+    16; float16 d and m) and as MatMulNBits (with the offsets' correction product for 4-bit
+    blocks) otherwise.
     With `only` None, the token embedding (a Gather from a constant (`vocab_size`, C) float
     table) becomes an 8-bit block lookup. Returns counts for the manifest."""
     graph = model.graph
@@ -179,7 +195,7 @@ def quantize_blockwise(
     lookups: dict[str, tuple[str, str]] = {}  # table -> its 8-bit blocks and scales
     counts = {"int4_affine": 0, "int8_symmetric": 0, "float": 0, "embedding_int8": 0}
     if q4_kernel:
-        counts["int4_on_kernel"] = 0
+        counts["on_kernel"] = 0
     for node in graph.node:
         table = _embedding_table(node, initializers, vocab_size, block) if only is None else None
         if table is not None:
@@ -203,20 +219,22 @@ def quantize_blockwise(
         x, out = node.input[0], node.output[0]
         base = out  # unique (one producer per value); node names need not be
         affine = not (n == vocab_size or bits == 8)
-        if q4_kernel and affine and block == kernels.Q4_BLOCK and n % kernels.Q4_PANEL == 0:
-            panels = affine4_panels(w)
-            names = [f"{base}.q4_{part}" for part in ("q", "d", "m")]
+        if q4_kernel and block == kernels.Q4_BLOCK and n % kernels.Q4_PANEL == 0:
+            panels = affine4_panels(w) if affine else symmetric8_panels(w)
+            arrays = [panels.q, panels.d] + ([] if panels.m is None else [panels.m])
+            names = [f"{base}.block_{part}" for part in ("q", "d", "m")][: len(arrays)]
             new_inits += [
                 numpy_helper.from_array(array, name)
-                for array, name in zip((panels.q, panels.d, panels.m), names, strict=True)
+                for array, name in zip(arrays, names, strict=True)
             ]
+            op = kernels.BLOCK_Q4 if affine else kernels.BLOCK_Q8
             nodes.append(
                 helper.make_node(
-                    kernels.BLOCK_Q4, [x, *names], [out], name=f"{base}.q4", domain=kernels.DOMAIN
+                    op, [x, *names], [out], name=f"{base}.block", domain=kernels.DOMAIN
                 )
             )
-            counts["int4_affine"] += 1
-            counts["int4_on_kernel"] += 1
+            counts["int4_affine" if affine else "int8_symmetric"] += 1
+            counts["on_kernel"] += 1
             uses[weight.name] -= 1
             if uses[weight.name] == 0:
                 dropped.add(weight.name)
@@ -277,7 +295,7 @@ def quantize_blockwise(
     graph.initializer.extend(kept + new_inits)
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    if counts.get("int4_on_kernel"):
+    if counts.get("on_kernel"):
         kernels.declare(model)
     return counts
 

@@ -128,10 +128,10 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
         counts = quantize_blockwise(optimized, vocab_size, q4_kernel=q4_kernel)
         build.save_graph(optimized, out_dir / name)
     products = (
-        "the 4-bit products on attnserve's BlockQ4MatMul (float16 d and m, activations "
-        "quantized per block of 32 of a row, integer sums)"
+        "attnserve's BlockQ4MatMul and BlockQ8MatMul (float16 d and m, activations quantized "
+        "per block of 32 of a row, integer sums)"
         if q4_kernel
-        else "the 4-bit products as MatMulNBits with a float product of the blocks' offsets"
+        else "MatMulNBits, the 4-bit ones with a float product of the blocks' offsets"
     )
     return {
         "int4_products": products,
@@ -231,7 +231,7 @@ def export_lm_variants(
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
                 )
-                options[KERNEL_NODES] = options["matmuls"].get("int4_on_kernel", 0)
+                options[KERNEL_NODES] = options["matmuls"].get("on_kernel", 0)
                 options[KERNELS_VERSION] = kernels.VERSION
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))

@@ -24,6 +24,8 @@ and its bias Add), on AVX-512 VNNI, the weights packed as the kernel reads them:
     ai.attnserve.BlockQ4MatMul(x (..., K), q (N/16, K/32, 256) uint8, d, m (N/16, K/32, 16)
         float16) -> (..., N): W in 4-bit affine blocks of 32 (w = d q + m, llama.cpp's Q4_1),
         x quantized per block of 32 of a row as RowQuantize quantizes a row, integer sums
+    ai.attnserve.BlockQ8MatMul(x, q (N/16, K/32, 512) uint8, d): the same with 8-bit symmetric
+        blocks (w = d (q - 128), llama.cpp's Q8_0)
 
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;
@@ -65,7 +67,7 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 8  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 9  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision
@@ -78,6 +80,7 @@ PACKED_QMATMUL = "PackedQMatMul"
 PACKED_QMATMUL_BIAS = "PackedQMatMulBias"
 PANEL = 64  # columns per panel of a packed weight (N / 64, K / 4, 64, 4)
 BLOCK_Q4 = "BlockQ4MatMul"
+BLOCK_Q8 = "BlockQ8MatMul"
 Q4_BLOCK = 32  # BlockQ4MatMul: k per block
 Q4_PANEL = 16  # and columns per panel: q (N / 16, K / 32, 256), d and m (N / 16, K / 32, 16)
 MS_DOMAIN = "com.microsoft"
@@ -229,9 +232,9 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         int8_opset,
         doc_string="QMatMulBias with its weight stored packed, as PackedQMatMul's",
     )
-    block_q4 = _block_q4_function(opset)
     return [
-        block_q4,
+        _block_function(opset, 4),
+        _block_function(opset, 8),
         scores,
         mix,
         scores_half,
@@ -245,43 +248,62 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
     ]
 
 
-def _block_q4_function(opset: list[onnx.OperatorSetIdProto]) -> onnx.FunctionProto:
-    """BlockQ4MatMul's body: the weight unpacked and dequantized (constants: ONNX Runtime folds
-    them at load, so a runtime without the kernel holds a float copy of the weight), the
-    activation quantized per block of 32 as RowQuantize's body quantizes a row, a MatMul."""
+def _block_function(opset: list[onnx.OperatorSetIdProto], bits: int) -> onnx.FunctionProto:
+    """BlockQ4MatMul's (bits 4) or BlockQ8MatMul's (8) body: the weight unpacked and
+    dequantized (constants: ONNX Runtime folds them at load, so a runtime without the kernel
+    holds a float copy of the weight), the activation quantized per block of 32 as RowQuantize's
+    body quantizes a row, a MatMul."""
     from onnx import TensorProto, helper
 
     def const(name: str, dtype: int, dims: list[int], values: list[float | int]) -> onnx.NodeProto:
         tensor = helper.make_tensor(name, dtype, dims, values)
         return helper.make_node("Constant", [], [name], value=tensor)
 
+    def per_block(name: str) -> list[onnx.NodeProto]:  # (P, B, 16) -> (B, 1, N) float
+        return [
+            helper.make_node("Cast", [name], [f"{name}_float"], to=TensorProto.FLOAT),
+            helper.make_node("Transpose", [f"{name}_float"], [f"{name}_t"], perm=[1, 0, 2]),
+            helper.make_node("Reshape", [f"{name}_t", "block_scales"], [f"{name}_blocks"]),
+        ]
+
     nodes = [
-        const("low4", TensorProto.UINT8, [], [15]),
-        const("four", TensorProto.UINT8, [], [4]),
-        const("groups", TensorProto.INT64, [6], [0, 0, 1, 4, Q4_PANEL, 4]),
         const("block_rows", TensorProto.INT64, [3], [0, Q4_BLOCK, -1]),
         const("block_scales", TensorProto.INT64, [3], [0, 1, -1]),
         const("blocks", TensorProto.INT64, [2], [-1, Q4_BLOCK]),
         const("last_axis", TensorProto.INT64, [1], [-1]),
         const("step_value", TensorProto.FLOAT, [], [ROW_STEP]),
         const("zero_point_value", TensorProto.UINT8, [], [ROW_ZERO_POINT]),
-        # w[b * 32 + 16 h + 4 g + i, 16 p + c] = d * nibble + m, the nibble of byte [g][c][i]
-        helper.make_node("BitwiseAnd", ["q", "low4"], ["lo"]),
-        helper.make_node("BitShift", ["q", "four"], ["hi"], direction="RIGHT"),
-        helper.make_node("Reshape", ["lo", "groups"], ["lo6"]),
-        helper.make_node("Reshape", ["hi", "groups"], ["hi6"]),
-        helper.make_node("Concat", ["lo6", "hi6"], ["nibbles"], axis=2),
-        helper.make_node("Transpose", ["nibbles"], ["k_major"], perm=[1, 2, 3, 5, 0, 4]),
-        helper.make_node("Cast", ["k_major"], ["q_float"], to=TensorProto.FLOAT),
-        helper.make_node("Reshape", ["q_float", "block_rows"], ["q_blocks"]),
-        helper.make_node("Cast", ["d"], ["d_float"], to=TensorProto.FLOAT),
-        helper.make_node("Transpose", ["d_float"], ["d_t"], perm=[1, 0, 2]),
-        helper.make_node("Reshape", ["d_t", "block_scales"], ["d_blocks"]),
-        helper.make_node("Cast", ["m"], ["m_float"], to=TensorProto.FLOAT),
-        helper.make_node("Transpose", ["m_float"], ["m_t"], perm=[1, 0, 2]),
-        helper.make_node("Reshape", ["m_t", "block_scales"], ["m_blocks"]),
-        helper.make_node("Mul", ["q_blocks", "d_blocks"], ["scaled"]),
-        helper.make_node("Add", ["scaled", "m_blocks"], ["w_blocks"]),
+        *per_block("d"),
+    ]
+    if bits == 4:  # w[b * 32 + 16 h + 4 g + i, 16 p + c] = d * nibble + m, of byte [g][c][i]
+        nodes += [
+            const("low4", TensorProto.UINT8, [], [15]),
+            const("four", TensorProto.UINT8, [], [4]),
+            const("groups", TensorProto.INT64, [6], [0, 0, 1, 4, Q4_PANEL, 4]),
+            helper.make_node("BitwiseAnd", ["q", "low4"], ["lo"]),
+            helper.make_node("BitShift", ["q", "four"], ["hi"], direction="RIGHT"),
+            helper.make_node("Reshape", ["lo", "groups"], ["lo6"]),
+            helper.make_node("Reshape", ["hi", "groups"], ["hi6"]),
+            helper.make_node("Concat", ["lo6", "hi6"], ["nibbles"], axis=2),
+            helper.make_node("Transpose", ["nibbles"], ["k_major"], perm=[1, 2, 3, 5, 0, 4]),
+            helper.make_node("Cast", ["k_major"], ["q_float"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", ["q_float", "block_rows"], ["q_blocks"]),
+            *per_block("m"),
+            helper.make_node("Mul", ["q_blocks", "d_blocks"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "m_blocks"], ["w_blocks"]),
+        ]
+    else:  # w[b * 32 + 4 g + i, 16 p + c] = d * (byte [g][c][i] - 128)
+        nodes += [
+            const("groups", TensorProto.INT64, [5], [0, 0, 8, Q4_PANEL, 4]),
+            const("zero_point_float", TensorProto.FLOAT, [], [128.0]),
+            helper.make_node("Reshape", ["q", "groups"], ["q5"]),
+            helper.make_node("Transpose", ["q5"], ["k_major"], perm=[1, 2, 4, 0, 3]),
+            helper.make_node("Cast", ["k_major"], ["q_float"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", ["q_float", "block_rows"], ["q_blocks"]),
+            helper.make_node("Sub", ["q_blocks", "zero_point_float"], ["centred"]),
+            helper.make_node("Mul", ["centred", "d_blocks"], ["w_blocks"]),
+        ]
+    nodes += [
         helper.make_node("Flatten", ["w_blocks"], ["w"], axis=2),
         # x (..., K) in blocks of 32, each quantized as RowQuantize quantizes a row
         helper.make_node("Reshape", ["x", "blocks"], ["x_blocks"]),
@@ -295,6 +317,19 @@ def _block_q4_function(opset: list[onnx.OperatorSetIdProto]) -> onnx.FunctionPro
         helper.make_node("Reshape", ["x_hat_blocks", "x_shape"], ["x_hat"]),
         helper.make_node("MatMul", ["x_hat", "w"], ["y"]),
     ]
+    if bits == 8:
+        return helper.make_function(
+            DOMAIN,
+            BLOCK_Q8,
+            ["x", "q", "d"],
+            ["y"],
+            nodes,
+            opset,
+            doc_string="x @ W, W (K, N) in 8-bit symmetric blocks of 32 along K (w = d (q - "
+            "128)), stored q (N/16, K/32, 512) uint8 (byte [g][c][i] of a block: k = 4 g + i of "
+            "column c), d (N/16, K/32, 16) float16; x quantized per block of 32 of a row as "
+            "RowQuantize quantizes a row",
+        )
     return helper.make_function(
         DOMAIN,
         BLOCK_Q4,
@@ -317,6 +352,15 @@ def pack_q4(q: np.ndarray) -> np.ndarray:
     v = v.transpose(0, 2, 3, 4, 1, 5)  # p b h g c i
     packed = v[:, :, 0] | (v[:, :, 1] << 4)
     return np.ascontiguousarray(packed.reshape(n // Q4_PANEL, blocks, 256))
+
+
+def pack_q8(q: np.ndarray) -> np.ndarray:
+    """8-bit values q (N, K/32, 32), -127..127, as BlockQ8MatMul reads them: (N/16, K/32, 512)
+    uint8, zero point 128."""
+    n, blocks, _ = q.shape
+    v = (q.astype(np.int16) + 128).astype(np.uint8)
+    v = v.reshape(n // Q4_PANEL, Q4_PANEL, blocks, 8, 4).transpose(0, 2, 3, 1, 4)  # p b g c i
+    return np.ascontiguousarray(v.reshape(n // Q4_PANEL, blocks, 512))
 
 
 def q4_panels(values: np.ndarray) -> np.ndarray:

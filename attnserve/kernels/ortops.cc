@@ -10,6 +10,7 @@
 //   ai.attnserve.AttnMix(p (B, H, M, N), v (B, H, N, D))    -> (B, H, M, D) = p @ v
 //   ai.attnserve.AttnScoresHalf / AttnMixHalf: the same with k / v float16 (a half cache)
 //   ai.attnserve.BlockQ4MatMul(x, q, d, m): a product with a weight in 4-bit affine blocks
+//   ai.attnserve.BlockQ8MatMul(x, q, d): the same with 8-bit symmetric blocks (Q8_0)
 //   (and LogSoftmaxTopK, RowQuantize, QMatMul / QMatMulBias: see their sections below)
 //
 // The graph declares each as an ONNX function whose body is the stock Transpose + MatMul, so
@@ -716,14 +717,18 @@ void qmatmul_task(void* data, size_t index) {
 // byte [g][c][i] holding q[4 g + i][c] in its low nibble and q[16 + 4 g + i][c] in its high
 // one; d and m (N / 16, K / 32, 16) float16. One vpdpbusd multiplies four k of 16 columns (the
 // weights unsigned, the activations signed). A row's result depends on that row alone.
+// BlockQ8MatMul is the same product with llama.cpp's Q8_0 blocks, w = d * (q - 128), q uint8
+// (N / 16, K / 32, 512), byte [g][c][i] holding q[4 g + i][c]; d float16.
 constexpr int64_t kQ4Block = 32;
 constexpr int64_t kQ4Panel = 16;
 constexpr int64_t kQ4PanelBytes = kQ4Block * kQ4Panel / 2;  // 256
+constexpr int64_t kQ8PanelBytes = kQ4Block * kQ4Panel;  // 512: 8-bit blocks (BlockQ8MatMul)
 constexpr int kQ4Rows = 4;  // rows per register block
 constexpr int64_t kQ4TaskPanels = 4;  // panels per task
 constexpr int64_t kQ4Prefetch = 16;  // blocks ahead
 
 struct Q4Job {
+  int bits;            // 4: BlockQ4MatMul; 8: BlockQ8MatMul (w = d * (q - 128), no m)
   const int8_t* xq;    // (rows, K) the activations' signed bytes
   const float* scale;  // (rows, K / 32) s_b / 127
   const float* sums;   // (rows, K / 32) sum(xq)_b
@@ -758,31 +763,40 @@ void q4_quantize_row(const Q4Job& job, const float* x, int64_t row,
 }
 
 #if ATTNSERVE_AVX512
-// R rows (1..kQ4Rows) by one panel of 16 columns, over all of K.
-template <int R>
+// R rows (1..kQ4Rows) by one panel of 16 columns, over all of K. w[G] holds group G of a
+// block (k = 4 G .. 4 G + 3) of the panel's 16 columns: from a 4-bit block's nibbles, or an
+// 8-bit block's bytes (unsigned, zero point 128: the sums lose 128 sum(xq) after the products).
+template <int R, int Bits>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void q4_block(const Q4Job& job,
                                                                      int64_t p, int64_t r) {
-  const uint8_t* q = job.q + p * job.blocks * kQ4PanelBytes;
+  constexpr int64_t kBytes = Bits == 4 ? kQ4PanelBytes : kQ8PanelBytes;
+  const uint8_t* q = job.q + p * job.blocks * kBytes;
   const Half* d = job.d + p * job.blocks * kQ4Panel;
-  const Half* m = job.m + p * job.blocks * kQ4Panel;
+  const Half* m = Bits == 4 ? job.m + p * job.blocks * kQ4Panel : nullptr;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < job.blocks; ++b, q += kQ4PanelBytes, d += kQ4Panel, m += kQ4Panel) {
-    for (int line = 0; line < 4; ++line) {
-      _mm_prefetch(reinterpret_cast<const char*>(q + kQ4Prefetch * kQ4PanelBytes + 64 * line),
+  for (int64_t b = 0; b < job.blocks; ++b, q += kBytes, d += kQ4Panel) {
+    for (int line = 0; line < kBytes / 64; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + kQ4Prefetch * kBytes + 64 * line),
                    _MM_HINT_T0);
     }
     _mm_prefetch(reinterpret_cast<const char*>(d + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(m + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
     __m512i w[8];
-    for (int g = 0; g < 4; ++g) {
-      const __m512i bytes = _mm512_loadu_si512(q + 64 * g);
-      w[g] = _mm512_and_si512(bytes, low4);
-      w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+    __m512 mb = _mm512_setzero_ps();
+    if constexpr (Bits == 4) {
+      _mm_prefetch(reinterpret_cast<const char*>(m + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
+      for (int g = 0; g < 4; ++g) {
+        const __m512i bytes = _mm512_loadu_si512(q + 64 * g);
+        w[g] = _mm512_and_si512(bytes, low4);
+        w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+      }
+      mb = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
+      m += kQ4Panel;
+    } else {
+      for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(q + 64 * g);
     }
     const __m512 db = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
-    const __m512 mb = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
     for (int i = 0; i < R; ++i) {
       const int64_t row = r + i;
       const int8_t* x = job.xq + row * job.k + b * kQ4Block;
@@ -794,22 +808,30 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void q4_block(const Q4Job
         s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(quad0));
         s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(quad1));
       }
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
       const int64_t at = row * job.blocks + b;
-      const __m512 t = _mm512_fmadd_ps(dot, db, _mm512_mul_ps(mb, _mm512_set1_ps(job.sums[at])));
+      __m512 t;
+      if constexpr (Bits == 4) {
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+        t = _mm512_fmadd_ps(dot, db, _mm512_mul_ps(mb, _mm512_set1_ps(job.sums[at])));
+      } else {
+        const __m512i offset = _mm512_set1_epi32(128 * static_cast<int32_t>(job.sums[at]));
+        t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(s0, s1), offset)),
+                          db);
+      }
       acc[i] = _mm512_fmadd_ps(t, _mm512_set1_ps(job.scale[at]), acc[i]);
     }
   }
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(job.y + (r + i) * job.n + p * kQ4Panel, acc[i]);
 }
 
+template <int Bits>
 void q4_rows(const Q4Job& job, int64_t p, int64_t r0, int64_t r1) {
   int64_t r = r0;
-  for (; r + kQ4Rows <= r1; r += kQ4Rows) q4_block<kQ4Rows>(job, p, r);
+  for (; r + kQ4Rows <= r1; r += kQ4Rows) q4_block<kQ4Rows, Bits>(job, p, r);
   switch (r1 - r) {
-    case 3: return q4_block<3>(job, p, r);
-    case 2: return q4_block<2>(job, p, r);
-    case 1: return q4_block<1>(job, p, r);
+    case 3: return q4_block<3, Bits>(job, p, r);
+    case 2: return q4_block<2, Bits>(job, p, r);
+    case 1: return q4_block<1, Bits>(job, p, r);
     default: return;
   }
 }
@@ -823,7 +845,13 @@ void q4_task(void* data, size_t index) {
   const int64_t t = static_cast<int64_t>(index) % job.row_tasks;
   const int64_t r0 = t * kTaskRows, r1 = std::min(job.rows, r0 + kTaskRows);
   const int64_t p1 = std::min(job.panels, (group + 1) * kQ4TaskPanels);
-  for (int64_t p = group * kQ4TaskPanels; p < p1; ++p) q4_rows(job, p, r0, r1);
+  for (int64_t p = group * kQ4TaskPanels; p < p1; ++p) {
+    if (job.bits == 4) {
+      q4_rows<4>(job, p, r0, r1);
+    } else {
+      q4_rows<8>(job, p, r0, r1);
+    }
+  }
 #else
   (void)data, (void)index;
 #endif
@@ -920,7 +948,8 @@ enum class Kind {
   kQMatMulBias,
   kPackedQMatMul,
   kPackedQMatMulBias,
-  kBlockQ4MatMul
+  kBlockQ4MatMul,
+  kBlockQ8MatMul
 };
 
 constexpr bool is_qmatmul(Kind kind) {
@@ -1136,21 +1165,26 @@ void q4_quantize_task(void* data, size_t index) {
                   quantize_portable);
 }
 
-// x (..., K) float, q (N / 16, K / 32, 256) uint8, d and m (N / 16, K / 32, 16) float16
-// -> (..., N).
-void run_q4(const ort_abi::Fns& api, OrtKernelContext* context) {
+// BlockQ4MatMul: x (..., K) float, q (N / 16, K / 32, 256) uint8, d and m (N / 16, K / 32, 16)
+// float16 -> (..., N). BlockQ8MatMul (bits 8): q (N / 16, K / 32, 512), d, no m.
+void run_q4(const ort_abi::Fns& api, OrtKernelContext* context, int bits) {
   const Tensor x = input(api, context, 0);
   const Tensor q = input(api, context, 1);
   const Tensor d = input(api, context, 2);
-  const Tensor m = input(api, context, 3);
-  const bool shaped = !x.dims.empty() && q.dims.size() == 3 && q.dims[2] == kQ4PanelBytes &&
+  const Tensor m = bits == 4 ? input(api, context, 3) : d;
+  const int64_t panel_bytes = bits == 4 ? kQ4PanelBytes : kQ8PanelBytes;
+  const bool shaped = !x.dims.empty() && q.dims.size() == 3 && q.dims[2] == panel_bytes &&
                       d.dims == std::vector<int64_t>{q.dims[0], q.dims[1], kQ4Panel} &&
                       m.dims == d.dims && x.dims.back() == q.dims[1] * kQ4Block;
   if (!shaped) {
     throw Failure{ORT_INVALID_ARGUMENT,
-                  "BlockQ4MatMul wants x (..., K), q (N/16, K/32, 256), d and m (N/16, K/32, 16)"};
+                  bits == 4 ? "BlockQ4MatMul wants x (..., K), q (N/16, K/32, 256), d and m "
+                              "(N/16, K/32, 16)"
+                            : "BlockQ8MatMul wants x (..., K), q (N/16, K/32, 512), d (N/16, "
+                              "K/32, 16)"};
   }
   Q4Job job{};
+  job.bits = bits;
   job.k = x.dims.back(), job.blocks = q.dims[1], job.panels = q.dims[0];
   job.n = job.panels * kQ4Panel;
   job.rows = x.count() / std::max<int64_t>(job.k, 1);
@@ -1184,7 +1218,8 @@ void run(const Kernel& kernel, OrtKernelContext* context) {
     return run_qmatmul(kernel, context, bias, packed);
   }
   if (kernel.kind == Kind::kVocab) return run_vocab(api, context);
-  if (kernel.kind == Kind::kBlockQ4MatMul) return run_q4(api, context);
+  if (kernel.kind == Kind::kBlockQ4MatMul) return run_q4(api, context, 4);
+  if (kernel.kind == Kind::kBlockQ8MatMul) return run_q4(api, context, 8);
   if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
   const Tensor a = input(api, context, 0);
   const Tensor b = input(api, context, 1);
@@ -1227,6 +1262,7 @@ struct Op {
       case Kind::kPackedQMatMul: return "PackedQMatMul";
       case Kind::kPackedQMatMulBias: return "PackedQMatMulBias";
       case Kind::kBlockQ4MatMul: return "BlockQ4MatMul";
+      case Kind::kBlockQ8MatMul: return "BlockQ8MatMul";
     }
     return "";
   }
@@ -1244,6 +1280,7 @@ struct Op {
       case Kind::kPackedQMatMul: return 4;
       case Kind::kPackedQMatMulBias: return 5;
       case Kind::kBlockQ4MatMul: return 4;
+      case Kind::kBlockQ8MatMul: return 3;
       default: return 2;
     }
   }
@@ -1254,7 +1291,7 @@ struct Op {
     if (is_qmatmul(kind)) {
       return index == 0 ? ORT_ELEMENT_UINT8 : index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
     }
-    if (kind == Kind::kBlockQ4MatMul) {
+    if (kind == Kind::kBlockQ4MatMul || kind == Kind::kBlockQ8MatMul) {
       return index == 0 ? ORT_ELEMENT_FLOAT : index == 1 ? ORT_ELEMENT_UINT8 : ORT_ELEMENT_FLOAT16;
     }
     if ((kind == Kind::kScoresHalf || kind == Kind::kMixHalf) && index == 1) {
@@ -1325,6 +1362,7 @@ const OrtCustomOp kQMatMulBias = make_op<Kind::kQMatMulBias>();
 const OrtCustomOp kPackedQMatMul = make_op<Kind::kPackedQMatMul>();
 const OrtCustomOp kPackedQMatMulBias = make_op<Kind::kPackedQMatMulBias>();
 const OrtCustomOp kBlockQ4MatMul = make_op<Kind::kBlockQ4MatMul>();
+const OrtCustomOp kBlockQ8MatMul = make_op<Kind::kBlockQ8MatMul>();
 
 }  // namespace
 
@@ -1343,7 +1381,8 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   for (const OrtCustomOp* op :
-       {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kBlockQ4MatMul}) {
+       {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kBlockQ4MatMul,
+        &kBlockQ8MatMul}) {
     if (!use_qmatmul()) break;
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
@@ -1354,4 +1393,4 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
 ATTNSERVE_EXPORT int attnserve_kernels_integer_products() { return use_qmatmul() ? 1 : 0; }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 8; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 9; }

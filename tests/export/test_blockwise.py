@@ -199,8 +199,9 @@ def test_only_leaves_the_embedding_float() -> None:
 # ---- attnserve's 4-bit kernel (BlockQ4MatMul) ----------------------------------------------
 
 
-def q4_graph(w: np.ndarray) -> onnx.ModelProto:
-    """y = x @ W for x (b, t, K), rewritten onto BlockQ4MatMul."""
+def q4_graph(w: np.ndarray, bits: int = 4) -> onnx.ModelProto:
+    """y = x @ W for x (b, t, K), rewritten onto BlockQ4MatMul (or, as an output projection,
+    BlockQ8MatMul)."""
     k, n = w.shape
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
@@ -210,9 +211,10 @@ def q4_graph(w: np.ndarray) -> onnx.ModelProto:
         [numpy_helper.from_array(w, "w")],
     )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-    counts = bw.quantize_blockwise(model, 0, q4_kernel=True)
-    assert counts["int4_on_kernel"] == counts["int4_affine"] == 1
-    assert [node.op_type for node in model.graph.node] == [kernels.BLOCK_Q4]
+    counts = bw.quantize_blockwise(model, n if bits == 8 else 0, q4_kernel=True)
+    assert counts["on_kernel"] == counts["int4_affine" if bits == 4 else "int8_symmetric"] == 1
+    op = kernels.BLOCK_Q4 if bits == 4 else kernels.BLOCK_Q8
+    assert [node.op_type for node in model.graph.node] == [op]
     onnx.checker.check_model(model)
     return model
 
@@ -246,6 +248,8 @@ def test_q4_panels_recover_a_q4_1_grid_exactly() -> None:
     rng = np.random.default_rng(7)
     w = q4_1_weight(rng, 96, 48)
     np.testing.assert_array_equal(bw.dequantize_panels(bw.affine4_panels(w)), w)
+    w8 = q8_0_weight(rng, 96, 48)
+    np.testing.assert_array_equal(bw.dequantize_panels(bw.symmetric8_panels(w8)), w8)
     other = rng.normal(size=(64, 32)).astype(np.float32)
     blocks = other.T.reshape(32, 2, 32)
     step = (blocks.max(-1) - blocks.min(-1)) / 15
@@ -253,18 +257,20 @@ def test_q4_panels_recover_a_q4_1_grid_exactly() -> None:
     assert np.all(error.T.reshape(32, 2, 32).max(-1) <= step / 2 + 1e-3 * np.abs(other).max())
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("library", [False, pytest.param(True, marks=needs_q4)])
 @pytest.mark.parametrize("shape", [(1, 1, 64, 16), (2, 5, 96, 80), (1, 7, 32, 48)])
 def test_block_q4_multiplies_by_the_blocks_with_block_quantized_activations(
-    shape: tuple[int, ...], library: bool
+    shape: tuple[int, ...], library: bool, bits: int
 ) -> None:
     """Kernel (rows in blocks of 4 and their rest, panels in groups of 4 and their rest) and the
     stock body (any ONNX Runtime) give x_blocks @ W: x quantized per block of 32 of a row,
-    W the dequantized blocks; a row gets the same bits alone as in any batch."""
+    W the dequantized blocks (4-bit affine or 8-bit symmetric); a row gets the same bits alone
+    as in any batch."""
     b, t, k, n = shape
     rng = np.random.default_rng(sum(shape))
-    w = q4_1_weight(rng, k, n)
-    session = q4_session(q4_graph(w), library)
+    w = q4_1_weight(rng, k, n) if bits == 4 else q8_0_weight(rng, k, n)
+    session = q4_session(q4_graph(w, bits), library)
     x = rng.normal(size=(b, t, k)).astype(np.float32)
     x[0, 0, :8] *= 40  # an outlier block
     (y,) = session.run(None, {"x": x})
@@ -290,11 +296,14 @@ def test_block_q4_kernel_and_body_agree_on_zeros_and_empty_batches() -> None:
 
 
 @needs_q4
-def test_block_q4_refuses_a_weight_of_another_shape() -> None:
-    model = q4_graph(q4_1_weight(np.random.default_rng(4), 64, 32))
+@pytest.mark.parametrize("bits", [4, 8])
+def test_block_products_refuse_a_weight_of_another_shape(bits: int) -> None:
+    rng = np.random.default_rng(4)
+    w = q4_1_weight(rng, 64, 32) if bits == 4 else q8_0_weight(rng, 64, 32)
+    model = q4_graph(w, bits)
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "k"
     session = q4_session(model, True)
-    with pytest.raises(Exception, match="BlockQ4MatMul wants x"):
+    with pytest.raises(Exception, match=f"BlockQ{bits}MatMul wants x"):
         session.run(None, {"x": np.zeros((1, 1, 96), dtype=np.float32)})
 
 
@@ -302,5 +311,5 @@ def test_without_the_kernel_four_bit_products_stay_on_matmulnbits() -> None:
     rng = np.random.default_rng(5)
     model = graph(q4_1_weight(rng), q4_1_weight(rng), q8_0_weight(rng, K, V))
     counts = bw.quantize_blockwise(model, V)
-    assert "int4_on_kernel" not in counts
+    assert "on_kernel" not in counts
     assert kernels.BLOCK_Q4 not in [n.op_type for n in model.graph.node]
