@@ -119,8 +119,8 @@ def dequantize_panels(panels: Q4Panels) -> np.ndarray:
     """The (K, N) float32 weight that BlockQ4MatMul's or BlockQ8MatMul's `panels` stand for."""
     p, blocks, _ = panels.q.shape
     if panels.m is None:  # 8-bit: byte [g][c][i] is k = 4 g + i of column c
-        raw = panels.q.reshape(p, blocks, 8, kernels.Q4_PANEL, 4).astype(np.float64) - 128.0
-        q8 = raw.transpose(1, 2, 4, 0, 3).reshape(blocks, kernels.Q4_BLOCK, -1)
+        wide = panels.q.reshape(p, blocks, 8, kernels.Q4_PANEL, 4).astype(np.float64) - 128.0
+        q8 = wide.transpose(1, 2, 4, 0, 3).reshape(blocks, kernels.Q4_BLOCK, -1)
         d8 = panels.d.astype(np.float64).transpose(1, 0, 2).reshape(blocks, 1, -1)
         return (q8 * d8).reshape(blocks * kernels.Q4_BLOCK, -1).astype(np.float32)
     q = np.empty((p, blocks, 2, 4, kernels.Q4_PANEL, 4), dtype=np.float64)  # p b h g c i
