@@ -726,6 +726,7 @@ constexpr int64_t kQ8PanelBytes = kQ4Block * kQ4Panel;  // 512: 8-bit blocks (Bl
 constexpr int kQ4Rows = 4;  // rows per register block
 constexpr int64_t kQ4TaskPanels = 4;  // panels per task
 constexpr int64_t kQ4Prefetch = 16;  // blocks ahead
+constexpr int64_t kQ4InlineQuantize = 1 << 14;  // activations quantized on the calling thread
 
 struct Q4Job {
   int bits;            // 4: BlockQ4MatMul; 8: BlockQ8MatMul (w = d * (q - 128), no m)
@@ -1203,7 +1204,11 @@ void run_q4(const ort_abi::Fns& api, OrtKernelContext* context, int bits) {
   job.q = static_cast<const uint8_t*>(q.raw);
   job.d = static_cast<const Half*>(d.raw), job.m = static_cast<const Half*>(m.raw);
   Q4QuantJob quant{&job, x.data()};
-  for_each_row(api, context, q4_quantize_task, static_cast<size_t>(job.rows), &quant);
+  if (job.rows * job.k <= kQ4InlineQuantize) {  // a few rows: not worth waking the threads
+    for (int64_t row = 0; row < job.rows; ++row) q4_quantize_task(&quant, static_cast<size_t>(row));
+  } else {
+    for_each_row(api, context, q4_quantize_task, static_cast<size_t>(job.rows), &quant);
+  }
   job.row_tasks = (job.rows + kTaskRows - 1) / kTaskRows;
   const int64_t groups = (job.panels + kQ4TaskPanels - 1) / kQ4TaskPanels;
   for_each_row(api, context, q4_task, static_cast<size_t>(groups * job.row_tasks), &job);
