@@ -137,10 +137,10 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
         "int4_products": products,
         "offline_optimization": "ORT_ENABLE_BASIC",
         "quantization": (
-            f"weight-only, blocks of {BLOCK} along the input dimension (MatMulNBits, "
-            f"accuracy_level {ACCURACY_LEVEL}): projections 4-bit affine (Q4_1-style: scale and "
-            "minimum per block), the output projection and the token embedding 8-bit symmetric "
-            "(Q8_0-style; the embedding looked up with GatherBlockQuantized)"
+            f"weight-only, blocks of {BLOCK} along the input dimension, activations quantized "
+            "per block of a row: projections 4-bit affine (Q4_1-style: scale and minimum per "
+            "block), the output projection and the token embedding 8-bit symmetric (Q8_0-style; "
+            "the embedding looked up with GatherBlockQuantized); the products: see int4_products"
         ),
         "block_size": BLOCK,
         "accuracy_level": ACCURACY_LEVEL,

@@ -32,8 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
 from attnserve.engine.onnx.layout import (
     CANDIDATES,
@@ -308,12 +310,14 @@ def use_kernels(path: Path, *, decoder: bool = True) -> int:
 # Measured in docs/BENCHMARKS.md ("The int8 cache in half precision").
 INT8_CACHES = ("float16", "float32")
 INT8_CACHE = "float16"
+HALF_MAX = 65504.0  # float16's largest finite value
 
 
 def store_cache_half(path: Path, inputs: Sequence[str], outputs: Sequence[str]) -> int:
     """Make the graph at `path` keep its KV cache in float16: the float inputs `inputs` become
     float16 (widened to float as the graph reads them: the attention kernels read the halves
-    directly, `use_attention_kernels`), the float outputs `outputs` are rounded to float16, and
+    directly, `use_attention_kernels`), the float outputs `outputs` are rounded to float16
+    (clipped to its finite range first: a huge key saturates instead of becoming inf), and
     the graph's own readers of an output read it rounded too, so a key or value is the same
     number in the step that computes it and in every later step that reads it from the cache.
     Returns how many inputs and outputs changed (0: the graph is unchanged)."""
@@ -330,10 +334,17 @@ def store_cache_half(path: Path, inputs: Sequence[str], outputs: Sequence[str]) 
     for name in sorted(wanted_in):
         renamed[name] = f"{name}.float"
         first.append(onnx.helper.make_node("Cast", [name], [f"{name}.float"], to=full))
+    if wanted_out:  # float16's largest finite value: larger ones saturate, not become inf
+        limit = numpy_helper.from_array(np.array(HALF_MAX, dtype=np.float32), "half_max")
+        low = numpy_helper.from_array(np.array(-HALF_MAX, dtype=np.float32), "half_min")
+        graph.initializer.extend([limit, low])
     for name in sorted(wanted_out):
         renamed[name] = f"{name}.rounded"
         after[name] = [
-            onnx.helper.make_node("Cast", [f"{name}.float"], [name], to=half),
+            onnx.helper.make_node(
+                "Clip", [f"{name}.float", "half_min", "half_max"], [f"{name}.clipped"]
+            ),
+            onnx.helper.make_node("Cast", [f"{name}.clipped"], [name], to=half),
             onnx.helper.make_node("Cast", [name], [f"{name}.rounded"], to=full),
         ]
     nodes: list[onnx.NodeProto] = list(first)

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ort_abi.h"
@@ -71,9 +72,23 @@ inline float widen(Half h) {  // IEEE binary16 -> binary32, exact (subnormals, i
 
 // Portable loops: q (M, D) against k (N, D) into out (M, N), each dot product kLanes partial
 // sums added pairwise; p (M, N) times v (N, D) into out (M, D), summed over n in order.
+// A half block widened once into a float copy (per thread), for the float loop: the portable
+// loops would otherwise widen every element again for every query row.
+const float* widened(const void* halves, int64_t count) {
+  thread_local std::vector<float> wide;
+  wide.resize(static_cast<size_t>(count));
+  const Half* h = static_cast<const Half*>(halves);
+  for (int64_t i = 0; i < count; ++i) wide[static_cast<size_t>(i)] = widen(h[i]);
+  return wide.data();
+}
+
 template <typename T>
 void scores_portable(const float* q, const void* keys, float* out, int64_t m_count,
                      int64_t n_count, int64_t depth) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return scores_portable<float>(q, widened(keys, n_count * depth), out, m_count, n_count,
+                                  depth);
+  }
   const T* k = static_cast<const T*>(keys);
   const int64_t whole = depth - depth % kLanes;
   for (int64_t m = 0; m < m_count; ++m) {
@@ -96,6 +111,10 @@ void scores_portable(const float* q, const void* keys, float* out, int64_t m_cou
 template <typename T>
 void mix_portable(const float* p, const void* values, float* out, int64_t m_count,
                   int64_t n_count, int64_t depth) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return mix_portable<float>(p, widened(values, n_count * depth), out, m_count, n_count,
+                               depth);
+  }
   const T* v = static_cast<const T*>(values);
   for (int64_t m = 0; m < m_count; ++m) {
     float* om = out + m * depth;
@@ -777,16 +796,23 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void q4_block(const Q4Job
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  // blocks of the weight (its panels one after another) left after this panel's first
+  const int64_t left = (job.panels - p) * job.blocks;
   for (int64_t b = 0; b < job.blocks; ++b, q += kBytes, d += kQ4Panel) {
-    for (int line = 0; line < kBytes / 64; ++line) {
+    const bool ahead = b + kQ4Prefetch < left;  // prefetch only inside the weight
+    for (int line = 0; ahead && line < kBytes / 64; ++line) {
       _mm_prefetch(reinterpret_cast<const char*>(q + kQ4Prefetch * kBytes + 64 * line),
                    _MM_HINT_T0);
     }
-    _mm_prefetch(reinterpret_cast<const char*>(d + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
+    if (ahead) {
+      _mm_prefetch(reinterpret_cast<const char*>(d + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
+    }
     __m512i w[8];
     __m512 mb = _mm512_setzero_ps();
     if constexpr (Bits == 4) {
-      _mm_prefetch(reinterpret_cast<const char*>(m + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
+      if (ahead) {
+        _mm_prefetch(reinterpret_cast<const char*>(m + kQ4Prefetch * kQ4Panel), _MM_HINT_T0);
+      }
       for (int g = 0; g < 4; ++g) {
         const __m512i bytes = _mm512_loadu_si512(q + 64 * g);
         w[g] = _mm512_and_si512(bytes, low4);
@@ -1188,7 +1214,8 @@ void run_q4(const ort_abi::Fns& api, OrtKernelContext* context, int bits) {
   job.bits = bits;
   job.k = x.dims.back(), job.blocks = q.dims[1], job.panels = q.dims[0];
   job.n = job.panels * kQ4Panel;
-  job.rows = x.count() / std::max<int64_t>(job.k, 1);
+  job.rows = 1;
+  for (size_t i = 0; i + 1 < x.dims.size(); ++i) job.rows *= x.dims[i];
   std::vector<int64_t> dims = x.dims;
   dims.back() = job.n;
   job.y = static_cast<float*>(output(api, context, 0, dims));

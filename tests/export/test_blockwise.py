@@ -259,7 +259,15 @@ def test_q4_panels_recover_a_q4_1_grid_exactly() -> None:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("library", [False, pytest.param(True, marks=needs_q4)])
-@pytest.mark.parametrize("shape", [(1, 1, 64, 16), (2, 5, 96, 80), (1, 7, 32, 48)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 1, 64, 16),
+        (2, 5, 96, 80),
+        (1, 7, 32, 48),
+        (1, 200, 1024, 80),  # rows in two tasks; the activations quantized on the threads
+    ],
+)
 def test_block_q4_multiplies_by_the_blocks_with_block_quantized_activations(
     shape: tuple[int, ...], library: bool, bits: int
 ) -> None:

@@ -190,9 +190,11 @@ def test_the_half_kernels_compute_attention_on_the_widened_halves(shape: tuple[i
 @pytest.mark.parametrize("depth", [64, 40])
 def test_a_half_is_widened_exactly(depth: int) -> None:
     """One-hot queries read single keys back: every half (subnormals, zeros, the largest finite
-    one) comes out as numpy widens it, on the AVX-512 loops and on the portable ones."""
+    one, infinities, NaN) comes out as numpy widens it, on the AVX-512 loops and on the portable
+    ones."""
     halves = np.array(
-        [0.0, -0.0, 1.0, -2.5, 65504.0, -65504.0, 6.1e-5, 5.96e-8, -5.96e-8, 3.0e-6, 0.1, 1e-3],
+        [0.0, -0.0, 1.0, -2.5, 65504.0, -65504.0, 6.1e-5, 5.96e-8, -5.96e-8, 3.0e-6, 0.1, 1e-3]
+        + [np.inf, -np.inf, np.nan],
         dtype=np.float16,
     )
     n = halves.size

@@ -4,10 +4,12 @@ the torch model, the ONNX backend's row operations, batch invariance of int8, an
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -145,12 +147,23 @@ def test_int8_batches_decode_as_each_prompt_alone(exported: tuple[DecoderOnly, P
                 assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
-def test_int4_keeps_q4_1_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_kernels", [True, False])
+def test_int4_keeps_q4_1_weights(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    block_kernels: bool,
+) -> None:
     """Weights on a Q4_1 grid (per block of 32 inputs: a scale d, a minimum m, w = d q + m with
     q in 0..15, as a GGUF Q4_1 file dequantizes to) survive the int4 export unchanged, so the
-    graph (MatMulNBits' layout, scales, the block-sum offsets) must agree with torch closely:
-    the error left is that of the int8 activations of its accuracy level 4 kernel and of the
-    8-bit output projection."""
+    graph must agree with torch closely: the error left is that of the int8 activations (per
+    block of 32 of a row) and of the 8-bit output projection. Both ways of writing it: on
+    attnserve's block kernels (BlockQ4MatMul / BlockQ8MatMul; their stock bodies where the
+    library does not run them) and on MatMulNBits with the block-sum offsets."""
+    from attnserve import kernels
+    from attnserve.export import lm_export
+
+    monkeypatch.setattr(lm_export.kernels, "integer_products", lambda: block_kernels)
     model = tiny(seed=1)
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -170,6 +183,19 @@ def test_int4_keeps_q4_1_weights(tmp_path: Path) -> None:
     assert manifest["options"]["matmuls"]["int8_symmetric"] == 1  # the output projection
     assert manifest["options"]["matmuls"]["embedding_int8"] == 1  # the token embedding
     assert parity["top1_agreement"] >= 0.95 and parity["mean_kl"] <= 0.01
+    graph = onnx.load(str(written["int4"] / "step.onnx"), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    if block_kernels:
+        assert {kernels.BLOCK_Q4, kernels.BLOCK_Q8} <= ops and "MatMulNBits" not in ops
+        assert manifest["options"]["kernel_nodes"] == manifest["options"]["matmuls"]["on_kernel"]
+        # without the library: the stock bodies, as close to torch, and a warning that says so
+        with caplog.at_level(logging.WARNING, logger="attnserve.engine.onnx.lm_backend"):
+            stock = open_lm_backend(model.config, written["int4"], provider="cpu", kernels=False)
+        assert "not registered here" in caplog.text
+        parity_stock = compare(stock, lm_reference(model))
+        assert parity_stock["top1_agreement"] >= 0.95 and parity_stock["mean_kl"] <= 0.01
+    else:
+        assert kernels.BLOCK_Q4 not in ops and "MatMulNBits" in ops
 
 
 def test_a_broken_int8_graph_fails_the_gate(exported: tuple[DecoderOnly, Path]) -> None:

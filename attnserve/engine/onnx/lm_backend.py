@@ -54,6 +54,7 @@ from attnserve.engine.onnx.rowops import (
     width_of,
 )
 from attnserve.engine.torch_lm import lm_spec
+from attnserve.kernels import integer_products
 from attnserve.kernels import register as register_kernels
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
@@ -120,6 +121,16 @@ class OnnxLMBackend:
         disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
         # attnserve's kernels (an int8 step's activation quantization), on the CPU provider
         self.kernels = providers[0] == CPU and kernels and register_kernels(options)
+        block_products = self.manifest.get("options", {}).get("matmuls", {}).get("on_kernel", 0)
+        if block_products and not (self.kernels and integer_products()):
+            log.warning(
+                "%s runs %d products on attnserve's block kernels, which are not registered "
+                "here (they need AVX-512 VNNI and the built library): ONNX Runtime runs their "
+                "stock bodies, on float copies of the weights (slower, more memory); export the "
+                "variant again on this machine for MatMulNBits",
+                directory,
+                block_products,
+            )
         inputs, outputs = self._io_names()
         attention = self.manifest.get("options", {}).get("attention", LM_PLAIN)
         if attention != self.attention:
