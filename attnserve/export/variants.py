@@ -366,18 +366,14 @@ def store_cache_half(path: Path, inputs: Sequence[str], outputs: Sequence[str]) 
     kept_info = [v for v in graph.value_info if v.name not in stale]
     del graph.value_info[:]
     graph.value_info.extend(kept_info)
-    _set_graph_nodes(graph, nodes)
+    del graph.node[:]
+    graph.node.extend(nodes)
     save_graph(model, path)
     return len(wanted_in) + len(wanted_out)
 
 
 def _elem(info: onnx.ValueInfoProto) -> int:
     return int(info.type.tensor_type.elem_type)
-
-
-def _set_graph_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
-    del graph.node[:]
-    graph.node.extend(nodes)
 
 
 def output_projection_nodes(model: onnx.ModelProto) -> list[str]:

@@ -383,11 +383,6 @@ def integer_products() -> bool:
         return False
 
 
-def declare(model: onnx.ModelProto) -> None:
-    """The ops' functions and their domain in `model` (for a graph written with them)."""
-    _declare(model)
-
-
 def pack_weight(w: np.ndarray) -> np.ndarray:
     """An int8 (K, N) weight as PackedQMatMul reads it: (N / 64, K / 4, 64, 4), four
     consecutive k of a column adjacent (K a multiple of 4, N of 64)."""
@@ -459,7 +454,7 @@ def use_attention_kernels(model: onnx.ModelProto) -> int:
         _, readers = _wiring(graph)
         unread = {name for name in read_through if not readers.get(name)}
         _set_nodes(graph, [n for n in graph.node if n.output[0] not in unread])
-    _declare(model)
+    declare(model)
     return rewritten
 
 
@@ -505,7 +500,7 @@ def use_vocabulary_kernel(
         dims = output.type.tensor_type.shape.dim
         if output.name == log_probs and len(dims) > 0:
             dims[-1].dim_param = "log_prob_columns"
-    _declare(model)
+    declare(model)
     return True
 
 
@@ -553,7 +548,7 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
         return 0
     _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
     _drop_unread(graph, readers)  # the quantization's step, zero point and axes
-    _declare(model)
+    declare(model)
     return len(replaced)
 
 
@@ -644,7 +639,7 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
     _set_nodes(graph, [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped])
     graph.initializer.extend(packed.values())
     _drop_unread(graph, readers)  # the zero point and the packed weights' (K, N) copies
-    _declare(model)
+    declare(model)
     return len(replaced)
 
 
@@ -709,8 +704,9 @@ def _node(op: str, inputs: list[str], outputs: list[str], name: str) -> onnx.Nod
     return helper.make_node(op, inputs, outputs, name=f"{name}_{op}", domain=DOMAIN)
 
 
-def _declare(model: onnx.ModelProto) -> None:
-    """The ops' functions and their domain in `model`, once."""
+def declare(model: onnx.ModelProto) -> None:
+    """The ops' functions and their domain in `model`, once (also for a graph written with them
+    elsewhere, as the block quantizer writes BlockQ4MatMul)."""
     from onnx import helper
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -50,7 +50,6 @@ constexpr int kLanes = 16;  // floats in an AVX-512 register; the portable loops
 // a half cache's products are the float loops' products of the widened values.
 using Half = uint16_t;
 
-inline float widen(float x) { return x; }
 inline float widen(Half h) {  // IEEE binary16 -> binary32, exact (subnormals, inf, NaN)
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
@@ -72,34 +71,19 @@ inline float widen(Half h) {  // IEEE binary16 -> binary32, exact (subnormals, i
 
 // Portable loops: q (M, D) against k (N, D) into out (M, N), each dot product kLanes partial
 // sums added pairwise; p (M, N) times v (N, D) into out (M, D), summed over n in order.
-// A half block widened once into a float copy (per thread), for the float loop: the portable
-// loops would otherwise widen every element again for every query row.
-const float* widened(const void* halves, int64_t count) {
-  thread_local std::vector<float> wide;
-  wide.resize(static_cast<size_t>(count));
-  const Half* h = static_cast<const Half*>(halves);
-  for (int64_t i = 0; i < count; ++i) wide[static_cast<size_t>(i)] = widen(h[i]);
-  return wide.data();
-}
-
-template <typename T>
 void scores_portable(const float* q, const void* keys, float* out, int64_t m_count,
                      int64_t n_count, int64_t depth) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return scores_portable<float>(q, widened(keys, n_count * depth), out, m_count, n_count,
-                                  depth);
-  }
-  const T* k = static_cast<const T*>(keys);
+  const float* k = static_cast<const float*>(keys);
   const int64_t whole = depth - depth % kLanes;
   for (int64_t m = 0; m < m_count; ++m) {
     const float* qm = q + m * depth;
     for (int64_t n = 0; n < n_count; ++n) {
-      const T* kn = k + n * depth;
+      const float* kn = k + n * depth;
       float acc[kLanes] = {0};
       for (int64_t d = 0; d < whole; d += kLanes) {
-        for (int l = 0; l < kLanes; ++l) acc[l] += qm[d + l] * widen(kn[d + l]);
+        for (int l = 0; l < kLanes; ++l) acc[l] += qm[d + l] * kn[d + l];
       }
-      for (int64_t d = whole; d < depth; ++d) acc[d - whole] += qm[d] * widen(kn[d]);
+      for (int64_t d = whole; d < depth; ++d) acc[d - whole] += qm[d] * kn[d];
       for (int width = kLanes / 2; width > 0; width /= 2) {
         for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
       }
@@ -108,24 +92,39 @@ void scores_portable(const float* q, const void* keys, float* out, int64_t m_cou
   }
 }
 
-template <typename T>
 void mix_portable(const float* p, const void* values, float* out, int64_t m_count,
                   int64_t n_count, int64_t depth) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return mix_portable<float>(p, widened(values, n_count * depth), out, m_count, n_count,
-                               depth);
-  }
-  const T* v = static_cast<const T*>(values);
+  const float* v = static_cast<const float*>(values);
   for (int64_t m = 0; m < m_count; ++m) {
     float* om = out + m * depth;
     std::memset(om, 0, sizeof(float) * depth);
     const float* pm = p + m * n_count;
     for (int64_t n = 0; n < n_count; ++n) {
       const float weight = pm[n];
-      const T* vn = v + n * depth;
-      for (int64_t d = 0; d < depth; ++d) om[d] += weight * widen(vn[d]);
+      const float* vn = v + n * depth;
+      for (int64_t d = 0; d < depth; ++d) om[d] += weight * vn[d];
     }
   }
+}
+
+// The same on a half block, widened once into a float copy (per thread): the loops would
+// otherwise widen every element again for every query row.
+const float* widened(const void* halves, int64_t count) {
+  thread_local std::vector<float> wide;
+  wide.resize(static_cast<size_t>(count));
+  const Half* h = static_cast<const Half*>(halves);
+  for (int64_t i = 0; i < count; ++i) wide[static_cast<size_t>(i)] = widen(h[i]);
+  return wide.data();
+}
+
+void scores_portable_half(const float* q, const void* keys, float* out, int64_t m_count,
+                          int64_t n_count, int64_t depth) {
+  scores_portable(q, widened(keys, n_count * depth), out, m_count, n_count, depth);
+}
+
+void mix_portable_half(const float* p, const void* values, float* out, int64_t m_count,
+                       int64_t n_count, int64_t depth) {
+  mix_portable(p, widened(values, n_count * depth), out, m_count, n_count, depth);
 }
 
 #if ATTNSERVE_AVX512
@@ -226,7 +225,8 @@ Block pick(bool scores, int64_t depth) {
     return scores ? scores_avx512<T> : mix_avx512<T>;
   }
 #endif
-  return scores ? scores_portable<T> : mix_portable<T>;
+  if constexpr (std::is_same_v<T, Half>) return scores ? scores_portable_half : mix_portable_half;
+  return scores ? scores_portable : mix_portable;
 }
 
 // ---- The vocabulary: each row's log-softmax and its k best tokens, in two passes ----------
@@ -1224,9 +1224,13 @@ void run_q4(const ort_abi::Fns& api, OrtKernelContext* context, int bits) {
     std::fill(job.y, job.y + job.rows * job.n, 0.0f);
     return;
   }
-  std::vector<int8_t> xq(static_cast<size_t>(job.rows * job.k));
-  std::vector<float> scale(static_cast<size_t>(job.rows * job.blocks));
-  std::vector<float> sums(scale.size());
+  // The quantized activations, in buffers of the calling thread kept between calls (every
+  // element is written before it is read): no allocation per product of a decoding step.
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> scale, sums;
+  xq.resize(static_cast<size_t>(job.rows * job.k));
+  scale.resize(static_cast<size_t>(job.rows * job.blocks));
+  sums.resize(scale.size());
   job.xq = xq.data(), job.scale = scale.data(), job.sums = sums.data();
   job.q = static_cast<const uint8_t*>(q.raw);
   job.d = static_cast<const Half*>(d.raw), job.m = static_cast<const Half*>(m.raw);

@@ -658,7 +658,7 @@ def qmatmul_node_graph(k: int, n: int) -> bytes:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
-    kernels._declare(model)
+    kernels.declare(model)
     model.opset_import.append(helper.make_opsetid(kernels.MS_DOMAIN, 1))
     return model.SerializeToString()
 
