@@ -35,6 +35,7 @@ import onnx
 from attnserve import kernels
 from attnserve.engine.onnx.layout import (
     KERNEL_NODES,
+    KERNEL_THREADS,
     KERNELS_VERSION,
     LM_GQA,
     LM_PLAIN,
@@ -99,17 +100,25 @@ def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, attention: str = LM_
     return out
 
 
-def block_down_projections(out_dir: Path, intermediate_size: int, work_dir: Path) -> str:
-    """Rewrite the float MLP down projections of the int8 graphs in `out_dir` as 8-bit blocks."""
+def block_down_projections(
+    out_dir: Path, intermediate_size: int, work_dir: Path, *, on_kernel: bool = False
+) -> str:
+    """Rewrite the float MLP down projections of the int8 graphs in `out_dir` as 8-bit blocks:
+    attnserve's BlockQ8MatMul with `on_kernel`, else MatMulNBits."""
     work_dir.mkdir(parents=True, exist_ok=True)
     for name in LM_GRAPHS:
         graph = onnx.load(str(out_dir / name))
         down = set(down_projections(graph, intermediate_size))
-        quantize_blockwise(graph, 0, only=down, bits=8)
+        quantize_blockwise(graph, 0, only=down, bits=8, q4_kernel=on_kernel)
         build.save_graph(graph, work_dir / name)
         for stale in build.graph_files(out_dir, name):
             stale.unlink()
         build.copy_graph(work_dir, out_dir, name)
+    if on_kernel:
+        return (
+            f"8-bit symmetric blocks of {BLOCK} along the input dimension (attnserve's "
+            "BlockQ8MatMul: float16 scales, activations quantized per block of 32 of a row)"
+        )
     return (
         f"8-bit symmetric blocks of {BLOCK} along the input dimension (MatMulNBits, "
         f"accuracy_level {ACCURACY_LEVEL}: activations quantized per block of a row)"
@@ -146,6 +155,23 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
         "accuracy_level": ACCURACY_LEVEL,
         "matmuls": counts,
     }
+
+
+def use_causal_kernel(path: Path) -> int:
+    """The GroupQueryAttention nodes of the graph at `path` on attnserve's CausalGroupAttention
+    (its function's body is the same GroupQueryAttention, for a runtime without the library);
+    returns how many."""
+    model = onnx.load(str(path), load_external_data=False)
+    rewritten = kernels.use_causal_attention_kernel(model)
+    if rewritten:
+        build.save_graph(model, path)
+    return rewritten
+
+
+def kernel_nodes(path: Path) -> int:
+    """How many nodes of the graph at `path` are attnserve's kernels."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return sum(node.domain == kernels.DOMAIN for node in graph.node)
 
 
 def export_lm_variants(
@@ -219,22 +245,32 @@ def export_lm_variants(
                     keep_float=keep_down if INT8_BLOCK_DOWN else None,
                     vocab_size=model.config.vocab_size,
                 )
+                # all products on attnserve's kernels where they run (VNNI)
+                on_kernel = kernels.integer_products()
                 if INT8_BLOCK_DOWN:
                     options["down_projections"] = block_down_projections(
-                        out, model.config.intermediate_size, Path(tmp) / "int8-down"
-                    )
+                        out, model.config.intermediate_size, Path(tmp) / "int8-down",
+                        on_kernel=on_kernel,
+                    )  # fmt: skip
+                options[KERNEL_THREADS] = on_kernel
                 options["smoothquant"] = smoothed
-                # the activations' per-row quantization on attnserve's kernel (the same bytes)
-                options[KERNEL_NODES] = build.use_kernels(out / LM_STEP_NAME, decoder=False)
-                options[KERNELS_VERSION] = kernels.VERSION
+                # the activations' per-row quantization and the products on attnserve's kernels
+                build.use_kernels(out / LM_STEP_NAME, decoder=False)
             elif variant == "int4":
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
                 )
-                options[KERNEL_NODES] = options["matmuls"].get("on_kernel", 0)
-                options[KERNELS_VERSION] = kernels.VERSION
+                matmuls = options["matmuls"]
+                options[KERNEL_THREADS] = bool(matmuls.get("on_kernel")) and matmuls[
+                    "on_kernel"
+                ] == matmuls["int4_affine"] + matmuls["int8_symmetric"] and not matmuls["float"]
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
+            if variant != "fp16":  # the CPU variants
+                if attention == LM_GQA:
+                    use_causal_kernel(out / LM_STEP_NAME)
+                options[KERNEL_NODES] = kernel_nodes(out / LM_STEP_NAME)
+                options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention
             parity: dict[str, Any] = {}
             write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)

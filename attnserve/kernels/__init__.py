@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 9  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 10  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision
@@ -79,6 +79,7 @@ QMATMUL_BIAS = "QMatMulBias"
 PACKED_QMATMUL = "PackedQMatMul"
 PACKED_QMATMUL_BIAS = "PackedQMatMulBias"
 PANEL = 64  # columns per panel of a packed weight (N / 64, K / 4, 64, 4)
+CAUSAL = "CausalGroupAttention"
 BLOCK_Q4 = "BlockQ4MatMul"
 BLOCK_Q8 = "BlockQ8MatMul"
 Q4_BLOCK = 32  # BlockQ4MatMul: k per block
@@ -233,6 +234,7 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         doc_string="QMatMulBias with its weight stored packed, as PackedQMatMul's",
     )
     return [
+        _causal_function(opset),
         _block_function(opset, 4),
         _block_function(opset, 8),
         scores,
@@ -246,6 +248,95 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         packed_qmatmul,
         packed_qmatmul_bias,
     ]
+
+
+def _causal_function(opset: list[onnx.OperatorSetIdProto]) -> onnx.FunctionProto:
+    """CausalGroupAttention's body: ONNX Runtime's GroupQueryAttention (com.microsoft) with
+    the node's num_heads and kv_num_heads, rotary on (rotate-half), scale 1/sqrt(D)."""
+    from onnx import AttributeProto, helper
+
+    attention = helper.make_node(
+        "GroupQueryAttention",
+        ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+         "cos_cache", "sin_cache"],
+        ["out", "present_key", "present_value"],
+        domain=MS_DOMAIN, do_rotary=1, rotary_interleaved=0,
+    )  # fmt: skip
+    for name in ("num_heads", "kv_num_heads"):
+        attention.attribute.append(helper.make_attribute_ref(name, AttributeProto.INT))
+    return helper.make_function(
+        DOMAIN,
+        CAUSAL,
+        ["qkv", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+         "sin_cache"],
+        ["out", "present_key", "present_value"],
+        [attention],
+        [*opset, helper.make_opsetid(MS_DOMAIN, 1)],
+        attributes=["num_heads", "kv_num_heads"],
+        doc_string="GroupQueryAttention of packed qkv (B, S, (H + 2 Hkv) D) over a cache "
+        "(B, Hkv, W, D) that present may share (do_rotary, rotate-half, scale 1/sqrt(D)): a "
+        "first prompt when S == total_sequence_length (rows right-padded), else S new tokens "
+        "after seqlens_k + 1 - S cached ones in each row",
+    )
+
+
+# GroupQueryAttention's attributes as CausalGroupAttention computes them (ONNX Runtime's
+# offline optimizer writes every default out): the values each may have.
+CAUSAL_NEUTRAL: dict[str, tuple[object, ...]] = {
+    "do_rotary": (1,),
+    "rotary_interleaved": (0,),
+    "causal": (1,),
+    "softcap": (0.0,),
+    "local_window_size": (-1,),
+    "smooth_softmax": (-1, 0),
+    "sliding_window_cache": (0,),
+    "qk_output": (0,),
+    "qk_norm_epsilon": tuple(float(np.float32(e)) for e in (1e-6,)),  # no q/k norm inputs
+    "k_quant_type": (b"NONE",),
+    "v_quant_type": (b"NONE",),
+}
+
+
+def use_causal_attention_kernel(model: onnx.ModelProto) -> int:
+    """Rewrite `model` in place: every GroupQueryAttention that CausalGroupAttention computes
+    (packed qkv, rotary with rotate-half, the default scale or 1/sqrt(D), no softcap, local
+    window or smoothing; the caches graph inputs) becomes one; returns how many (0: the model
+    is unchanged)."""
+    from onnx import helper
+
+    depth: dict[str, int] = {}  # the caches' head size, from the graph's inputs
+    for info in model.graph.input:
+        dims = info.type.tensor_type.shape.dim
+        if len(dims) == 4 and dims[3].HasField("dim_value"):
+            depth[info.name] = dims[3].dim_value
+    rewritten = 0
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention" or node.domain != MS_DOMAIN:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = list(node.input) + [""] * (9 - len(node.input))
+        d = depth.get(inputs[3])
+        neutral = {**CAUSAL_NEUTRAL, "scale": (0.0, float(np.float32(1.0 / np.sqrt(d or 1))))}
+        if (
+            d is None
+            or inputs[1] or inputs[2] or not all(inputs[3:9]) or len(node.input) > 9
+            or len(node.output) != 3
+            or any(
+                name not in ("num_heads", "kv_num_heads") and value not in neutral.get(name, ())
+                for name, value in attrs.items()
+            )
+        ):  # fmt: skip
+            continue
+        del node.input[:]
+        node.input.extend([inputs[0], *inputs[3:9]])
+        kept = [a for a in node.attribute if a.name in ("num_heads", "kv_num_heads")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.op_type, node.domain = CAUSAL, DOMAIN
+        rewritten += 1
+    if rewritten:
+        declare(model)
+    return rewritten
 
 
 def _block_function(opset: list[onnx.OperatorSetIdProto], bits: int) -> onnx.FunctionProto:
@@ -743,6 +834,47 @@ def _built_library() -> Path | None:
             path,
         )
     return None
+
+
+# How long the kernels' own threads spin after a call before they sleep (microseconds): the
+# gaps between a decoding step's products are a few microseconds, between steps a few hundred
+# (the engine's Python); `spinning` sessions keep them awake between steps too.
+SPIN_US = 100
+SPINNING_US = 5000
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on (ONNX Runtime's default thread count): its
+    CPUs, hyperthreads of one core counted once (Linux' topology files; elsewhere all CPUs)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        try:
+            cores.add(siblings.read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
+def use_threads(threads: int, *, spinning: bool = False) -> bool:
+    """Run the kernels' tasks on `threads` threads of the library's own (the calling one and
+    threads - 1 workers; 1: ONNX Runtime's threads, as before) for the whole process, so that a
+    session with one ONNX Runtime thread still runs its products on all of them. For a
+    language model's step, whose ~120 small products each pay ONNX Runtime's hand-over to its
+    threads, the kernels' own threads take each thread's share as one contiguous stream. Call
+    it before the session's first run; False without the library."""
+    path = library_path()
+    if path is None:
+        return False
+    library = ctypes.CDLL(str(path))
+    library.attnserve_kernels_threads(
+        ctypes.c_int(max(1, int(threads))), ctypes.c_int(SPINNING_US if spinning else SPIN_US)
+    )
+    return True
 
 
 def register(options: object) -> bool:

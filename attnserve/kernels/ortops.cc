@@ -18,16 +18,21 @@
 // Each (row, head) is computed on its own, in a fixed order, so a row's result does not depend
 // on the other rows of the batch.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cctype>
 #include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <pthread.h>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -976,7 +981,8 @@ enum class Kind {
   kPackedQMatMul,
   kPackedQMatMulBias,
   kBlockQ4MatMul,
-  kBlockQ8MatMul
+  kBlockQ8MatMul,
+  kCausal
 };
 
 constexpr bool is_qmatmul(Kind kind) {
@@ -1010,6 +1016,141 @@ void run_one(void* data, size_t index) {
             job.n, job.depth);
 }
 
+// ---- The kernels' own threads --------------------------------------------------------------
+//
+// A language model's decoding step at one row is ~120 products of 0.2-2 MB each: split over
+// ONNX Runtime's threads, each product pays the hand-over to the other threads and the wait for
+// them (several microseconds with spinning threads on a 2-core VM, a quarter of a product's
+// time). When the process asks for it (attnserve_kernels_threads(n), n > 1: the language
+// model's backend, whose session then runs ONNX Runtime's own nodes on one thread), the kernels
+// run their tasks on n - 1 threads of their own and the calling thread instead: a task index
+// taken from an atomic counter, the workers spinning between products (for up to spin_us, then
+// asleep on a condition variable until the next). One caller at a time: a kernel called while
+// another holds the pool uses ONNX Runtime's threads.
+class Pool {
+ public:
+  ~Pool() { resize(1, 0); }
+
+  // Not while a kernel runs (the backend sets it up before its session's first run).
+  void resize(int threads, int spin_us) {
+    std::lock_guard<std::mutex> owner(owner_);
+    if (!workers_.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(sleep_);
+        stop_.store(true);
+      }
+      wake_.notify_all();
+      for (std::thread& worker : workers_) worker.join();
+      workers_.clear();
+      stop_.store(false);
+    }
+    spin_ = std::chrono::microseconds(std::max(spin_us, 0));
+    threads = std::min(std::max(threads, 1), kMaxThreads);
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work_loop(i); });
+  }
+
+  // A child process (fork) has none of the parent's threads: it runs on ONNX Runtime's (the
+  // parent's thread objects are left alone, never joined).
+  void forget_workers() {
+    static auto* orphans = new std::vector<std::thread>();
+    for (std::thread& worker : workers_) orphans->push_back(std::move(worker));
+    workers_.clear();
+  }
+
+  // fn(data, i) for every i in [0, total) on the pool and the calling thread; false (nothing
+  // run) when the pool has no workers or another caller holds it.
+  bool run(void (*fn)(void*, size_t), size_t total, void* data) {
+    if (workers_.empty() || busy_.exchange(true, std::memory_order_acquire)) return false;
+    const size_t shards = workers_.size() + 1;
+    fn_ = fn, data_ = data, shards_ = shards;
+    for (size_t s = 0; s < shards; ++s) {
+      shard_[s].next.store(total * s / shards, std::memory_order_relaxed);
+      shard_[s].end = total * (s + 1) / shards;
+    }
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    epoch_.fetch_add(1);  // sequentially consistent: ordered before the read of sleepers_
+    if (sleepers_.load() > 0) {
+      std::lock_guard<std::mutex> lock(sleep_);
+      wake_.notify_all();
+    }
+    take_tasks(0);
+    while (pending_.load(std::memory_order_acquire) > 0) pause();
+    busy_.store(false, std::memory_order_release);
+    return true;
+  }
+
+ private:
+  static constexpr int kMaxThreads = 64;
+
+  static void pause() {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+  }
+
+  // Thread `home`'s own contiguous share of the tasks first (a stream of weights the CPU's
+  // prefetchers follow), then what is left of the others'.
+  void take_tasks(size_t home) {
+    void (*fn)(void*, size_t) = fn_;
+    void* data = data_;
+    for (size_t k = 0; k < shards_; ++k) {
+      Shard& shard = shard_[(home + k) % shards_];
+      for (size_t i; (i = shard.next.fetch_add(1, std::memory_order_relaxed)) < shard.end;) {
+        fn(data, i);
+      }
+    }
+  }
+
+  void work_loop(size_t home) {
+    uint64_t seen = epoch_.load();
+    for (;;) {
+      auto start = std::chrono::steady_clock::now();
+      for (int spins = 0; epoch_.load(std::memory_order_acquire) == seen && !stop_.load();) {
+        pause();
+        if (++spins % 256 != 0 || std::chrono::steady_clock::now() - start < spin_) continue;
+        std::unique_lock<std::mutex> lock(sleep_);
+        sleepers_.fetch_add(1);
+        wake_.wait(lock, [&] { return epoch_.load() != seen || stop_.load(); });
+        sleepers_.fetch_sub(1);
+        start = std::chrono::steady_clock::now();
+      }
+      if (stop_.load()) return;
+      seen = epoch_.load(std::memory_order_acquire);
+      take_tasks(home);
+      pending_.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  struct alignas(64) Shard {  // a cache line each: threads take tasks from their own
+    std::atomic<size_t> next{0};
+    size_t end = 0;
+  };
+
+  std::mutex owner_;  // resize
+  std::vector<std::thread> workers_;
+  std::chrono::microseconds spin_{0};
+  void (*fn_)(void*, size_t) = nullptr;
+  void* data_ = nullptr;
+  size_t shards_ = 1;
+  Shard shard_[kMaxThreads];
+  // each on a cache line of its own: the workers spin on epoch_ while tasks are taken
+  alignas(64) std::atomic<bool> busy_{false};
+  std::atomic<bool> stop_{false};
+  alignas(64) std::atomic<uint64_t> epoch_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
+  std::mutex sleep_;
+  std::condition_variable wake_;
+};
+
+Pool& pool() {
+  static Pool* instance = [] {  // never destroyed: its threads may outlive static exit
+    pthread_atfork(nullptr, nullptr, [] { pool().forget_workers(); });
+    return new Pool();
+  }();
+  return *instance;
+}
+
 // Work is split into contiguous batches of (row, head) for the session's threads; each
 // (row, head) is one call, on whatever thread, so the split never changes a result.
 constexpr size_t kBatches = 32;
@@ -1017,6 +1158,7 @@ constexpr size_t kBatches = 32;
 // fn(job, i) for every row i in [0, rows), the rows in contiguous batches on the session's threads.
 void for_each_row(const ort_abi::Fns& api, OrtKernelContext* context, void (*fn)(void*, size_t),
                   size_t rows, void* job) {
+  if (rows > 1 && pool().run(fn, rows, job)) return;
   check(api, api.KernelContextParallelFor(context, fn, rows, std::min(rows, kBatches), job),
         "running on the session's threads");
 }
@@ -1245,6 +1387,377 @@ void run_q4(const ort_abi::Fns& api, OrtKernelContext* context, int bits) {
   for_each_row(api, context, q4_task, static_cast<size_t>(groups * job.row_tasks), &job);
 }
 
+// ---- The language model's attention: GroupQueryAttention's decoding cases, in place --------
+//
+//   ai.attnserve.CausalGroupAttention(qkv (B, S, (H + 2 Hkv) D), past_key, past_value
+//       (B, Hkv, W, D), seqlens_k (B,) int32, total_sequence_length () int32, cos, sin (P, D/2))
+//     -> out (B, S, H D), present_key, present_value (B, Hkv, max(W, total), D)
+//
+// ONNX Runtime's GroupQueryAttention (com.microsoft; do_rotary, rotate-half, scale 1/sqrt(D),
+// no separate key and value inputs) for the calls a language model's step makes: a first
+// prompt (S == total: each row's tokens from column 0, right-padded; seqlens_k + 1 real ones),
+// or S new tokens after seqlens_k + 1 - S cached ones in every row. Query t of a row sits at
+// position past + t and attends keys 0 .. past + t. The new keys (rotated) and values go to
+// columns past .. past + S - 1 of present, which is past's own memory when the caller binds
+// both to one buffer (else past is copied first). The H query heads are Hkv groups of G: a kv
+// head's keys and values are read once for its G queries, and each (row, kv head, chunk of
+// tokens) is computed alone, in a fixed order, so a row's result does not depend on the batch.
+// A padding query of a first prompt (after its row's real tokens) gets zeros.
+
+// exp(x - top) of a row in place (x <= top: one pass), their sum returned; the row's top first.
+using SoftmaxFn = void (*)(float* x, int64_t n);
+
+void softmax_portable(float* x, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - top));
+  const float inverse = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inverse;
+}
+
+#if ATTNSERVE_AVX512
+// exp(x) for x <= 0, sixteen at a time: exp_nonpositive's polynomial, 2^n by vscalefps.
+__attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), x);  // a NaN stays NaN (the second operand)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+__attribute__((target("avx512f"))) void softmax_avx512(float* x, int64_t n) {
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 top = lowest;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) top = _mm512_max_ps(top, _mm512_loadu_ps(x + i));
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+  top = _mm512_max_ps(top, _mm512_mask_loadu_ps(lowest, tail, x + i));
+  const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), shift));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), shift));
+  _mm512_mask_storeu_ps(x + i, tail, e);
+  sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
+  const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inverse));
+  }
+  _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inverse));
+}
+
+// The language model's scores and mix for a kv head's G queries at once, D = 16 C: keys in
+// blocks of 16, each query's 16 dot products summed across lanes by one transposing tree (15
+// shuffle-and-add steps for 16 scores instead of a reduction each); each value row read once
+// for all G queries.
+__attribute__((target("avx512f"), always_inline)) inline __m512 pair_sum(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 quad_sum(__m512 a, __m512 b) {
+  const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 block_sum(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+}
+
+// lane i = the sum of a[i]'s lanes
+__attribute__((target("avx512f"), always_inline)) inline __m512 lane_sums(const __m512* a) {
+  const __m512 c0 = quad_sum(pair_sum(a[0], a[1]), pair_sum(a[2], a[3]));
+  const __m512 c1 = quad_sum(pair_sum(a[4], a[5]), pair_sum(a[6], a[7]));
+  const __m512 c2 = quad_sum(pair_sum(a[8], a[9]), pair_sum(a[10], a[11]));
+  const __m512 c3 = quad_sum(pair_sum(a[12], a[13]), pair_sum(a[14], a[15]));
+  return block_sum(block_sum(c0, c1), block_sum(c2, c3));
+}
+
+template <int C>
+__attribute__((target("avx512f"))) void group_scores(const float* q, const float* k, float* out,
+                                                     int64_t m_count, int64_t n_count) {
+  constexpr int64_t depth = C * kLanes;
+  for (int64_t m = 0; m < m_count; ++m) {
+    __m512 qm[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) qm[c] = _mm512_loadu_ps(q + m * depth + c * kLanes);
+    float* om = out + m * n_count;
+    int64_t n = 0;
+    for (; n + kLanes <= n_count; n += kLanes) {
+      __m512 a[kLanes];
+      const float* kn = k + n * depth;
+#pragma GCC unroll 16
+      for (int i = 0; i < kLanes; ++i) {
+        a[i] = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn + i * depth));
+#pragma GCC unroll 8
+        for (int c = 1; c < C; ++c) {
+          a[i] = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + i * depth + c * kLanes), a[i]);
+        }
+      }
+      _mm512_storeu_ps(om + n, lane_sums(a));
+    }
+    for (; n < n_count; ++n) {
+      const float* kn = k + n * depth;
+      __m512 a = _mm512_mul_ps(qm[0], _mm512_loadu_ps(kn));
+#pragma GCC unroll 8
+      for (int c = 1; c < C; ++c) a = _mm512_fmadd_ps(qm[c], _mm512_loadu_ps(kn + c * kLanes), a);
+      om[n] = _mm512_reduce_add_ps(a);
+    }
+  }
+}
+
+// p (M, N) times v (N, D), R query rows at a time (R C accumulators), each value row read once
+// for the R rows.
+template <int C, int R>
+__attribute__((target("avx512f"))) void group_mix_rows(const float* p, const float* v, float* out,
+                                                       int64_t n_count) {
+  constexpr int64_t depth = C * kLanes;
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t n = 0; n < n_count; ++n) {
+    __m512 row[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) row[c] = _mm512_loadu_ps(v + n * depth + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 weight = _mm512_set1_ps(p[r * n_count + n]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(weight, row[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * depth + c * kLanes, acc[r][c]);
+  }
+}
+
+template <int C>
+__attribute__((target("avx512f"))) void group_mix(const float* p, const float* v, float* out,
+                                                  int64_t m_count, int64_t n_count) {
+  constexpr int kRows = C <= 4 ? 4 : 2;  // at most 16 accumulators, besides a row's C
+  constexpr int64_t depth = C * kLanes;
+  int64_t m = 0;
+  for (; m + kRows <= m_count; m += kRows) {
+    group_mix_rows<C, kRows>(p + m * n_count, v, out + m * depth, n_count);
+  }
+  const float* pm = p + m * n_count;
+  float* om = out + m * depth;
+  switch (m_count - m) {
+    case 3: return group_mix_rows<C, 3>(pm, v, om, n_count);
+    case 2: return group_mix_rows<C, 2>(pm, v, om, n_count);
+    case 1: return group_mix_rows<C, 1>(pm, v, om, n_count);
+    default: return;
+  }
+}
+
+template <int C>
+void group_scores_block(const float* q, const void* k, float* out, int64_t m_count,
+                        int64_t n_count, int64_t) {
+  group_scores<C>(q, static_cast<const float*>(k), out, m_count, n_count);
+}
+
+template <int C>
+void group_mix_block(const float* p, const void* v, float* out, int64_t m_count, int64_t n_count,
+                     int64_t) {
+  group_mix<C>(p, static_cast<const float*>(v), out, m_count, n_count);
+}
+#endif
+
+// The grouped loops for head sizes 16, 32, 64 and 128 on AVX-512, else the attention's loops.
+Block pick_group(bool scores, int64_t depth) {
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512()) {
+    switch (depth) {
+      case 16: return scores ? group_scores_block<1> : group_mix_block<1>;
+      case 32: return scores ? group_scores_block<2> : group_mix_block<2>;
+      case 64: return scores ? group_scores_block<4> : group_mix_block<4>;
+      case 128: return scores ? group_scores_block<8> : group_mix_block<8>;
+      default: break;
+    }
+  }
+#endif
+  return pick<float>(scores, depth);
+}
+
+SoftmaxFn pick_softmax() {
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512()) return softmax_avx512;
+#endif
+  return softmax_portable;
+}
+
+struct CausalJob {
+  const float* qkv;
+  float* keys;    // present (B, Hkv, width, D)
+  float* values;
+  const int32_t* seqlens;
+  const float* cos;  // (positions, D / 2)
+  const float* sin;
+  float* out;
+  int64_t batch, seq, heads, kv_heads, depth, width;
+  bool first;
+  float scale;
+  int64_t chunk, chunks;  // query tokens per task, tasks per (row, kv head)
+  Block scores, mix;
+  SoftmaxFn softmax;
+
+  int64_t past(int64_t b) const { return first ? 0 : seqlens[b] + 1 - seq; }
+  const float* token(int64_t b, int64_t t) const {
+    return qkv + (b * seq + t) * (heads + 2 * kv_heads) * depth;
+  }
+  int64_t column(int64_t b, int64_t j, int64_t c) const {
+    return ((b * kv_heads + j) * width + c) * depth;
+  }
+};
+
+// y = rotate_half(x) at `position`, times `scale`: (x1 c - x2 s, x2 c + x1 s) per half.
+void rotate(const CausalJob& job, const float* x, int64_t position, float scale, float* y) {
+  const int64_t half = job.depth / 2;
+  const float* c = job.cos + position * half;
+  const float* s = job.sin + position * half;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    y[i] = (x1 * c[i] - x2 * s[i]) * scale;
+    y[i + half] = (x2 * c[i] + x1 * s[i]) * scale;
+  }
+}
+
+// Task (row, kv head): its new tokens' rotated keys and values into the cache.
+void causal_write(void* data, size_t index) {
+  const CausalJob& job = *static_cast<const CausalJob*>(data);
+  const int64_t b = static_cast<int64_t>(index) / job.kv_heads;
+  const int64_t j = static_cast<int64_t>(index) % job.kv_heads;
+  const int64_t past = job.past(b), d = job.depth;
+  for (int64_t t = 0; t < job.seq; ++t) {
+    const float* x = job.token(b, t) + (job.heads + j) * d;
+    rotate(job, x, past + t, 1.0f, job.keys + job.column(b, j, past + t));
+    std::memcpy(job.values + job.column(b, j, past + t), x + job.kv_heads * d,
+                sizeof(float) * d);
+  }
+}
+
+// Task (row, kv head, chunk of tokens): the G query heads of each token against the row's keys.
+void causal_attend(void* data, size_t index) {
+  const CausalJob& job = *static_cast<const CausalJob*>(data);
+  const int64_t i = static_cast<int64_t>(index);
+  const int64_t c = i % job.chunks, j = (i / job.chunks) % job.kv_heads;
+  const int64_t b = i / job.chunks / job.kv_heads;
+  const int64_t groups = job.heads / job.kv_heads, d = job.depth, past = job.past(b);
+  const int64_t last = job.first ? job.seqlens[b] : job.seq - 1;  // the row's last real token
+  const float* keys = job.keys + job.column(b, j, 0);
+  const float* values = job.values + job.column(b, j, 0);
+  thread_local std::vector<float> q, p;
+  q.resize(static_cast<size_t>(groups * d));
+  for (int64_t t = c * job.chunk; t < std::min(job.seq, (c + 1) * job.chunk); ++t) {
+    float* out = job.out + ((b * job.seq + t) * job.heads + j * groups) * d;
+    if (t > last) {
+      std::memset(out, 0, sizeof(float) * groups * d);
+      continue;
+    }
+    const int64_t n = past + t + 1;
+    p.resize(static_cast<size_t>(groups * n));
+    for (int64_t g = 0; g < groups; ++g) {
+      rotate(job, job.token(b, t) + (j * groups + g) * d, past + t, job.scale, q.data() + g * d);
+    }
+    job.scores(q.data(), keys, p.data(), groups, n, d);
+    for (int64_t g = 0; g < groups; ++g) job.softmax(p.data() + g * n, n);
+    job.mix(p.data(), values, out, groups, n, d);
+  }
+}
+
+// Below this many multiply-adds a call runs on the calling thread (a decoding step of one row
+// attends in microseconds, about what handing work to the other threads costs).
+constexpr int64_t kCausalInline = 1 << 19;
+constexpr int64_t kCausalChunk = 16;  // query tokens per task of a prompt
+
+int32_t int32_scalar(const Tensor& t, const char* what) {
+  if (t.count() != 1) throw Failure{ORT_INVALID_ARGUMENT, std::string(what) + " wants one value"};
+  return *static_cast<const int32_t*>(t.raw);
+}
+
+void run_causal(const ort_abi::Fns& api, OrtKernelContext* context) {
+  const Tensor qkv = input(api, context, 0), past_k = input(api, context, 1);
+  const Tensor past_v = input(api, context, 2), seqlens = input(api, context, 3);
+  const int32_t total = int32_scalar(input(api, context, 4), "total_sequence_length");
+  const Tensor cos = input(api, context, 5), sin = input(api, context, 6);
+  const auto invalid = [](const std::string& what) {
+    return Failure{ORT_INVALID_ARGUMENT, "CausalGroupAttention: " + what};
+  };
+  if (qkv.dims.size() != 3 || past_k.dims.size() != 4 || past_k.dims != past_v.dims) {
+    throw invalid("wants qkv (B, S, (H + 2 Hkv) D) and past key/value (B, Hkv, W, D) alike");
+  }
+  CausalJob job{};
+  job.batch = qkv.dims[0], job.seq = qkv.dims[1];
+  job.kv_heads = past_k.dims[1], job.depth = past_k.dims[3];
+  const int64_t width = past_k.dims[2];
+  if (job.kv_heads <= 0 || job.depth <= 0 || job.depth % 2 != 0 || past_k.dims[0] != job.batch ||
+      qkv.dims[2] % job.depth != 0 || qkv.dims[2] / job.depth <= 2 * job.kv_heads ||
+      (qkv.dims[2] / job.depth - 2 * job.kv_heads) % job.kv_heads != 0) {
+    throw invalid("qkv's width is not (H + 2 Hkv) D for the cache's Hkv and D");
+  }
+  job.heads = qkv.dims[2] / job.depth - 2 * job.kv_heads;
+  if (seqlens.dims != std::vector<int64_t>{job.batch}) throw invalid("seqlens_k is not (B,)");
+  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] * 2 != job.depth) {
+    throw invalid("cos and sin are not (positions, D / 2)");
+  }
+  job.first = job.seq == total;
+  job.width = std::max<int64_t>(width, total);
+  job.seqlens = static_cast<const int32_t*>(seqlens.raw);
+  int64_t work = 0;
+  for (int64_t b = 0; b < job.batch; ++b) {
+    const int64_t past = job.past(b), length = job.seqlens[b] + int64_t{1};
+    if (past < 0 || length > total || length < (job.first ? 1 : job.seq) ||
+        past + job.seq > std::min(job.width, cos.dims[0])) {
+      throw invalid("a row's seqlens_k does not fit total_sequence_length, the new tokens, the "
+                    "cache or the rotary table");
+    }
+    work += job.seq * (past + job.seq) * job.heads * job.depth;
+  }
+  const std::vector<int64_t> present{job.batch, job.kv_heads, job.width, job.depth};
+  job.out = static_cast<float*>(
+      output(api, context, 0, {job.batch, job.seq, job.heads * job.depth}));
+  job.keys = static_cast<float*>(output(api, context, 1, present));
+  job.values = static_cast<float*>(output(api, context, 2, present));
+  const int64_t slab = width * job.depth;  // one (row, kv head) of past
+  for (auto [to, from] : {std::pair{job.keys, past_k.data()}, {job.values, past_v.data()}}) {
+    if (to == from || slab == 0) continue;  // bound to one buffer: in place
+    for (int64_t s = 0; s < job.batch * job.kv_heads; ++s) {
+      std::memcpy(to + s * job.width * job.depth, from + s * slab, sizeof(float) * slab);
+    }
+  }
+  job.qkv = qkv.data(), job.cos = cos.data(), job.sin = sin.data();
+  job.scale = 1.0f / std::sqrt(static_cast<float>(job.depth));
+  job.scores = pick_group(true, job.depth), job.mix = pick_group(false, job.depth);
+  job.softmax = pick_softmax();
+  job.chunk = std::min<int64_t>(std::max<int64_t>(job.seq, 1), kCausalChunk);
+  job.chunks = (job.seq + job.chunk - 1) / job.chunk;
+  const size_t writes = static_cast<size_t>(job.batch * job.kv_heads);
+  const size_t tasks = writes * static_cast<size_t>(job.chunks);
+  if (tasks == 0) return;
+  if (work < kCausalInline) {
+    for (size_t i = 0; i < writes; ++i) causal_write(&job, i);
+    for (size_t i = 0; i < tasks; ++i) causal_attend(&job, i);
+    return;
+  }
+  for_each_row(api, context, causal_write, writes, &job);
+  for_each_row(api, context, causal_attend, tasks, &job);
+}
+
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
   if (is_qmatmul(kernel.kind)) {
@@ -1257,6 +1770,7 @@ void run(const Kernel& kernel, OrtKernelContext* context) {
   if (kernel.kind == Kind::kBlockQ4MatMul) return run_q4(api, context, 4);
   if (kernel.kind == Kind::kBlockQ8MatMul) return run_q4(api, context, 8);
   if (kernel.kind == Kind::kRowQuantize) return run_row_quantize(api, context);
+  if (kernel.kind == Kind::kCausal) return run_causal(api, context);
   const Tensor a = input(api, context, 0);
   const Tensor b = input(api, context, 1);
   const bool half = kernel.kind == Kind::kScoresHalf || kernel.kind == Kind::kMixHalf;
@@ -1299,6 +1813,7 @@ struct Op {
       case Kind::kPackedQMatMulBias: return "PackedQMatMulBias";
       case Kind::kBlockQ4MatMul: return "BlockQ4MatMul";
       case Kind::kBlockQ8MatMul: return "BlockQ8MatMul";
+      case Kind::kCausal: return "CausalGroupAttention";
     }
     return "";
   }
@@ -1317,11 +1832,12 @@ struct Op {
       case Kind::kPackedQMatMulBias: return 5;
       case Kind::kBlockQ4MatMul: return 4;
       case Kind::kBlockQ8MatMul: return 3;
+      case Kind::kCausal: return 7;
       default: return 2;
     }
   }
   static size_t outputs(const OrtCustomOp*) {
-    return kind == Kind::kVocab ? 3 : kind == Kind::kRowQuantize ? 2 : 1;
+    return kind == Kind::kVocab || kind == Kind::kCausal ? 3 : kind == Kind::kRowQuantize ? 2 : 1;
   }
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
     if (is_qmatmul(kind)) {
@@ -1329,6 +1845,9 @@ struct Op {
     }
     if (kind == Kind::kBlockQ4MatMul || kind == Kind::kBlockQ8MatMul) {
       return index == 0 ? ORT_ELEMENT_FLOAT : index == 1 ? ORT_ELEMENT_UINT8 : ORT_ELEMENT_FLOAT16;
+    }
+    if (kind == Kind::kCausal) {
+      return index == 3 || index == 4 ? ORT_ELEMENT_INT32 : ORT_ELEMENT_FLOAT;
     }
     if ((kind == Kind::kScoresHalf || kind == Kind::kMixHalf) && index == 1) {
       return ORT_ELEMENT_FLOAT16;
@@ -1399,6 +1918,7 @@ const OrtCustomOp kPackedQMatMul = make_op<Kind::kPackedQMatMul>();
 const OrtCustomOp kPackedQMatMulBias = make_op<Kind::kPackedQMatMulBias>();
 const OrtCustomOp kBlockQ4MatMul = make_op<Kind::kBlockQ4MatMul>();
 const OrtCustomOp kBlockQ8MatMul = make_op<Kind::kBlockQ8MatMul>();
+const OrtCustomOp kCausal = make_op<Kind::kCausal>();
 
 }  // namespace
 
@@ -1413,7 +1933,8 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   const ort_abi::Fns api(table);
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = api.CreateCustomOpDomain(kDomain, &domain)) return status;
-  for (const OrtCustomOp* op : {&kScores, &kMix, &kScoresHalf, &kMixHalf, &kVocab, &kRowQuantize}) {
+  for (const OrtCustomOp* op :
+       {&kScores, &kMix, &kScoresHalf, &kMixHalf, &kVocab, &kRowQuantize, &kCausal}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   for (const OrtCustomOp* op :
@@ -1428,5 +1949,11 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
 // Whether the integer products (QMatMul..., BlockQ4MatMul) are registered on this CPU.
 ATTNSERVE_EXPORT int attnserve_kernels_integer_products() { return use_qmatmul() ? 1 : 0; }
 
+// The kernels' own threads: `threads` in all with the caller's (1: none, ONNX Runtime's are
+// used), spinning up to `spin_us` microseconds between calls.
+ATTNSERVE_EXPORT void attnserve_kernels_threads(int threads, int spin_us) {
+  pool().resize(threads, spin_us);
+}
+
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 9; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 10; }

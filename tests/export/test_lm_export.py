@@ -187,7 +187,11 @@ def test_int4_keeps_q4_1_weights(
     ops = {n.op_type for n in graph.node}
     if block_kernels:
         assert {kernels.BLOCK_Q4, kernels.BLOCK_Q8} <= ops and "MatMulNBits" not in ops
-        assert manifest["options"]["kernel_nodes"] == manifest["options"]["matmuls"]["on_kernel"]
+        attention = sum(n.op_type == kernels.CAUSAL for n in graph.node)
+        assert attention == model.config.num_layers  # GroupQueryAttention on attnserve's kernel
+        options = manifest["options"]
+        assert options["kernel_nodes"] == options["matmuls"]["on_kernel"] + attention
+        assert options["kernel_threads"] is True  # every product on the kernels
         # without the library: the stock bodies, as close to torch, and a warning that says so
         with caplog.at_level(logging.WARNING, logger="attnserve.engine.onnx.lm_backend"):
             stock = open_lm_backend(model.config, written["int4"], provider="cpu", kernels=False)
@@ -196,6 +200,7 @@ def test_int4_keeps_q4_1_weights(
         assert parity_stock["top1_agreement"] >= 0.95 and parity_stock["mean_kl"] <= 0.01
     else:
         assert kernels.BLOCK_Q4 not in ops and "MatMulNBits" in ops
+        assert manifest["options"]["kernel_threads"] is False
 
 
 def test_a_broken_int8_graph_fails_the_gate(exported: tuple[DecoderOnly, Path]) -> None:

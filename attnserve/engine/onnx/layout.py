@@ -49,6 +49,10 @@ SHARED_WEIGHTS = "shared_weights"
 # and the version of the kernels the export rewrote for (attnserve.kernels.VERSION).
 KERNEL_NODES = "kernel_nodes"
 KERNELS_VERSION = "kernels_version"
+# Whether every product of a variant's graph is on attnserve's integer kernels where they run
+# (options["kernel_threads"]): a language model's session then runs ONNX Runtime's own nodes on
+# one thread and the products on the kernels' own threads (attnserve.kernels.use_threads).
+KERNEL_THREADS = "kernel_threads"
 # The dtype a variant's KV cache and cross K/V are stored in (options["kv_cache"]): the int8
 # variant's are float16 by default (half the bytes a step reads and beam search copies).
 KV_CACHE = "kv_cache"

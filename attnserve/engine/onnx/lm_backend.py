@@ -33,6 +33,7 @@ from attnserve.engine.onnx.backend import (
 )
 from attnserve.engine.onnx.buffers import BufferPool
 from attnserve.engine.onnx.layout import (
+    KERNEL_THREADS,
     LM_GQA,
     LM_INPUTS,
     LM_PLAIN,
@@ -54,8 +55,9 @@ from attnserve.engine.onnx.rowops import (
     width_of,
 )
 from attnserve.engine.torch_lm import lm_spec
-from attnserve.kernels import integer_products
+from attnserve.kernels import integer_products, physical_cores
 from attnserve.kernels import register as register_kernels
+from attnserve.kernels import use_threads as use_kernel_threads
 from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
 
@@ -121,16 +123,29 @@ class OnnxLMBackend:
         disabled = SLOW_CPU_FUSIONS if providers[0] == CPU else ()
         # attnserve's kernels (an int8 step's activation quantization), on the CPU provider
         self.kernels = providers[0] == CPU and kernels and register_kernels(options)
-        block_products = self.manifest.get("options", {}).get("matmuls", {}).get("on_kernel", 0)
-        if block_products and not (self.kernels and integer_products()):
+        exported = self.manifest.get("options", {})
+        products = self.kernels and integer_products()
+        if (exported.get("matmuls", {}).get("on_kernel") or exported.get(KERNEL_THREADS)) and not (
+            products
+        ):
             log.warning(
-                "%s runs %d products on attnserve's block kernels, which are not registered "
+                "%s runs its products on attnserve's integer kernels, which are not registered "
                 "here (they need AVX-512 VNNI and the built library): ONNX Runtime runs their "
-                "stock bodies, on float copies of the weights (slower, more memory); export the "
-                "variant again on this machine for MatMulNBits",
+                "stock bodies (slower; the block products on float copies of the weights); "
+                "export the variant again on this machine",
                 directory,
-                block_products,
             )
+        # Every product on the kernels: they run on threads of their own, ONNX Runtime's nodes
+        # (norms, element-wise, attention) on one (a step's ~120 small products each paid the
+        # hand-over to ONNX Runtime's threads; its threading of 576-wide rows cost more than it
+        # saved). docs/BENCHMARKS.md measures both.
+        wanted = threads or physical_cores()
+        self.kernel_threads = (
+            wanted if products and exported.get(KERNEL_THREADS) and wanted > 1 else 0
+        )
+        if self.kernel_threads:
+            options.intra_op_num_threads = 1
+            use_kernel_threads(wanted, spinning=spinning)
         inputs, outputs = self._io_names()
         attention = self.manifest.get("options", {}).get("attention", LM_PLAIN)
         if attention != self.attention:
@@ -156,10 +171,11 @@ class OnnxLMBackend:
         # call's launches cost more than padding (and each group count builds a concat session).
         self.encode_call_tokens = 1024 if on_cuda else 16
         log.info(
-            "onnx %s language model on %s (threads %s, io binding %s)",
+            "onnx %s language model on %s (threads %s%s, io binding %s)",
             self.variant,
             self.provider,
             threads,
+            ", the products on the kernels' own" if self.kernel_threads else "",
             self.io_binding,
         )
 
