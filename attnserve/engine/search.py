@@ -22,6 +22,7 @@ from attnserve.engine.processors import (
     NEG_INF,
     LogProbProcessor,
     log_softmax,
+    logsumexp,
     min_p_mask,
     softmax,
     top_k_mask,
@@ -232,8 +233,10 @@ class GreedySearch(Search):
             raw = log_softmax(log_probs[0]) if logits else log_probs[0].copy()
         row = self.process(log_probs, [self.tokens])[0]
         token = self.choose(row)
-        chosen = log_softmax(row) if logits else row
-        return self._advance(token, float(chosen[token]), raw)
+        # the chosen token's log-prob, as log_softmax(row)[token] (the same float32 arithmetic)
+        # without writing the whole row
+        chosen = row[token] - logsumexp(row[None])[0, 0] if logits else row[token]
+        return self._advance(token, float(chosen), raw)
 
     def wanted(self) -> int:
         # a subclass that chooses otherwise (sampling) reads whole rows
