@@ -157,12 +157,15 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
     }
 
 
-def use_causal_kernel(path: Path) -> int:
-    """The GroupQueryAttention nodes of the graph at `path` on attnserve's CausalGroupAttention
-    (its function's body is the same GroupQueryAttention, for a runtime without the library);
-    returns how many."""
+def use_lm_kernels(path: Path, *, attention: bool) -> int:
+    """The graph at `path` on attnserve's kernels for a language model's step: its residual Adds
+    with their RMSNorms (AddRMSNorm), its SwiGLUs and, with `attention`, its GroupQueryAttention
+    nodes (CausalGroupAttention; each function's body is the stock nodes, for a runtime without
+    the library); returns how many nodes were written."""
     model = onnx.load(str(path), load_external_data=False)
-    rewritten = kernels.use_causal_attention_kernel(model)
+    rewritten = kernels.use_elementwise_kernels(model)
+    if attention:
+        rewritten += kernels.use_causal_attention_kernel(model)
     if rewritten:
         build.save_graph(model, path)
     return rewritten
@@ -267,8 +270,7 @@ def export_lm_variants(
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             if variant != "fp16":  # the CPU variants
-                if attention == LM_GQA:
-                    use_causal_kernel(out / LM_STEP_NAME)
+                use_lm_kernels(out / LM_STEP_NAME, attention=attention == LM_GQA)
                 options[KERNEL_NODES] = kernel_nodes(out / LM_STEP_NAME)
                 options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention

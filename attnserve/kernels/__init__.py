@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 10  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 11  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision
@@ -80,6 +80,8 @@ PACKED_QMATMUL = "PackedQMatMul"
 PACKED_QMATMUL_BIAS = "PackedQMatMulBias"
 PANEL = 64  # columns per panel of a packed weight (N / 64, K / 4, 64, 4)
 CAUSAL = "CausalGroupAttention"
+ADD_NORM = "AddRMSNorm"
+SWIGLU = "SwiGLU"
 BLOCK_Q4 = "BlockQ4MatMul"
 BLOCK_Q8 = "BlockQ8MatMul"
 Q4_BLOCK = 32  # BlockQ4MatMul: k per block
@@ -234,6 +236,7 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         doc_string="QMatMulBias with its weight stored packed, as PackedQMatMul's",
     )
     return [
+        *_elementwise_functions(opset),
         _causal_function(opset),
         _block_function(opset, 4),
         _block_function(opset, 8),
@@ -248,6 +251,137 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         packed_qmatmul,
         packed_qmatmul_bias,
     ]
+
+
+def _elementwise_functions(opset: list[onnx.OperatorSetIdProto]) -> list[onnx.FunctionProto]:
+    """AddRMSNorm's and SwiGLU's bodies in stock nodes (any opset from MIN_OPSET)."""
+    from onnx import TensorProto, helper
+
+    last = helper.make_tensor("last", TensorProto.INT64, [1], [-1])
+    add_norm = helper.make_function(
+        DOMAIN,
+        ADD_NORM,
+        ["x", "y", "weight", "epsilon"],
+        ["sum", "normed"],
+        [
+            helper.make_node("Constant", [], ["last_axis"], value=last),
+            helper.make_node("Add", ["x", "y"], ["sum"]),
+            helper.make_node("Mul", ["sum", "sum"], ["square"]),
+            helper.make_node("ReduceMean", ["square", "last_axis"], ["mean"], keepdims=1),
+            helper.make_node("Add", ["mean", "epsilon"], ["shifted"]),
+            helper.make_node("Sqrt", ["shifted"], ["rms"]),
+            helper.make_node("Div", ["sum", "rms"], ["unit"]),
+            helper.make_node("Mul", ["unit", "weight"], ["normed"]),
+        ],
+        opset,
+        doc_string="sum = x + y; normed = sum / sqrt(mean(sum^2 over the last axis) + epsilon) "
+        "* weight (RMSNormalization of the sum, float32)",
+    )
+    swiglu = helper.make_function(
+        DOMAIN,
+        SWIGLU,
+        ["gate_up"],
+        ["out"],
+        [
+            helper.make_node("Split", ["gate_up"], ["gate", "up"], axis=-1, num_outputs=2),
+            helper.make_node("Sigmoid", ["gate"], ["sigmoid"]),
+            helper.make_node("Mul", ["gate", "sigmoid"], ["silu"]),
+            helper.make_node("Mul", ["silu", "up"], ["out"]),
+        ],
+        opset,
+        doc_string="silu(gate) * up of gate_up (..., 2F) split in halves along the last axis",
+    )
+    return [add_norm, swiglu]
+
+
+def use_elementwise_kernels(model: onnx.ModelProto) -> int:
+    """Rewrite `model` in place: a residual Add whose sum an RMSNormalization (last axis, float32,
+    a constant scale) normalizes becomes one AddRMSNorm (both its outputs read as before), and a
+    Split of the last axis in halves whose first half goes through x * Sigmoid(x) into a
+    product with the second becomes one SwiGLU; returns how many nodes were written (0: the
+    model is unchanged)."""
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    constants = {i.name for i in graph.initializer}
+    producers, readers = _wiring(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    replaced: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: gone)
+    epsilons: dict[float, str] = {}
+    written = 0
+    for node in graph.node:
+        if not _is(node, "RMSNormalization") or id(node) in replaced:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        add = producers.get(node.input[0])
+        if (
+            len(node.input) != 2 or node.input[1] not in constants or len(node.output) != 1
+            or attrs.get("axis", -1) != -1 or attrs.get("stash_type", 1) != 1
+            or add is None or not _is(add, "Add") or id(add) in replaced
+        ):  # fmt: skip
+            continue
+        epsilon = float(np.float32(attrs.get("epsilon", 1e-5)))
+        if epsilon not in epsilons:
+            epsilons[epsilon] = f"add_rms_norm_epsilon_{len(epsilons)}"
+            graph.initializer.append(
+                onnx.numpy_helper.from_array(np.array(epsilon, np.float32), epsilons[epsilon])
+            )
+        fused = helper.make_node(
+            ADD_NORM, [*add.input, node.input[1], epsilons[epsilon]],
+            [add.output[0], node.output[0]], name=f"{node.name}_{ADD_NORM}", domain=DOMAIN,
+        )  # fmt: skip
+        replaced[id(add)], replaced[id(node)] = fused, None  # where the sum was made
+        written += 1
+    for split in graph.node:
+        halves = _small_constant({i.name: i for i in graph.initializer}, split.input[1]) if (
+            _is(split, "Split") and len(split.input) == 2 and len(split.output) == 2
+        ) else None  # fmt: skip
+        axis = [a.i for a in split.attribute if a.name == "axis"]
+        if halves is None or halves.shape != (2,) or halves[0] != halves[1] or axis not in ([-1],):
+            continue
+        gate, up = split.output
+        chain = _swiglu_chain(gate, up, consumers, readers)
+        if chain is None or any(id(n) in replaced for n in chain):
+            continue
+        sigmoid, silu, product = chain
+        fused = helper.make_node(
+            SWIGLU, [split.input[0]], [product.output[0]], name=f"{split.name}_{SWIGLU}",
+            domain=DOMAIN,
+        )  # fmt: skip
+        replaced[id(split)] = fused
+        for gone in (sigmoid, silu, product):
+            replaced[id(gone)] = None
+        written += 1
+    if not written:
+        return 0
+    nodes = [replaced.get(id(n), n) for n in graph.node]
+    _set_nodes(graph, [n for n in nodes if n is not None])
+    _drop_unread(graph, readers)  # the Splits' sizes
+    declare(model)
+    return written
+
+
+def _swiglu_chain(
+    gate: str, up: str, consumers: dict[str, list[onnx.NodeProto]], readers: dict[str, int]
+) -> tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto] | None:
+    """Sigmoid(gate), gate * it, that * up: the nodes, when nothing else reads gate, up or the
+    intermediate values."""
+    if readers.get(gate) != 2 or readers.get(up) != 1:
+        return None
+    sigmoid = next((n for n in consumers.get(gate, []) if _is(n, "Sigmoid")), None)
+    silu = next((n for n in consumers.get(gate, []) if _is(n, "Mul")), None)
+    if sigmoid is None or silu is None or set(silu.input) != {gate, sigmoid.output[0]}:
+        return None
+    if readers.get(sigmoid.output[0]) != 1 or readers.get(silu.output[0]) != 1:
+        return None
+    product = consumers[silu.output[0]][0]
+    if not _is(product, "Mul") or set(product.input) != {silu.output[0], up}:
+        return None
+    return sigmoid, silu, product
 
 
 def _causal_function(opset: list[onnx.OperatorSetIdProto]) -> onnx.FunctionProto:

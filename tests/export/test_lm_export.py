@@ -4,6 +4,7 @@ the torch model, the ONNX backend's row operations, batch invariance of int8, an
 from __future__ import annotations
 
 import json
+from collections import Counter
 import logging
 from pathlib import Path
 from typing import Any
@@ -187,10 +188,14 @@ def test_int4_keeps_q4_1_weights(
     ops = {n.op_type for n in graph.node}
     if block_kernels:
         assert {kernels.BLOCK_Q4, kernels.BLOCK_Q8} <= ops and "MatMulNBits" not in ops
-        attention = sum(n.op_type == kernels.CAUSAL for n in graph.node)
-        assert attention == model.config.num_layers  # GroupQueryAttention on attnserve's kernel
+        layers = model.config.num_layers
+        ours = Counter(n.op_type for n in graph.node if n.domain == kernels.DOMAIN)
+        # GroupQueryAttention, the residual Adds with the norms after them (all but the last
+        # layer's second: the final norm reads the rows' last tokens) and SwiGLU on the kernels
+        assert ours[kernels.CAUSAL] == ours[kernels.SWIGLU] == layers
+        assert ours[kernels.ADD_NORM] == 2 * layers - 1
         options = manifest["options"]
-        assert options["kernel_nodes"] == options["matmuls"]["on_kernel"] + attention
+        assert options["kernel_nodes"] == sum(ours.values())
         assert options["kernel_threads"] is True  # every product on the kernels
         # without the library: the stock bodies, as close to torch, and a warning that says so
         with caplog.at_level(logging.WARNING, logger="attnserve.engine.onnx.lm_backend"):
