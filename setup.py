@@ -12,7 +12,9 @@ setup(
             "attnserve.kernels._ortops",
             sources=["attnserve/kernels/ortops.cc"],
             depends=["attnserve/kernels/ort_abi.h"],
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-ffp-contract=off", "-pthread"],
+            extra_compile_args=[
+                "-O3", "-std=c++17", "-fvisibility=hidden", "-ffp-contract=off", "-pthread"
+            ],
             extra_link_args=["-pthread"],
             language="c++",
             optional=True,

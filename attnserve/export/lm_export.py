@@ -264,9 +264,11 @@ def export_lm_variants(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
                 )
                 matmuls = options["matmuls"]
-                options[KERNEL_THREADS] = bool(matmuls.get("on_kernel")) and matmuls[
-                    "on_kernel"
-                ] == matmuls["int4_affine"] + matmuls["int8_symmetric"] and not matmuls["float"]
+                options[KERNEL_THREADS] = (
+                    bool(matmuls.get("on_kernel"))
+                    and matmuls["on_kernel"] == matmuls["int4_affine"] + matmuls["int8_symmetric"]
+                    and not matmuls["float"]
+                )
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             if variant != "fp16":  # the CPU variants

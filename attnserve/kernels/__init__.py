@@ -401,8 +401,15 @@ def _causal_function(opset: list[onnx.OperatorSetIdProto]) -> onnx.FunctionProto
     return helper.make_function(
         DOMAIN,
         CAUSAL,
-        ["qkv", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
-         "sin_cache"],
+        [
+            "qkv",
+            "past_key",
+            "past_value",
+            "seqlens_k",
+            "total_sequence_length",
+            "cos_cache",
+            "sin_cache",
+        ],
         ["out", "present_key", "present_value"],
         [attention],
         [*opset, helper.make_opsetid(MS_DOMAIN, 1)],

@@ -1033,9 +1033,13 @@ class Pool {
  public:
   ~Pool() { resize(1, 0); }
 
-  // Not while a kernel runs (the backend sets it up before its session's first run).
+  // Waits for a kernel running on the pool to finish; the same size and spin again is a no-op.
   void resize(int threads, int spin_us) {
     std::lock_guard<std::mutex> owner(owner_);
+    threads = std::min(std::max(threads, 1), kMaxThreads);
+    const auto spin = std::chrono::microseconds(std::max(spin_us, 0));
+    if (threads == static_cast<int>(workers_.size()) + 1 && spin == spin_) return;
+    while (busy_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
     if (!workers_.empty()) {
       {
         std::lock_guard<std::mutex> lock(sleep_);
@@ -1046,9 +1050,9 @@ class Pool {
       workers_.clear();
       stop_.store(false);
     }
-    spin_ = std::chrono::microseconds(std::max(spin_us, 0));
-    threads = std::min(std::max(threads, 1), kMaxThreads);
+    spin_ = spin;
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work_loop(i); });
+    busy_.store(false, std::memory_order_release);
   }
 
   // A child process (fork) has none of the parent's threads: it runs on ONNX Runtime's (the
@@ -1057,12 +1061,17 @@ class Pool {
     static auto* orphans = new std::vector<std::thread>();
     for (std::thread& worker : workers_) orphans->push_back(std::move(worker));
     workers_.clear();
+    busy_.store(false);  // a parent's thread may have held it at the fork
   }
 
   // fn(data, i) for every i in [0, total) on the pool and the calling thread; false (nothing
   // run) when the pool has no workers or another caller holds it.
   bool run(void (*fn)(void*, size_t), size_t total, void* data) {
-    if (workers_.empty() || busy_.exchange(true, std::memory_order_acquire)) return false;
+    if (busy_.exchange(true, std::memory_order_acquire)) return false;
+    if (workers_.empty()) {
+      busy_.store(false, std::memory_order_release);
+      return false;
+    }
     const size_t shards = workers_.size() + 1;
     fn_ = fn, data_ = data, shards_ = shards;
     for (size_t s = 0; s < shards; ++s) {

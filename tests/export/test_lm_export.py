@@ -4,8 +4,8 @@ the torch model, the ONNX backend's row operations, batch invariance of int8, an
 from __future__ import annotations
 
 import json
-from collections import Counter
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
