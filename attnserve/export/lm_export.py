@@ -171,10 +171,19 @@ def use_lm_kernels(path: Path, *, attention: bool) -> int:
     return rewritten
 
 
-def kernel_nodes(path: Path) -> int:
-    """How many nodes of the graph at `path` are attnserve's kernels."""
+# ONNX Runtime's products: a graph holding none runs every product on attnserve's kernels.
+ORT_PRODUCTS = frozenset(
+    ("MatMul", "Gemm", "MatMulInteger", "MatMulIntegerToFloat", "MatMulNBits", "QLinearMatMul",
+     "DynamicQuantizeMatMul", "FusedMatMul", "GroupQueryAttention", "Attention")
+)  # fmt: skip
+
+
+def kernel_nodes(path: Path) -> tuple[int, bool]:
+    """How many nodes of the graph at `path` are attnserve's kernels, and whether all its
+    products (weights' and attention's) are (the manifest's `kernel_threads`)."""
     graph = onnx.load(str(path), load_external_data=False).graph
-    return sum(node.domain == kernels.DOMAIN for node in graph.node)
+    ours = sum(node.domain == kernels.DOMAIN for node in graph.node)
+    return ours, ours > 0 and not any(node.op_type in ORT_PRODUCTS for node in graph.node)
 
 
 def export_lm_variants(
@@ -248,14 +257,11 @@ def export_lm_variants(
                     keep_float=keep_down if INT8_BLOCK_DOWN else None,
                     vocab_size=model.config.vocab_size,
                 )
-                # all products on attnserve's kernels where they run (VNNI)
-                on_kernel = kernels.integer_products()
-                if INT8_BLOCK_DOWN:
+                if INT8_BLOCK_DOWN:  # on attnserve's kernels where they run (VNNI)
                     options["down_projections"] = block_down_projections(
                         out, model.config.intermediate_size, Path(tmp) / "int8-down",
-                        on_kernel=on_kernel,
+                        on_kernel=kernels.integer_products(),
                     )  # fmt: skip
-                options[KERNEL_THREADS] = on_kernel
                 options["smoothquant"] = smoothed
                 # the activations' per-row quantization and the products on attnserve's kernels
                 build.use_kernels(out / LM_STEP_NAME, decoder=False)
@@ -263,17 +269,11 @@ def export_lm_variants(
                 options = quantize_int4(
                     fp32_dir, out, Path(tmp) / "int4-opt", model.config.vocab_size
                 )
-                matmuls = options["matmuls"]
-                options[KERNEL_THREADS] = (
-                    bool(matmuls.get("on_kernel"))
-                    and matmuls["on_kernel"] == matmuls["int4_affine"] + matmuls["int8_symmetric"]
-                    and not matmuls["float"]
-                )
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             if variant != "fp16":  # the CPU variants
                 use_lm_kernels(out / LM_STEP_NAME, attention=attention == LM_GQA)
-                options[KERNEL_NODES] = kernel_nodes(out / LM_STEP_NAME)
+                options[KERNEL_NODES], options[KERNEL_THREADS] = kernel_nodes(out / LM_STEP_NAME)
                 options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention
             parity: dict[str, Any] = {}

@@ -296,7 +296,9 @@ def _elementwise_functions(opset: list[onnx.OperatorSetIdProto]) -> list[onnx.Fu
 
 def use_elementwise_kernels(model: onnx.ModelProto) -> int:
     """Rewrite `model` in place: a residual Add whose sum an RMSNormalization (last axis, float32,
-    a constant scale) normalizes becomes one AddRMSNorm (both its outputs read as before), and a
+    a constant 1-D scale) normalizes becomes one AddRMSNorm (both its outputs read as before),
+    where the Add adds two computed values (no constant: a bias or a position table would
+    broadcast, which the kernel does not) of the same shape as far as the model records it; a
     Split of the last axis in halves whose first half goes through x * Sigmoid(x) into a
     product with the second becomes one SwiGLU; returns how many nodes were written (0: the
     model is unchanged)."""
@@ -304,8 +306,21 @@ def use_elementwise_kernels(model: onnx.ModelProto) -> int:
     from onnx import helper
 
     graph = model.graph
-    constants = {i.name for i in graph.initializer}
+    constants = {i.name: list(i.dims) for i in graph.initializer}
     producers, readers = _wiring(graph)
+    shapes = {
+        info.name: [d.dim_value or d.dim_param or None for d in info.type.tensor_type.shape.dim]
+        for info in [*graph.input, *graph.output, *graph.value_info]
+        if info.type.tensor_type.HasField("shape")
+    }
+
+    def computed(name: str) -> bool:
+        source = producers.get(name)
+        return name not in constants and not (source is not None and _is(source, "Constant"))
+
+    def alike(a: str, b: str) -> bool:  # the same shape where both are recorded
+        return a not in shapes or b not in shapes or shapes[a] == shapes[b] != []
+
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -319,9 +334,11 @@ def use_elementwise_kernels(model: onnx.ModelProto) -> int:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         add = producers.get(node.input[0])
         if (
-            len(node.input) != 2 or node.input[1] not in constants or len(node.output) != 1
+            len(node.input) != 2 or len(constants.get(node.input[1], [])) != 1
+            or len(node.output) != 1
             or attrs.get("axis", -1) != -1 or attrs.get("stash_type", 1) != 1
             or add is None or not _is(add, "Add") or id(add) in replaced
+            or not all(computed(x) for x in add.input) or not alike(*add.input)
         ):  # fmt: skip
             continue
         epsilon = float(np.float32(attrs.get("epsilon", 1e-5)))
@@ -336,8 +353,9 @@ def use_elementwise_kernels(model: onnx.ModelProto) -> int:
         )  # fmt: skip
         replaced[id(add)], replaced[id(node)] = fused, None  # where the sum was made
         written += 1
+    initializers = {i.name: i for i in graph.initializer}
     for split in graph.node:
-        halves = _small_constant({i.name: i for i in graph.initializer}, split.input[1]) if (
+        halves = _small_constant(initializers, split.input[1]) if (
             _is(split, "Split") and len(split.input) == 2 and len(split.output) == 2
         ) else None  # fmt: skip
         axis = [a.i for a in split.attribute if a.name == "axis"]
@@ -440,9 +458,10 @@ CAUSAL_NEUTRAL: dict[str, tuple[object, ...]] = {
 
 def use_causal_attention_kernel(model: onnx.ModelProto) -> int:
     """Rewrite `model` in place: every GroupQueryAttention that CausalGroupAttention computes
-    (packed qkv, rotary with rotate-half, the default scale or 1/sqrt(D), no softcap, local
-    window or smoothing; the caches graph inputs) becomes one; returns how many (0: the model
-    is unchanged)."""
+    (packed qkv, rotary on (`do_rotary` 1: absent is off) with rotate-half over the whole head,
+    cos/sin constant (P, D/2) tables; the default scale or 1/sqrt(D); no softcap, local window
+    or smoothing; the caches graph inputs) becomes one; returns how many (0: the model is
+    unchanged)."""
     from onnx import helper
 
     depth: dict[str, int] = {}  # the caches' head size, from the graph's inputs
@@ -450,6 +469,7 @@ def use_causal_attention_kernel(model: onnx.ModelProto) -> int:
         dims = info.type.tensor_type.shape.dim
         if len(dims) == 4 and dims[3].HasField("dim_value"):
             depth[info.name] = dims[3].dim_value
+    tables = {i.name: list(i.dims) for i in model.graph.initializer}
     rewritten = 0
     for node in model.graph.node:
         if node.op_type != "GroupQueryAttention" or node.domain != MS_DOMAIN:
@@ -458,8 +478,12 @@ def use_causal_attention_kernel(model: onnx.ModelProto) -> int:
         inputs = list(node.input) + [""] * (9 - len(node.input))
         d = depth.get(inputs[3])
         neutral = {**CAUSAL_NEUTRAL, "scale": (0.0, float(np.float32(1.0 / np.sqrt(d or 1))))}
+        whole_head = d is not None and all(
+            len(tables.get(t, [])) == 2 and tables[t][1] * 2 == d for t in inputs[7:9]
+        )  # a narrower table rotates part of the head, which the kernel does not
         if (
-            d is None
+            not whole_head
+            or attrs.get("do_rotary") != 1
             or inputs[1] or inputs[2] or not all(inputs[3:9]) or len(node.input) > 9
             or len(node.output) != 3
             or any(
@@ -1016,6 +1040,17 @@ def use_threads(threads: int, *, spinning: bool = False) -> bool:
         ctypes.c_int(max(1, int(threads))), ctypes.c_int(SPINNING_US if spinning else SPIN_US)
     )
     return True
+
+
+def thread_runs() -> int:
+    """How many kernel calls have run on the kernels' own threads in this process (0 without
+    the library)."""
+    path = library_path()
+    if path is None:
+        return 0
+    library = ctypes.CDLL(str(path))
+    library.attnserve_kernels_thread_runs.restype = ctypes.c_uint64
+    return int(library.attnserve_kernels_thread_runs())
 
 
 def register(options: object) -> bool:

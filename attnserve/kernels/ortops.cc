@@ -26,6 +26,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <new>
+#include <utility>
 #include <limits>
 #include <pthread.h>
 #include <memory>
@@ -1051,17 +1054,30 @@ class Pool {
       stop_.store(false);
     }
     spin_ = spin;
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work_loop(i); });
+    // each worker waits for the epoch after this one (read here, while the pool is held: a
+    // worker that read it itself once started could miss a call made before then)
+    const uint64_t epoch = epoch_.load();
+    for (int i = 1; i < threads; ++i) {
+      workers_.emplace_back([this, i, epoch] { work_loop(static_cast<size_t>(i), epoch); });
+    }
     busy_.store(false, std::memory_order_release);
   }
 
-  // A child process (fork) has none of the parent's threads: it runs on ONNX Runtime's (the
-  // parent's thread objects are left alone, never joined).
-  void forget_workers() {
+  // A fork: the parent holds owner_ across it (no resize half done), and the child, which has
+  // none of the parent's threads, starts over with none (the parent's thread objects are left
+  // alone, never joined; its locks and counters as a fresh pool's): its kernels run on ONNX
+  // Runtime's threads until it asks for threads of its own.
+  void before_fork() { owner_.lock(); }
+  void after_fork_in_parent() { owner_.unlock(); }
+  void after_fork_in_child() {
     static auto* orphans = new std::vector<std::thread>();
     for (std::thread& worker : workers_) orphans->push_back(std::move(worker));
     workers_.clear();
-    busy_.store(false);  // a parent's thread may have held it at the fork
+    new (&owner_) std::mutex();
+    new (&sleep_) std::mutex();
+    new (&wake_) std::condition_variable();
+    busy_.store(false), stop_.store(false), pending_.store(0), sleepers_.store(0);
+    error_ = nullptr;
   }
 
   // fn(data, i) for every i in [0, total) on the pool and the calling thread; false (nothing
@@ -1073,6 +1089,7 @@ class Pool {
       return false;
     }
     const size_t shards = workers_.size() + 1;
+    runs_.fetch_add(1, std::memory_order_relaxed);
     fn_ = fn, data_ = data, shards_ = shards;
     for (size_t s = 0; s < shards; ++s) {
       shard_[s].next.store(total * s / shards, std::memory_order_relaxed);
@@ -1086,7 +1103,9 @@ class Pool {
     }
     take_tasks(0);
     while (pending_.load(std::memory_order_acquire) > 0) pause();
+    std::exception_ptr error = std::exchange(error_, nullptr);
     busy_.store(false, std::memory_order_release);
+    if (error) std::rethrow_exception(error);
     return true;
   }
 
@@ -1104,19 +1123,24 @@ class Pool {
   void take_tasks(size_t home) {
     void (*fn)(void*, size_t) = fn_;
     void* data = data_;
-    for (size_t k = 0; k < shards_; ++k) {
-      Shard& shard = shard_[(home + k) % shards_];
-      for (size_t i; (i = shard.next.fetch_add(1, std::memory_order_relaxed)) < shard.end;) {
-        fn(data, i);
+    try {
+      for (size_t k = 0; k < shards_; ++k) {
+        Shard& shard = shard_[(home + k) % shards_];
+        for (size_t i; (i = shard.next.fetch_add(1, std::memory_order_relaxed)) < shard.end;) {
+          fn(data, i);
+        }
       }
+    } catch (...) {  // (an allocation failing) the caller rethrows the first
+      std::lock_guard<std::mutex> lock(sleep_);
+      if (!error_) error_ = std::current_exception();
+      for (size_t k = 0; k < shards_; ++k) shard_[k].next.store(shard_[k].end);  // stop
     }
   }
 
-  void work_loop(size_t home) {
-    uint64_t seen = epoch_.load();
+  void work_loop(size_t home, uint64_t seen) {
     for (;;) {
       auto start = std::chrono::steady_clock::now();
-      for (int spins = 0; epoch_.load(std::memory_order_acquire) == seen && !stop_.load();) {
+      for (unsigned spins = 0; epoch_.load(std::memory_order_acquire) == seen && !stop_.load();) {
         pause();
         if (++spins % 256 != 0 || std::chrono::steady_clock::now() - start < spin_) continue;
         std::unique_lock<std::mutex> lock(sleep_);
@@ -1150,13 +1174,18 @@ class Pool {
   alignas(64) std::atomic<uint64_t> epoch_{0};
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<int> sleepers_{0};
-  std::mutex sleep_;
+  std::mutex sleep_;  // the sleepers' wake-ups, and error_
   std::condition_variable wake_;
+  std::exception_ptr error_;
+
+ public:
+  std::atomic<uint64_t> runs_{0};  // calls run on the pool (observability, tests)
 };
 
 Pool& pool() {
   static Pool* instance = [] {  // never destroyed: its threads may outlive static exit
-    pthread_atfork(nullptr, nullptr, [] { pool().forget_workers(); });
+    pthread_atfork([] { pool().before_fork(); }, [] { pool().after_fork_in_parent(); },
+                   [] { pool().after_fork_in_child(); });
     return new Pool();
   }();
   return *instance;
@@ -1415,7 +1444,7 @@ void run_q4(const ort_abi::Fns& api, OrtKernelContext* context, int bits) {
 // tokens) is computed alone, in a fixed order, so a row's result does not depend on the batch.
 // A padding query of a first prompt (after its row's real tokens) gets zeros.
 
-// exp(x - top) of a row in place (x <= top: one pass), their sum returned; the row's top first.
+// softmax of a row of n scores, in place.
 using SoftmaxFn = void (*)(float* x, int64_t n);
 
 void softmax_portable(float* x, int64_t n) {
@@ -1428,7 +1457,8 @@ void softmax_portable(float* x, int64_t n) {
 }
 
 #if ATTNSERVE_AVX512
-// exp(x) for x <= 0, sixteen at a time: exp_nonpositive's polynomial, 2^n by vscalefps.
+// exp(x), sixteen at a time: exp_nonpositive's polynomial, 2^n by vscalefps (below -87.3:
+// ~1e-38, not 0; large x: inf). Written for x <= 0 (a softmax's x - max); SwiGLU's -x works too.
 __attribute__((target("avx512f"), always_inline)) inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), x);  // a NaN stays NaN (the second operand)
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -1732,7 +1762,7 @@ void run_causal(const ort_abi::Fns& api, OrtKernelContext* context) {
   int64_t work = 0;
   for (int64_t b = 0; b < job.batch; ++b) {
     const int64_t past = job.past(b), length = job.seqlens[b] + int64_t{1};
-    if (past < 0 || length > total || length < (job.first ? 1 : job.seq) ||
+    if (past < 0 || past > width || length > total || length < (job.first ? 1 : job.seq) ||
         past + job.seq > std::min(job.width, cos.dims[0])) {
       throw invalid("a row's seqlens_k does not fit total_sequence_length, the new tokens, the "
                     "cache or the rotary table");
@@ -2086,6 +2116,11 @@ ATTNSERVE_EXPORT int attnserve_kernels_integer_products() { return use_qmatmul()
 // used), spinning up to `spin_us` microseconds between calls.
 ATTNSERVE_EXPORT void attnserve_kernels_threads(int threads, int spin_us) {
   pool().resize(threads, spin_us);
+}
+
+// How many kernel calls ran on those threads so far (observability, tests).
+ATTNSERVE_EXPORT uint64_t attnserve_kernels_thread_runs() {
+  return pool().runs_.load(std::memory_order_relaxed);
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.

@@ -47,14 +47,13 @@ def attention_graph(heads: int, kv: int, depth: int, rewrite: bool, **attrs: Any
             helper.make_tensor_value_info("past_value", TensorProto.FLOAT, cache),
             helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
             helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-            helper.make_tensor_value_info("cos", TensorProto.FLOAT, [POSITIONS, depth // 2]),
-            helper.make_tensor_value_info("sin", TensorProto.FLOAT, [POSITIONS, depth // 2]),
         ],
         [
             helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "s", heads * depth]),
             helper.make_tensor_value_info("present_key", TensorProto.FLOAT, cache),
             helper.make_tensor_value_info("present_value", TensorProto.FLOAT, cache),
         ],
+        [onnx.numpy_helper.from_array(t, n) for t, n in zip(tables(depth), ("cos", "sin"))],
     )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.MS_DOMAIN, 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
@@ -85,15 +84,12 @@ def feeds(
     total: int, width: int,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     batch = len(seqlens)
-    cos, sin = tables(depth)
     return {
         "qkv": rng.standard_normal((batch, seq, (heads + 2 * kv) * depth), dtype=np.float32),
         "past_key": rng.standard_normal((batch, kv, width, depth), dtype=np.float32),
         "past_value": rng.standard_normal((batch, kv, width, depth), dtype=np.float32),
         "seqlens_k": np.array(seqlens, dtype=np.int32),
         "total_sequence_length": np.array(total, dtype=np.int32),
-        "cos": cos,
-        "sin": sin,
     }
 
 
@@ -104,7 +100,7 @@ def reference(f: dict[str, np.ndarray], heads: int, kv: int) -> tuple[np.ndarray
     batch, seq, _ = qkv.shape
     keys, values = f["past_key"].astype(np.float64), f["past_value"].astype(np.float64)
     depth, half = keys.shape[-1], keys.shape[-1] // 2
-    cos, sin = f["cos"].astype(np.float64), f["sin"].astype(np.float64)
+    cos, sin = (t.astype(np.float64) for t in tables(depth))
     first = seq == int(f["total_sequence_length"])
     out = np.zeros((batch, seq, heads * depth))
     x = qkv.reshape(batch, seq, heads + 2 * kv, depth)
@@ -135,7 +131,7 @@ def run_in_place(s: ort.InferenceSession, f: dict[str, np.ndarray]) -> tuple[np.
     output and the buffers after the run."""
     keys, values = f["past_key"].copy(), f["past_value"].copy()
     binding = s.io_binding()
-    for name in ("qkv", "seqlens_k", "total_sequence_length", "cos", "sin"):
+    for name in ("qkv", "seqlens_k", "total_sequence_length"):
         binding.bind_cpu_input(name, f[name])
     pairs = (("past_key", "present_key", keys), ("past_value", "present_value", values))
     for past, present, buffer in pairs:
@@ -155,6 +151,8 @@ CASES = {
     "decode-d16": (4, 2, 16, 1, [5, 0, 31], 32, 40),
     "decode-d128": (8, 2, 128, 1, [7, 60], 61, 64),
     "decode-d32-mha": (4, 4, 32, 1, [2, 9], 10, 16),
+    "decode-g4": (8, 2, 64, 1, [33, 5], 34, 40),  # 4 query heads a kv head: 4 rows at once
+    "decode-d96": (6, 2, 96, 1, [20, 3], 21, 24),  # no grouped loop for 96: the general ones
     "first-prompt": (9, 3, 64, 7, [6, 2, 4, 0], 7, 16),
     "later-chunk": (9, 3, 64, 5, [13], 14, 24),
     "long-chunk": (9, 3, 64, 40, [239], 240, 250),  # above the inline size: on the threads
@@ -219,8 +217,8 @@ def test_a_row_gets_the_same_bits_alone_as_in_a_batch(case: str) -> None:
 @needs_library
 @pytest.mark.parametrize(
     ("seqlens", "total", "width"),
-    [([30], 20, 40), ([3, 60], 51, 64), ([300], 301, 310)],  # beyond total, twice; the table
-)
+    [([30], 20, 40), ([3, 60], 51, 64), ([300], 301, 310), ([50], 51, 40)],
+)  # beyond total, twice; the rotary table; a past wider than the cache given
 def test_rows_that_do_not_fit_fail_the_run_with_a_message(
     seqlens: list[int], total: int, width: int
 ) -> None:
@@ -233,10 +231,22 @@ def test_rows_that_do_not_fit_fail_the_run_with_a_message(
 @pytest.mark.parametrize(
     "attrs",
     [{"softcap": 30.0}, {"local_window_size": 64}, {"rotary_interleaved": 1}, {"do_rotary": 0},
-     {"scale": 0.5}],
+     {"scale": 0.5}, {"do_rotary": None}, {"narrow_tables": True}],
 )  # fmt: skip
 def test_attention_the_kernel_does_not_compute_is_left_alone(attrs: dict[str, Any]) -> None:
+    """Other settings, no rotary (`do_rotary` absent is off) and rotary over part of the head
+    (cos/sin narrower than D/2) stay GroupQueryAttention."""
+    narrow = attrs.pop("narrow_tables", False)
     model = onnx.load_from_string(attention_graph(4, 2, 16, rewrite=False, **attrs))
+    if attrs.get("do_rotary", 1) is None:
+        node = model.graph.node[0]
+        kept = [a for a in node.attribute if a.name != "do_rotary"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    if narrow:
+        for table in model.graph.initializer:
+            narrowed = onnx.numpy_helper.to_array(table)[:, :4]
+            table.CopyFrom(onnx.numpy_helper.from_array(narrowed, table.name))
     assert kernels.use_causal_attention_kernel(model) == 0
     assert model.graph.node[0].op_type == "GroupQueryAttention"
 
@@ -259,7 +269,7 @@ def test_offline_optimized_attributes_are_rewritten() -> None:
 
 
 def products_and_attention() -> tuple[bytes, dict[str, np.ndarray]]:
-    """A BlockQ4MatMul of a few rows and the long-chunk attention: both split into tasks."""
+    """A BlockQ4MatMul of a few rows (split into tasks) and its input."""
     from attnserve.export.blockwise import quantize_blockwise
 
     rng = np.random.default_rng(4)
@@ -276,45 +286,77 @@ def products_and_attention() -> tuple[bytes, dict[str, np.ndarray]]:
     return model.SerializeToString(), {"x": rng.standard_normal((5, 256), dtype=np.float32)}
 
 
-def run_on(threads: int) -> list[np.ndarray]:
+def run_on(threads: int, products: bool) -> list[np.ndarray]:
+    """The long-chunk attention (and a block product) with the kernels on `threads` threads of
+    their own; checks that they ran there."""
     kernels.use_threads(threads)
     try:
-        model, x = products_and_attention()
+        before = kernels.thread_runs()
         heads, kv, depth, seq, seqlens, total, width = CASES["long-chunk"]
         f = feeds(np.random.default_rng(5), heads, kv, depth, seq, seqlens, total, width)
-        attention = session(attention_graph(heads, kv, depth, True), True)
-        return [session(model, True).run(None, x)[0], *run_in_place(attention, f)]
+        out = list(run_in_place(session(attention_graph(heads, kv, depth, True), True), f))
+        if products:
+            model, x = products_and_attention()
+            out.append(session(model, True).run(None, x)[0])
+        assert (kernels.thread_runs() > before) == (threads > 1)
+        return out
     finally:
         kernels.use_threads(1)
 
 
-@pytest.mark.skipif(not kernels.integer_products(), reason="needs the block kernels (VNNI)")
+@needs_library
 def test_the_kernels_own_threads_give_the_same_bits() -> None:
-    one, three = run_on(1), run_on(3)
+    products = kernels.integer_products()  # the block product needs VNNI
+    one, three = run_on(1, products), run_on(3, products)
     for a, b in zip(one, three, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
-def _child_product(queue: Any) -> None:
-    model, x = products_and_attention()
-    queue.put(session(model, True).run(None, x)[0])
+@needs_library
+def test_a_call_right_after_the_threads_change_runs_on_them() -> None:
+    """Workers started by a resize wait for the next call, however late they start."""
+    heads, kv, depth, seq, seqlens, total, width = CASES["long-chunk"]
+    f = feeds(np.random.default_rng(7), heads, kv, depth, seq, seqlens, total, width)
+    s = session(attention_graph(heads, kv, depth, True), True)
+    want = run_in_place(s, f)
+    try:
+        for threads in (3, 2, 4, 2, 3):
+            kernels.use_threads(threads)
+            before = kernels.thread_runs()
+            for got, expected in zip(run_in_place(s, f), want, strict=True):
+                np.testing.assert_array_equal(got, expected)
+            assert kernels.thread_runs() > before
+    finally:
+        kernels.use_threads(1)
 
 
-@pytest.mark.skipif(not kernels.integer_products(), reason="needs the block kernels (VNNI)")
+def _child_attention(queue: Any) -> None:
+    """In a forked child: the attention on ORT's threads, then on threads of its own."""
+    heads, kv, depth, seq, seqlens, total, width = CASES["long-chunk"]
+    f = feeds(np.random.default_rng(5), heads, kv, depth, seq, seqlens, total, width)
+    s = session(attention_graph(heads, kv, depth, True), True)
+    first = run_in_place(s, f)[0]
+    kernels.use_threads(2)
+    queue.put((first, run_in_place(s, f)[0]))
+
+
+@needs_library
 def test_a_forked_child_runs_without_the_parents_threads() -> None:
-    """A child forked while the kernels' threads exist has none of them: its products run on
-    ONNX Runtime's threads instead of waiting for workers that are not there."""
-    want = run_on(1)[0]
+    """A child forked while the kernels' threads exist has none of them: its kernels run on
+    ONNX Runtime's threads instead of waiting for workers that are not there, and it can start
+    threads of its own."""
+    want = run_on(1, False)[0]
     kernels.use_threads(2)
     try:
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
-        child = context.Process(target=_child_product, args=(queue,))
+        child = context.Process(target=_child_attention, args=(queue,))
         child.start()
-        got = queue.get(timeout=60)
+        first, second = queue.get(timeout=60)
         child.join(timeout=60)
         assert child.exitcode == 0
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(first, want)
+        np.testing.assert_array_equal(second, want)
     finally:
         kernels.use_threads(1)
 
@@ -387,6 +429,16 @@ def test_the_elementwise_kernels_compute_the_nodes_they_replace(shape: tuple[int
         got = alone.run(None, {k: v[r : r + 1] for k, v in f.items()})
         for a, b in zip(got, together, strict=True):
             np.testing.assert_array_equal(a[0], b[r])
+
+
+def test_an_add_of_a_constant_keeps_its_norm() -> None:
+    """A bias or a position table added before a norm would broadcast: not AddRMSNorm's."""
+    model = onnx.load_from_string(mlp_block_graph(2, 16, 8, False))
+    add = model.graph.node[0]
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(16, np.float32), "bias"))
+    add.input[1] = "bias"
+    assert kernels.use_elementwise_kernels(model) == 1  # the SwiGLU only
+    assert [n.op_type for n in model.graph.node][:2] == ["Add", "RMSNormalization"]
 
 
 def test_nodes_the_elementwise_kernels_do_not_compute_are_left_alone() -> None:

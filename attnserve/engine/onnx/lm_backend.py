@@ -139,10 +139,9 @@ class OnnxLMBackend:
         # (norms, element-wise, attention) on one (a step's ~120 small products each paid the
         # hand-over to ONNX Runtime's threads; its threading of 576-wide rows cost more than it
         # saved). docs/BENCHMARKS.md measures both.
+        # The threads are the process's: the last language model opened sets them (one serves).
         wanted = threads or physical_cores()
-        self.kernel_threads = (
-            wanted if products and exported.get(KERNEL_THREADS) and wanted > 1 else 0
-        )
+        self.kernel_threads = wanted if products and exported.get(KERNEL_THREADS) else 0
         if self.kernel_threads:
             options.intra_op_num_threads = 1
             use_kernel_threads(wanted, spinning=spinning)
