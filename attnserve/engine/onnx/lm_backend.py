@@ -174,7 +174,9 @@ class OnnxLMBackend:
             self.variant,
             self.provider,
             threads,
-            ", the products on the kernels' own" if self.kernel_threads else "",
+            f", the products on {self.kernel_threads} of the kernels' own"
+            if self.kernel_threads > 1
+            else "",
             self.io_binding,
         )
 
