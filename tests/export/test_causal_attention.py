@@ -53,7 +53,10 @@ def attention_graph(heads: int, kv: int, depth: int, rewrite: bool, **attrs: Any
             helper.make_tensor_value_info("present_key", TensorProto.FLOAT, cache),
             helper.make_tensor_value_info("present_value", TensorProto.FLOAT, cache),
         ],
-        [onnx.numpy_helper.from_array(t, n) for t, n in zip(tables(depth), ("cos", "sin"))],
+        [
+            onnx.numpy_helper.from_array(t, n)
+            for t, n in zip(tables(depth), ("cos", "sin"), strict=True)
+        ],
     )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid(kernels.MS_DOMAIN, 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
