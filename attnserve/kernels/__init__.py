@@ -26,6 +26,16 @@ and its bias Add), on AVX-512 VNNI, the weights packed as the kernel reads them:
         x quantized per block of 32 of a row as RowQuantize quantizes a row, integer sums
     ai.attnserve.BlockQ8MatMul(x, q (N/16, K/32, 512) uint8, d): the same with 8-bit symmetric
         blocks (w = d (q - 128), llama.cpp's Q8_0)
+    ai.attnserve.CausalGroupAttention(qkv, past_key, past_value, seqlens_k,
+        total_sequence_length, cos, sin) -> out, present_key, present_value: a language model's
+        attention, ONNX Runtime's GroupQueryAttention (rotary, the cache written in place) for
+        the calls a step makes
+    ai.attnserve.AddRMSNorm(x, y, weight, epsilon) -> x + y, RMSNorm(x + y)
+    ai.attnserve.SwiGLU(gate_up (..., 2F)) -> silu(gate) * up
+
+The kernels run their tasks on ONNX Runtime's intra-op threads, or on threads of the library's
+own where the process asks for them (`use_threads`: a language model whose every product is on
+these kernels, its session's own nodes on one thread).
 
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;

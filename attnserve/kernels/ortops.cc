@@ -11,6 +11,9 @@
 //   ai.attnserve.AttnScoresHalf / AttnMixHalf: the same with k / v float16 (a half cache)
 //   ai.attnserve.BlockQ4MatMul(x, q, d, m): a product with a weight in 4-bit affine blocks
 //   ai.attnserve.BlockQ8MatMul(x, q, d): the same with 8-bit symmetric blocks (Q8_0)
+//   ai.attnserve.CausalGroupAttention, AddRMSNorm, SwiGLU: a language model's attention
+//   (GroupQueryAttention's cases, the cache written in place) and element-wise steps
+//   (and a pool of the library's own threads the kernels run on when asked: see Pool)
 //   (and LogSoftmaxTopK, RowQuantize, QMatMul / QMatMulBias: see their sections below)
 //
 // The graph declares each as an ONNX function whose body is the stock Transpose + MatMul, so
