@@ -159,11 +159,12 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
 
 def use_lm_kernels(path: Path, *, attention: bool) -> int:
     """The graph at `path` on attnserve's kernels for a language model's step: its residual Adds
-    with their RMSNorms (AddRMSNorm), its SwiGLUs and, with `attention`, its GroupQueryAttention
+    with their RMSNorms (AddRMSNorm), its SwiGLUs, an int8 graph's per-row quantizations with the
+    product reading each (RowQMatMul) and, with `attention`, its GroupQueryAttention
     nodes (CausalGroupAttention; each function's body is the stock nodes, for a runtime without
     the library); returns how many nodes were written."""
     model = onnx.load(str(path), load_external_data=False)
-    rewritten = kernels.use_elementwise_kernels(model)
+    rewritten = kernels.use_elementwise_kernels(model) + kernels.use_row_qmatmul_kernel(model)
     if attention:
         rewritten += kernels.use_causal_attention_kernel(model)
     if rewritten:

@@ -77,7 +77,7 @@ if TYPE_CHECKING:  # onnx is needed to rewrite graphs (at export), not to run th
 log = logging.getLogger(__name__)
 
 DOMAIN = "ai.attnserve"
-VERSION = 11  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 12  # the library's `attnserve_kernels_version`; a stale build is not registered
 SCORES = "AttnScores"
 MIX = "AttnMix"
 SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision
@@ -88,6 +88,7 @@ QMATMUL = "QMatMul"
 QMATMUL_BIAS = "QMatMulBias"
 PACKED_QMATMUL = "PackedQMatMul"
 PACKED_QMATMUL_BIAS = "PackedQMatMulBias"
+ROW_QMATMUL = "RowQMatMul"  # RowQuantize and PackedQMatMul in one node
 PANEL = 64  # columns per panel of a packed weight (N / 64, K / 4, 64, 4)
 CAUSAL = "CausalGroupAttention"
 ADD_NORM = "AddRMSNorm"
@@ -236,6 +237,16 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         doc_string="QMatMul with its weight stored packed: (N / 64, K / 4, 64, 4), element "
         "[p, k4, c, j] = w[4 k4 + j, 64 p + c]",
     )
+    row_qmatmul = helper.make_function(
+        DOMAIN,
+        ROW_QMATMUL,
+        ["x", "packed", "w_scale"],
+        ["product"],
+        # x -> q, scale (its zero_point_value, 128, is also the product's), then the product
+        [*row_quantize.node, *unpack, *product[1:]],
+        int8_opset,
+        doc_string="RowQuantize(x) -> q, scale, then PackedQMatMul(q, packed, scale, w_scale)",
+    )
     packed_qmatmul_bias = helper.make_function(
         DOMAIN,
         PACKED_QMATMUL_BIAS,
@@ -260,6 +271,7 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         qmatmul_bias,
         packed_qmatmul,
         packed_qmatmul_bias,
+        row_qmatmul,
     ]
 
 
@@ -816,6 +828,38 @@ def use_row_quantize_kernel(model: onnx.ModelProto) -> int:
     _drop_unread(graph, readers)  # the quantization's step, zero point and axes
     declare(model)
     return len(replaced)
+
+
+def use_row_qmatmul_kernel(model: onnx.ModelProto) -> int:
+    """Rewrite `model` in place: a PackedQMatMul whose quantized rows and scales come from a
+    RowQuantize that nothing else reads becomes one RowQMatMul of the float rows (the same bytes,
+    the same product); returns how many."""
+    graph = model.graph
+    producers, readers = _wiring(graph)
+    replaced: dict[int, onnx.NodeProto | None] = {}
+    for node in graph.node:
+        if node.domain != DOMAIN or node.op_type != PACKED_QMATMUL:
+            continue
+        q, packed, scale, w_scale = node.input
+        source = producers.get(q)
+        if (
+            source is None
+            or source.domain != DOMAIN
+            or source.op_type != ROW_QUANTIZE
+            or list(source.output) != [q, scale]
+            or readers.get(q) != 1
+            or readers.get(scale) != 1
+        ):
+            continue
+        replaced[id(source)] = None
+        replaced[id(node)] = _node(ROW_QMATMUL, [source.input[0], packed, w_scale],
+                                   list(node.output), node.name)  # fmt: skip
+    if not replaced:
+        return 0
+    nodes = [replaced.get(id(n), n) for n in graph.node]
+    _set_nodes(graph, [n for n in nodes if n is not None])
+    declare(model)
+    return len(replaced) // 2
 
 
 def use_qmatmul_kernel(model: onnx.ModelProto) -> int:

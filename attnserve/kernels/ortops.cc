@@ -990,12 +990,13 @@ enum class Kind {
   kBlockQ8MatMul,
   kCausal,
   kAddNorm,
-  kSwiGlu
+  kSwiGlu,
+  kRowQMatMul
 };
 
 constexpr bool is_qmatmul(Kind kind) {
   return kind == Kind::kQMatMul || kind == Kind::kQMatMulBias || kind == Kind::kPackedQMatMul ||
-         kind == Kind::kPackedQMatMulBias;
+         kind == Kind::kPackedQMatMulBias || kind == Kind::kRowQMatMul;
 }
 
 struct Kernel {
@@ -1312,12 +1313,43 @@ std::shared_ptr<const Packed> packed_weight(const Kernel& kernel, const Tensor& 
 
 // x_q (..., K) uint8, w (K, N) int8 or packed (N / 64, K / 4, 64, 4), x_scale (..., 1),
 // w_scale (N,) [, bias (N,)] -> (..., N).
-void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias, bool packed) {
+//
+// With `quantize` (RowQMatMul: x (..., K) float, w packed, w_scale): x's rows are quantized
+// first, as RowQuantize quantizes them (the same bytes and scales, into buffers of the calling
+// thread), one node where the graph had two.
+void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias, bool packed,
+                 bool quantize = false) {
   const ort_abi::Fns& api = kernel.api;
-  const Tensor a = input(api, context, 0);
+  Tensor a = input(api, context, 0);
   const Tensor w = input(api, context, 1);
-  const Tensor a_scale = input(api, context, 2);
-  const Tensor w_scale = input(api, context, 3);
+  Tensor a_scale;
+  const Tensor w_scale = input(api, context, quantize ? 2 : 3);
+  if (quantize) {
+    if (a.dims.empty()) throw Failure{ORT_INVALID_ARGUMENT, "RowQMatMul wants x (..., K)"};
+    const int64_t columns = a.dims.back();
+    const int64_t count = a.count(), rows = count / std::max<int64_t>(columns, 1);
+    thread_local std::vector<uint8_t> bytes;  // every element written before it is read
+    thread_local std::vector<float> scales;
+    bytes.resize(static_cast<size_t>(count));
+    scales.resize(static_cast<size_t>(rows));
+    RowQuantJob job{row_max_portable, quantize_portable, a.data(), bytes.data(), scales.data(),
+                    columns};
+#if ATTNSERVE_AVX512
+    if (cpu_has_avx512()) job.row_max = row_max_avx512, job.quantize = quantize_avx512;
+#endif
+    if (columns == 0) {
+      std::fill(scales.begin(), scales.end(), 0.0f);
+    } else if (count <= kQ4InlineQuantize) {  // a few rows: not worth waking the threads
+      for (int64_t r = 0; r < rows; ++r) row_quantize_one(&job, static_cast<size_t>(r));
+    } else {
+      for_each_row(api, context, row_quantize_one, static_cast<size_t>(rows), &job);
+    }
+    a.raw = bytes.data();
+    a_scale.raw = scales.data();
+    a_scale.dims = {rows};
+  } else {
+    a_scale = input(api, context, 2);
+  }
   const bool shaped = packed ? w.dims.size() == 4 && w.dims[2] == kPanel && w.dims[3] == 4
                              : w.dims.size() == 2;
   const int64_t k = !shaped ? -1 : packed ? 4 * w.dims[1] : w.dims[0];
@@ -1336,7 +1368,7 @@ void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias
   }
   const float* bias = nullptr;
   if (with_bias) {
-    const Tensor b = input(api, context, 4);
+    const Tensor b = input(api, context, quantize ? 3 : 4);
     if (b.count() != n) throw Failure{ORT_INVALID_ARGUMENT, "QMatMul wants a bias per column"};
     bias = b.data();
   }
@@ -1916,6 +1948,7 @@ void run_swiglu(const ort_abi::Fns& api, OrtKernelContext* context) {
 
 void run(const Kernel& kernel, OrtKernelContext* context) {
   const ort_abi::Fns& api = kernel.api;
+  if (kernel.kind == Kind::kRowQMatMul) return run_qmatmul(kernel, context, false, true, true);
   if (is_qmatmul(kernel.kind)) {
     const bool bias = kernel.kind == Kind::kQMatMulBias || kernel.kind == Kind::kPackedQMatMulBias;
     const bool packed =
@@ -1974,6 +2007,7 @@ struct Op {
       case Kind::kCausal: return "CausalGroupAttention";
       case Kind::kAddNorm: return "AddRMSNorm";
       case Kind::kSwiGlu: return "SwiGLU";
+      case Kind::kRowQMatMul: return "RowQMatMul";
     }
     return "";
   }
@@ -1995,6 +2029,7 @@ struct Op {
       case Kind::kCausal: return 7;
       case Kind::kAddNorm: return 4;
       case Kind::kSwiGlu: return 1;
+      case Kind::kRowQMatMul: return 3;
       default: return 2;
     }
   }
@@ -2003,6 +2038,7 @@ struct Op {
     return kind == Kind::kRowQuantize || kind == Kind::kAddNorm ? 2 : 1;
   }
   static OrtElementType input_type(const OrtCustomOp*, size_t index) {
+    if (kind == Kind::kRowQMatMul) return index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
     if (is_qmatmul(kind)) {
       return index == 0 ? ORT_ELEMENT_UINT8 : index == 1 ? ORT_ELEMENT_INT8 : ORT_ELEMENT_FLOAT;
     }
@@ -2084,6 +2120,7 @@ const OrtCustomOp kBlockQ8MatMul = make_op<Kind::kBlockQ8MatMul>();
 const OrtCustomOp kCausal = make_op<Kind::kCausal>();
 const OrtCustomOp kAddNorm = make_op<Kind::kAddNorm>();
 const OrtCustomOp kSwiGlu = make_op<Kind::kSwiGlu>();
+const OrtCustomOp kRowQMatMul = make_op<Kind::kRowQMatMul>();
 
 }  // namespace
 
@@ -2105,7 +2142,7 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
   }
   for (const OrtCustomOp* op :
        {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kBlockQ4MatMul,
-        &kBlockQ8MatMul}) {
+        &kBlockQ8MatMul, &kRowQMatMul}) {
     if (!use_qmatmul()) break;
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
@@ -2127,4 +2164,4 @@ ATTNSERVE_EXPORT uint64_t attnserve_kernels_thread_runs() {
 }
 
 // The library's own version, read by attnserve/kernels/__init__.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 11; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 12; }

@@ -790,3 +790,51 @@ def test_products_without_a_scale_per_row_or_with_a_shared_weight_keep_their_nod
     assert kernels.use_qmatmul_kernel(shared) == 2
     assert [n.op_type for n in shared.graph.node][-2:] == ["QMatMul", "QMatMul"]
     assert {len(i.dims) for i in shared.graph.initializer if i.data_type == TensorProto.INT8} == {2}
+
+
+def row_product_graph(k: int, n: int, rank: int, rewrite: bool) -> bytes:
+    """One per-row int8 product of a float activation (a language model's projection: no bias,
+    its quantization read by it alone), optionally on RowQMatMul."""
+    from attnserve.export.quantize import quantize_rows
+
+    rng = np.random.default_rng(k + n)
+    dims = [f"d{i}" for i in range(rank - 1)]
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((k, n), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*dims, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims, n])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    quantize_rows(model)
+    if rewrite:
+        kernels.use_row_quantize_kernel(model)
+        kernels.use_qmatmul_kernel(model)
+        assert kernels.use_row_qmatmul_kernel(model) == 1
+        assert kernels.use_row_qmatmul_kernel(model) == 0  # once only
+        assert [n.op_type for n in model.graph.node] == [kernels.ROW_QMATMUL]
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("shape", [(1, 576, 960), (5, 64, 128), (40, 1536, 576), (2, 3, 12, 64)])
+def test_row_qmatmul_gives_the_stock_nodes_floats(shape: tuple[int, ...]) -> None:
+    """RowQuantize and PackedQMatMul in one node: the same bytes, the same product, bit for bit
+    (kernel and function body), with a few rows quantized on the calling thread or many on the
+    session's threads."""
+    *rows, k, n = shape
+    x = activations(np.random.default_rng(k * n), (*rows, k))
+    stock = session(row_product_graph(k, n, len(rows) + 1, False), False).run(None, {"x": x})[0]
+    runs = [session(row_product_graph(k, n, len(rows) + 1, True), False)]
+    if BUILT:
+        runs.append(session(row_product_graph(k, n, len(rows) + 1, True), True))
+    for run in runs:
+        got = run.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got.view(np.int32), stock.view(np.int32))
+
+
+def test_a_quantization_read_by_two_products_stays_apart() -> None:
+    model = onnx.load_from_string(products_graph(64, 128, 2, True))  # one RowQuantize, 3 reads
+    assert kernels.use_row_qmatmul_kernel(model) == 0

@@ -82,6 +82,11 @@ def test_manifests_record_parity_and_the_gate(exported: tuple[DecoderOnly, Path]
     assert int8["parity"]["gate"] == {"top1_agreement": 0.9, "mean_kl": 0.02}
     assert int8["parity"]["top1_agreement"] >= 0.9
     assert int8["options"]["activation_scales"] == "row"
+    # each per-row quantization fused with the packed product that reads it (an unpacked
+    # product, here the head of a vocabulary no multiple of 64, keeps its own)
+    graph = onnx.load(str(root / "int8" / "step.onnx"), load_external_data=False).graph
+    ops = Counter(n.op_type for n in graph.node)
+    assert ops["RowQMatMul"] > 0 and ops["RowQuantize"] == ops["QMatMul"]
 
 
 @pytest.mark.parametrize("chunk", [512, 3, 1])
