@@ -157,21 +157,6 @@ def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int)
     }
 
 
-def use_lm_kernels(path: Path, *, attention: bool) -> int:
-    """The graph at `path` on attnserve's kernels for a language model's step: its residual Adds
-    with their RMSNorms (AddRMSNorm), its SwiGLUs, an int8 graph's per-row quantizations with the
-    product reading each (RowQMatMul) and, with `attention`, its GroupQueryAttention
-    nodes (CausalGroupAttention; each function's body is the stock nodes, for a runtime without
-    the library); returns how many nodes were written."""
-    model = onnx.load(str(path), load_external_data=False)
-    rewritten = kernels.use_elementwise_kernels(model) + kernels.use_row_qmatmul_kernel(model)
-    if attention:
-        rewritten += kernels.use_causal_attention_kernel(model)
-    if rewritten:
-        build.save_graph(model, path)
-    return rewritten
-
-
 # ONNX Runtime's products: a graph holding none runs every product on attnserve's kernels.
 ORT_PRODUCTS = frozenset(
     ("MatMul", "Gemm", "MatMulInteger", "MatMulIntegerToFloat", "MatMulNBits", "QLinearMatMul",
@@ -179,12 +164,23 @@ ORT_PRODUCTS = frozenset(
 )  # fmt: skip
 
 
-def kernel_nodes(path: Path) -> tuple[int, bool]:
-    """How many nodes of the graph at `path` are attnserve's kernels, and whether all its
-    products (weights' and attention's) are (the manifest's `kernel_threads`)."""
-    graph = onnx.load(str(path), load_external_data=False).graph
-    ours = sum(node.domain == kernels.DOMAIN for node in graph.node)
-    return ours, ours > 0 and not any(node.op_type in ORT_PRODUCTS for node in graph.node)
+def use_lm_kernels(path: Path, *, attention: bool) -> tuple[int, bool]:
+    """The graph at `path` on attnserve's kernels for a language model's step: its residual Adds
+    with their RMSNorms (AddRMSNorm), its SwiGLUs, an int8 graph's per-row quantizations with the
+    product reading each (RowQMatMul) and, with `attention`, its GroupQueryAttention
+    nodes (CausalGroupAttention; each function's body is the stock nodes, for a runtime without
+    the library). Returns how many of the graph's nodes are attnserve's kernels, and whether all
+    its products (weights' and attention's) are (the manifest's `kernel_threads`)."""
+    model = onnx.load(str(path), load_external_data=False)
+    rewritten = kernels.use_elementwise_kernels(model) + kernels.use_row_qmatmul_kernel(model)
+    if attention:
+        rewritten += kernels.use_causal_attention_kernel(model)
+    nodes = model.graph.node
+    ours = sum(node.domain == kernels.DOMAIN for node in nodes)
+    all_products = ours > 0 and not any(node.op_type in ORT_PRODUCTS for node in nodes)
+    if rewritten:
+        build.save_graph(model, path)
+    return ours, all_products
 
 
 def export_lm_variants(
@@ -273,8 +269,9 @@ def export_lm_variants(
             else:
                 options = build.convert_fp16(fp32_dir, out, names=LM_GRAPHS, outputs=(LOGITS,))
             if variant != "fp16":  # the CPU variants
-                use_lm_kernels(out / LM_STEP_NAME, attention=attention == LM_GQA)
-                options[KERNEL_NODES], options[KERNEL_THREADS] = kernel_nodes(out / LM_STEP_NAME)
+                options[KERNEL_NODES], options[KERNEL_THREADS] = use_lm_kernels(
+                    out / LM_STEP_NAME, attention=attention == LM_GQA
+                )
                 options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention
             parity: dict[str, Any] = {}

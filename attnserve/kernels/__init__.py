@@ -343,10 +343,7 @@ def use_elementwise_kernels(model: onnx.ModelProto) -> int:
     def alike(a: str, b: str) -> bool:  # the same shape where both are recorded
         return a not in shapes or b not in shapes or shapes[a] == shapes[b] != []
 
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _consumers(graph)
     replaced: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: gone)
     epsilons: dict[float, str] = {}
     written = 0
@@ -472,7 +469,7 @@ CAUSAL_NEUTRAL: dict[str, tuple[object, ...]] = {
     "smooth_softmax": (-1, 0),
     "sliding_window_cache": (0,),
     "qk_output": (0,),
-    "qk_norm_epsilon": tuple(float(np.float32(e)) for e in (1e-6,)),  # no q/k norm inputs
+    "qk_norm_epsilon": (float(np.float32(1e-6)),),  # no q/k norm inputs
     "k_quant_type": (b"NONE",),
     "v_quant_type": (b"NONE",),
 }
@@ -652,12 +649,10 @@ def q4_panels(values: np.ndarray) -> np.ndarray:
 def integer_products() -> bool:
     """Whether the library registers its integer products (QMatMul..., BlockQ4MatMul) here: a
     CPU with AVX-512 VNNI, the library built and not switched off."""
-    path = library_path()
-    if path is None:
-        return False
+    library = _library()
     try:
-        return bool(ctypes.CDLL(str(path)).attnserve_kernels_integer_products())
-    except (OSError, AttributeError):
+        return library is not None and bool(library.attnserve_kernels_integer_products())
+    except AttributeError:
         return False
 
 
@@ -878,10 +873,7 @@ def use_qmatmul_kernel(model: onnx.ModelProto) -> int:
     initializers = {i.name: i for i in graph.initializer}
     inputs = {i.name for i in graph.input}  # initializers a caller may override stay as they are
     producers, readers = _wiring(graph)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _consumers(graph)
 
     def shaped(name: str, dtype: int, dims: list[int] | None = None) -> onnx.TensorProto | None:
         tensor = initializers.get(name)
@@ -1001,6 +993,15 @@ def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str
     return producers, readers
 
 
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """The nodes reading each value, in graph order."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers
+
+
 def _set_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Replace the graph's node list (protobuf repeated fields are not assigned)."""
     del graph.node[:]
@@ -1034,6 +1035,15 @@ def library_path() -> Path | None:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     return _built_library()
+
+
+def _library() -> ctypes.CDLL | None:
+    """The built library, loaded (None: not built, or turned off)."""
+    path = library_path()
+    try:
+        return None if path is None else ctypes.CDLL(str(path))
+    except OSError:
+        return None
 
 
 @lru_cache(maxsize=1)
@@ -1086,10 +1096,9 @@ def use_threads(threads: int, *, spinning: bool = False) -> bool:
     language model's step, whose ~120 small products each pay ONNX Runtime's hand-over to its
     threads, the kernels' own threads take each thread's share as one contiguous stream. Call
     it before the session's first run; False without the library."""
-    path = library_path()
-    if path is None:
+    library = _library()
+    if library is None:
         return False
-    library = ctypes.CDLL(str(path))
     library.attnserve_kernels_threads(
         ctypes.c_int(max(1, int(threads))), ctypes.c_int(SPINNING_US if spinning else SPIN_US)
     )
@@ -1099,10 +1108,9 @@ def use_threads(threads: int, *, spinning: bool = False) -> bool:
 def thread_runs() -> int:
     """How many kernel calls have run on the kernels' own threads in this process (0 without
     the library)."""
-    path = library_path()
-    if path is None:
+    library = _library()
+    if library is None:
         return 0
-    library = ctypes.CDLL(str(path))
     library.attnserve_kernels_thread_runs.restype = ctypes.c_uint64
     return int(library.attnserve_kernels_thread_runs())
 

@@ -503,6 +503,15 @@ struct RowQuantJob {
   int64_t columns;
 };
 
+// A job quantizing the rows of x (columns each) into q and scales, on this CPU's loops.
+RowQuantJob row_quant_job(const float* x, uint8_t* q, float* scales, int64_t columns) {
+  RowQuantJob job{row_max_portable, quantize_portable, x, q, scales, columns};
+#if ATTNSERVE_AVX512
+  if (cpu_has_avx512()) job.row_max = row_max_avx512, job.quantize = quantize_avx512;
+#endif
+  return job;
+}
+
 void row_quantize_one(void* data, size_t index) {
   const RowQuantJob& job = *static_cast<const RowQuantJob*>(data);
   const int64_t row = static_cast<int64_t>(index);
@@ -1277,11 +1286,7 @@ void run_vocab(const ort_abi::Fns& api, OrtKernelContext* context) {
 void run_row_quantize(const ort_abi::Fns& api, OrtKernelContext* context) {
   const Tensor x = input(api, context, 0);
   if (x.dims.empty()) throw Failure{ORT_INVALID_ARGUMENT, "RowQuantize wants rank >= 1"};
-  RowQuantJob job{row_max_portable, quantize_portable, x.data(), nullptr, nullptr,
-                  x.dims.back()};
-#if ATTNSERVE_AVX512
-  if (cpu_has_avx512()) job.row_max = row_max_avx512, job.quantize = quantize_avx512;
-#endif
+  RowQuantJob job = row_quant_job(x.data(), nullptr, nullptr, x.dims.back());
   job.q = static_cast<uint8_t*>(output(api, context, 0, x.dims));
   std::vector<int64_t> dims = x.dims;
   dims.back() = 1;
@@ -1338,11 +1343,7 @@ void run_qmatmul(const Kernel& kernel, OrtKernelContext* context, bool with_bias
     thread_local std::vector<float> scales;
     bytes.resize(static_cast<size_t>(count));
     scales.resize(static_cast<size_t>(rows));
-    RowQuantJob job{row_max_portable, quantize_portable, a.data(), bytes.data(), scales.data(),
-                    columns};
-#if ATTNSERVE_AVX512
-    if (cpu_has_avx512()) job.row_max = row_max_avx512, job.quantize = quantize_avx512;
-#endif
+    RowQuantJob job = row_quant_job(a.data(), bytes.data(), scales.data(), columns);
     if (columns == 0) {
       std::fill(scales.begin(), scales.end(), 0.0f);
     } else if (count <= kQ4InlineQuantize) {  // a few rows: not worth waking the threads

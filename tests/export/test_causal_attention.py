@@ -15,10 +15,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from attnserve import kernels
+from tests.export.test_kernels import needs_library, session
 
-needs_library = pytest.mark.skipif(
-    kernels.library_path() is None, reason="the kernel library is not built here"
-)
 POSITIONS = 256
 NAMES = ["qkv", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos", "sin"]
 
@@ -67,14 +65,6 @@ def attention_graph(heads: int, kv: int, depth: int, rewrite: bool, **attrs: Any
         ]
     onnx.checker.check_model(model)
     return model.SerializeToString()
-
-
-def session(model: bytes, library: bool) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    if library:
-        assert kernels.register(options)
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def tables(depth: int) -> tuple[np.ndarray, np.ndarray]:

@@ -146,7 +146,7 @@ class OnnxLMBackend:
             options.intra_op_num_threads = 1
             use_kernel_threads(wanted, spinning=spinning)
         inputs, outputs = self._io_names()
-        attention = self.manifest.get("options", {}).get("attention", LM_PLAIN)
+        attention = exported.get("attention", LM_PLAIN)
         if attention != self.attention:
             raise ValueError(
                 f"{directory} holds a graph with {attention} attention: open it with "
