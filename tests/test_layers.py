@@ -14,19 +14,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnserve"
 # What each folder may import from attnserve (besides itself and `attnserve.defaults`).
 ALLOWED: dict[str, set[str]] = {
     "model": set(),
+    "text": {"model"},
     "kernels": set(),
     "engine": {"model", "kernels"},
     "export": {"engine", "model", "kernels"},
     "convert": {"model"},
     "training": {"engine", "model"},
-    "service": {"engine", "model", "export", "convert"},
+    "service": {"engine", "model", "export", "convert", "text"},
     "bench": {
         "engine", "model", "kernels", "export", "convert", "training", "service", "loadtest",
+        "text",
     },
     "loadtest": {"engine", "model", "service", "training"},
     "cli": {
         "engine", "model", "kernels", "export", "convert", "training", "service", "bench",
-        "loadtest",
+        "loadtest", "text",
     },
 }  # fmt: skip
 

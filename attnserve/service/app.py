@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 
 from attnserve.engine.memory import MemoryTrimmer
 from attnserve.service.errors import install_error_handlers
+from attnserve.service.libretranslate import router as libretranslate_router
 from attnserve.service.middleware import ServiceMiddleware
 from attnserve.service.models import BackendFactory, default_backend_factory, load_model, warm_up
 from attnserve.service.models import wait_idle as wait_models_idle
@@ -71,6 +72,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
+    app.include_router(libretranslate_router)
     known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
     app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
     if settings.cors_origins:

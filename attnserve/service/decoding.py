@@ -111,11 +111,14 @@ def texts_of(body: TranslateRequest, service: ServiceState) -> list[str]:
     return texts
 
 
-def _check_source_language(body: TranslateRequest, model: ServedModel) -> str | None:
+def _check_source_language(
+    body: TranslateRequest, model: ServedModel, detected: bool = False
+) -> str | None:
     """The source language of a model whose sources name it (NLLB, M2M100, mBART-50): the
-    request's, else the tokenizer's default; 422 when unknown or missing. None for others."""
+    request's, else the tokenizer's default; 422 when unknown or missing. None for others,
+    and where every unit's language was detected."""
     tokenizer = model.tokenizer
-    if not tokenizer.multilingual_source:
+    if not tokenizer.multilingual_source or detected:
         return None
     name = body.source_lang or tokenizer.source_lang
     if name is None:
@@ -128,16 +131,20 @@ def _check_source_language(body: TranslateRequest, model: ServedModel) -> str | 
         raise ApiError(422, str(exc), param="source_lang") from exc
 
 
-def _check_languages(
-    body: TranslateRequest, texts: Sequence[str], model: ServedModel
-) -> str | None:
+def check_languages(body: TranslateRequest, texts: Sequence[str], model: ServedModel) -> str | None:
     """The target language to tag sources with (None: no tag); 422 for unsupported ones, and
     for a multi-target model's text that names no target (no `target_lang`, no language token
     typed at its start)."""
     tokenizer = model.tokenizer
     source = tokenizer.source_lang or ""
     declared = source not in ("", "mul", "multi") and not tokenizer.multilingual_source
-    if body.source_lang is not None and declared and not same_language(body.source_lang, source):
+    auto = body.source_lang is not None and body.source_lang.lower() == "auto"
+    if (
+        body.source_lang is not None
+        and not auto
+        and declared
+        and not same_language(body.source_lang, source)
+    ):
         raise ApiError(
             422,
             f"model {model.name} translates from {source!r}, not {body.source_lang!r}",
@@ -187,33 +194,56 @@ def _check_typed_targets(body: TranslateRequest, texts: Sequence[str], model: Se
 
 
 async def tokenize(
-    body: TranslateRequest, texts: Sequence[str], model: ServedModel, options: DecodingOptions
+    body: TranslateRequest,
+    units: Sequence[str],
+    model: ServedModel,
+    options: DecodingOptions,
+    target: str | None,
+    unit_sources: Sequence[str | None] | None = None,
 ) -> tuple[list[list[int]], DecodingOptions]:
-    """Source ids of every text and the options with the target language's forced first token
-    (NLLB, M2M100, mBART-50: its code; models whose sources carry the target need none); 422
-    for an unsupported language or a text over the model's input limit."""
-    target = _check_languages(body, texts, model)
-    source = _check_source_language(body, model)
+    """Source ids of every unit (a sentence, or a whole text) and the options with the target
+    language's forced first token (NLLB, M2M100, mBART-50: its code; models whose sources carry
+    the target need none); 422 for a unit over the model's input limit. A unit's source
+    language: its detected one (`unit_sources`), else the request's."""
+    source = _check_source_language(body, model, detected=bool(unit_sources))
     forced = model.tokenizer.forced_bos_id(target)
     if forced is not None:
         options = options.replace(forced_bos_id=forced)
+    langs = list(unit_sources) if unit_sources else [source] * len(units)
+    if source is None and model.tokenizer.multilingual_source:
+        langs = [_model_source(model, lang) for lang in langs]
 
     def encode_all() -> list[list[int]]:
-        return [model.encode(text, target, source) for text in texts]
+        return [model.encode(u, target, lang) for u, lang in zip(units, langs, strict=True)]
 
-    if sum(len(t) for t in texts) > INLINE_CHARS:
+    if sum(len(u) for u in units) > INLINE_CHARS:
         sources = await run_in_threadpool(encode_all)
     else:
         sources = encode_all()
     limit = model.max_input_tokens
     for i, ids in enumerate(sources):
         if len(ids) > limit:
+            where = text_name(body, i) if len(units) == len(texts_list(body)) else "a sentence"
             raise ApiError(
                 422,
-                f"{text_name(body, i)} has {len(ids)} tokens; the limit is {limit}",
+                f"{where} has {len(ids)} tokens; the limit is {limit}",
                 param="text",
             )
     return sources, options
+
+
+def _model_source(model: ServedModel, lang: str | None) -> str | None:
+    if lang is None:
+        return None
+    try:
+        return str(model.tokenizer.language_tag(lang))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="source_lang") from exc
+
+
+def texts_list(body: TranslateRequest) -> list[str]:
+    text = body.text
+    return [] if text is None else [text] if isinstance(text, str) else list(text)
 
 
 def deadline_seconds(body: TranslateRequest, service: ServiceState) -> float:

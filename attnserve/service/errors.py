@@ -39,6 +39,9 @@ ERROR_TYPES: dict[int, str] = {
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+# The LibreTranslate-compatible routes (service/libretranslate.py): errors `{"error": "..."}`,
+# 400 for an invalid request, the API key checked by the route (it may come in the body).
+LIBRETRANSLATE_PATHS = frozenset({"/translate", "/detect", "/languages"})
 
 
 class ApiError(Exception):
@@ -78,6 +81,9 @@ def error_body(
 
 def error_response(error: ApiError, request: Request | None = None) -> JSONResponse:
     status, headers = error.status, dict(error.headers)
+    if request is not None and request.url.path in LIBRETRANSLATE_PATHS:
+        status = 400 if status == 422 else status
+        return JSONResponse({"error": error.message}, status_code=status, headers=headers)
     param, kind = error.param, error.type
     native = None
     if request is not None and request.url.path in OPENAI_PATHS:

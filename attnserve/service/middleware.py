@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnserve.service.errors import OPENAI_PATHS, error_body
+from attnserve.service.errors import LIBRETRANSLATE_PATHS, OPENAI_PATHS, error_body
 from attnserve.service.logs import new_request_id, request_id_var
 from attnserve.service.state import ServiceState
 
@@ -87,17 +87,18 @@ class ServiceMiddleware:
             await send(message)
 
         path: str = scope["path"]
-        api = path.startswith("/v1/")
+        libre = path in LIBRETRANSLATE_PATHS
+        api = path.startswith("/v1/") or libre
         lifecycle = self.service.lifecycle
         counted = False
         try:
-            reply = self._refuse(scope, headers) if api else None
+            reply = self._refuse(scope, headers, check_key=not libre) if api else None
             if reply is None and api and scope["method"] in ("POST", "PUT", "PATCH"):
                 reply, receive = await self._limit_body(headers, receive)
             if reply is not None:
                 if reply.reason:
                     self.service.metrics.reject(reply.reason)
-                await _send_error(send_with_id, reply)
+                await _send_error(send_with_id, reply, libre)
                 return
             if api:
                 lifecycle.in_flight += 1
@@ -118,6 +119,7 @@ class ServiceMiddleware:
                     # the openai client retries 5xx by default: not a request that may have run
                     headers={"x-should-retry": "false"} if path in OPENAI_PATHS else None,
                 ),
+                libre,
             )
         finally:
             if counted:
@@ -136,9 +138,12 @@ class ServiceMiddleware:
             )
             request_id_var.reset(token)
 
-    def _refuse(self, scope: Scope, headers: dict[str, str]) -> _Reply | None:
-        """401 without a valid API key; 503 while loading, draining or failed."""
-        if self._key is not None:
+    def _refuse(
+        self, scope: Scope, headers: dict[str, str], check_key: bool = True
+    ) -> _Reply | None:
+        """401 without a valid API key (unless the route checks it); 503 while loading,
+        draining or failed."""
+        if self._key is not None and check_key:
             scheme, _, supplied = headers.get("authorization", "").partition(" ")
             # The header's own bytes (it was read as latin-1), less HTTP whitespace only:
             # str.strip() would also eat \x85 and \xa0, the last byte of UTF-8 "Å" and "à".
@@ -212,8 +217,9 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _send_error(send: Send, reply: _Reply) -> None:
-    body = json.dumps(error_body(reply.status, reply.message)).encode()
+async def _send_error(send: Send, reply: _Reply, libre: bool = False) -> None:
+    shape = {"error": reply.message} if libre else error_body(reply.status, reply.message)
+    body = json.dumps(shape).encode()
     headers: list[Any] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -13,7 +13,6 @@ does not run a request that failed or timed out a second time.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -27,16 +26,8 @@ from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
 from attnserve.engine.scheduler import Request as EngineRequest
 from attnserve.engine.search import Hypothesis as EngineHypothesis
-from attnserve.service.decoding import (
-    deadline_seconds,
-    decoding_options,
-    new_requests,
-    resolve_model,
-    submit_all,
-    texts_of,
-    tokenize,
-    wait_all,
-)
+from attnserve.service.decoding import resolve_model, wait_all
+from attnserve.service.documents import TranslationRun, assemble, start_translation
 from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
 from attnserve.service.generation import (
     EngineRun,
@@ -64,8 +55,10 @@ from attnserve.service.openai_schemas import (
 )
 from attnserve.service.routes import (
     ERROR_RESPONSES,
+    Delta,
     EventStream,
     StreamEnd,
+    document_deltas,
     raise_for,
     sse,
     token_deltas,
@@ -208,19 +201,9 @@ def _chat_messages(messages: Sequence[ChatCompletionMessage]) -> list[ChatMessag
     return out
 
 
-async def _start_translation(
-    body: GenerateRequest, service: Service, model: ServedModel
-) -> EngineRun:
-    texts = texts_of(body, service)
-    options = decoding_options(body, model, service)
-    timeout = deadline_seconds(body, service)
-    sources, options = await tokenize(body, texts, model, options)
-    request_id = request_id_var.get() or "request"
-    requests = new_requests(request_id, sources, options, timeout, stream=body.stream)
-    return EngineRun(model, requests, submit_all(service, model, requests), None, timeout)
-
-
-async def _finish(run: EngineRun, request: Request) -> list[EngineRequest] | Response:
+async def _finish(
+    run: EngineRun | TranslationRun, request: Request
+) -> list[EngineRequest] | Response:
     """The finished requests, or the error (raised) / 499 of a run that did not end DONE."""
     outcome = await wait_all(run.model, run.requests, run.futures, run.timeout, request.receive)
     raise_for(outcome, run.requests, run.timeout, request_id_var.get() or "request")
@@ -401,9 +384,10 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
                 raise ApiError(400, f"{name} is for language models", param=name)
     fields = {k: v for k, v in fields.items() if v is not None}
     native = _generate_request(fields)
-    start = start_lm if model.generates else _start_translation
-    run = await start(native, service, model)
     id_, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if not model.generates:
+        return await _translate(native, body, request, service, model, id_, created)
+    run = await start_lm(native, service, model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         echo = body.prompt if body.echo and isinstance(body.prompt, str) else ""
@@ -434,25 +418,75 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     )
 
 
+async def _translate(
+    native: GenerateRequest,
+    body: CompletionRequest,
+    request: Request,
+    service: Service,
+    model: ServedModel,
+    id_: str,
+    created: int,
+) -> Any:
+    """/v1/completions on a translation model: each prompt a document, `n` its n-best."""
+    run = await start_translation(native, service, model)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return _stream(run, "text_completion", id_, created, include_usage)
+    done = await _finish(run, request)
+    if isinstance(done, Response):
+        return done
+    answers = assemble(model, run.plan, done, return_scores=False, token_ids=False)
+    choices: list[CompletionChoice] = []
+    for answer in answers:
+        texts = [h.text for h in answer.hypotheses] if answer.hypotheses else [answer.text]
+        for text in texts:
+            choices.append(
+                CompletionChoice(
+                    index=len(choices), text=text, finish_reason=answer.finish_reason, logprobs=None
+                )
+            )
+    return Completion(
+        id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
+    )
+
+
 def _stream(
-    run: EngineRun,
+    run: EngineRun | TranslationRun,
     kind: Literal["chat.completion.chunk", "text_completion"],
     id_: str,
     created: int,
     include_usage: bool,
     echo: str = "",
 ) -> EventStream:
+    if isinstance(run, TranslationRun):
+        return EventStream(
+            _chunks(run, document_deltas(run), kind, id_, created, include_usage, echo),
+            cleanup=run.cancel,
+        )
     (engine_request,), (future,) = run.requests, run.futures
+    deltas = token_deltas(run.model, engine_request, future, run.timeout, run.stopper)
     return EventStream(
-        _chunks(run, engine_request, future, kind, id_, created, include_usage, echo),
+        _chunks(run, deltas, kind, id_, created, include_usage, echo),
         cleanup=lambda: run.model.engine.cancel(engine_request.id),
     )
 
 
+def _ending(
+    run: EngineRun | TranslationRun, done: EngineRequest | None
+) -> tuple[str, CompletionUsage]:
+    """A finished stream's finish_reason and usage."""
+    if isinstance(run, TranslationRun):
+        results = [f.result() for f in run.futures]
+        (answer,) = assemble(run.model, run.plan, results, return_scores=False, token_ids=False)
+        return answer.finish_reason, _usage(results)
+    assert done is not None
+    hyp = done.hypotheses[0] if done.hypotheses else None
+    return (_finish_reason(hyp, done) if hyp is not None else "length"), _usage([done])
+
+
 async def _chunks(
-    run: EngineRun,
-    engine_request: EngineRequest,
-    future: asyncio.Future[EngineRequest],
+    run: EngineRun | TranslationRun,
+    deltas: AsyncIterator[Delta | StreamEnd],
     kind: Literal["chat.completion.chunk", "text_completion"],
     id_: str,
     created: int,
@@ -480,19 +514,17 @@ async def _chunks(
         yield event([first])
     elif echo:
         yield event([choice(echo, None)])
-    async for item in token_deltas(run.model, engine_request, future, run.timeout, run.stopper):
+    async for item in deltas:
         if isinstance(item, StreamEnd):
             if item.error is not None:
                 yield sse(item.error[1])
                 break
-            if item.request is None:
+            if item.request is None and not item.done:
                 return  # the client is gone
-            done = item.request
-            hyp = done.hypotheses[0] if done.hypotheses else None
-            finish = _finish_reason(hyp, done) if hyp is not None else "length"
+            finish, usage = _ending(run, item.request)
             yield event([choice(None if chat else "", finish)])
             if include_usage:
-                yield event([], _usage([done]).model_dump())
+                yield event([], usage.model_dump())
             break
         if item.text:
             yield event([choice(item.text, None)])

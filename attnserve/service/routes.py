@@ -17,18 +17,8 @@ from starlette.types import Receive, Scope, Send
 from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
 from attnserve.engine.scheduler import Request as EngineRequest
-from attnserve.service.decoding import (
-    deadline_seconds,
-    decoding_options,
-    finish_reason,
-    new_requests,
-    resolve_model,
-    submit_all,
-    texts_of,
-    tokenize,
-    translation,
-    wait_all,
-)
+from attnserve.service.decoding import finish_reason, resolve_model, wait_all
+from attnserve.service.documents import TranslationRun, assemble, start_translation
 from attnserve.service.errors import ApiError, error_body
 from attnserve.service.generation import (
     check_kind,
@@ -134,34 +124,23 @@ async def _decode(body: TranslateRequest, request: Request, service: Service) ->
     if model.generates:
         assert isinstance(body, GenerateRequest)
         return await _generate(body, request, service, model)
-    texts = texts_of(body, service)
-    options = decoding_options(body, model, service)
-    timeout = deadline_seconds(body, service)
-    sources, options = await tokenize(body, texts, model, options)
-    request_id = request_id_var.get() or "request"
+    run = await start_translation(body, service, model)
     stream = isinstance(body, GenerateRequest) and body.stream
-    engine_requests = new_requests(request_id, sources, options, timeout, stream=stream)
-    futures = submit_all(service, model, engine_requests)
     if stream:
-        (engine_request,), (future,) = engine_requests, futures
         # cancel() frees the rows of a stream that did not end (client gone) and drops a token
         # queue nobody read; for a request that ended it changes nothing.
-        return EventStream(
-            _events(model, engine_request, future, timeout),
-            cleanup=lambda: model.engine.cancel(engine_request.id),
-        )
-    outcome = await wait_all(model, engine_requests, futures, timeout, request.receive)
-    raise_for(outcome, engine_requests, timeout, request_id)
+        return EventStream(_document_events(run), cleanup=run.cancel)
+    outcome = await wait_all(model, run.requests, run.futures, run.timeout, request.receive)
+    raise_for(outcome, run.requests, run.timeout, run.request_id)
     if outcome is Outcome.CANCELLED:
         return Response(status_code=499)  # nobody reads it; logged and counted as 499
     generate = isinstance(body, GenerateRequest)
-    results = [f.result() for f in futures]
+    results = [f.result() for f in run.futures]
     return TranslateResponse(
         model=model.name,
-        translations=[
-            translation(model, r, return_scores=body.return_scores, token_ids=generate)
-            for r in results
-        ],
+        translations=assemble(
+            model, run.plan, results, return_scores=body.return_scores, token_ids=generate
+        ),
         usage=Usage(
             input_tokens=sum(len(r.source) for r in results),
             output_tokens=sum(r.output_tokens for r in results),
@@ -252,7 +231,7 @@ class Delta:
     """A streamed token and the text it adds (empty while held back)."""
 
     index: int
-    token: int
+    token: int | None  # None: source text kept between a document's sentences
     text: str
 
 
@@ -263,6 +242,7 @@ class StreamEnd:
 
     request: EngineRequest | None
     error: tuple[int, dict[str, Any]] | None = None
+    done: bool = False  # ended without a request of its own (a text returned unchanged)
 
 
 async def token_deltas(
@@ -334,6 +314,64 @@ async def _events(
                 usage=Usage(input_tokens=prompt_tokens(done), output_tokens=done.output_tokens),
             )
             yield sse(final.model_dump())
+    yield sse("[DONE]")
+
+
+async def document_deltas(run: TranslationRun) -> AsyncIterator[Delta | StreamEnd]:
+    """A one-text translation stream: its sentences' tokens in order, the source's text
+    between sentences as token-less deltas; a StreamEnd with the last request (or an error)."""
+    (text,) = run.plan.texts
+    if text.unchanged:
+        yield Delta(0, None, text.text)
+        yield StreamEnd(None, None, done=True)
+        return
+    (part,) = text.parts
+    gaps = part.document.gaps()
+    index = 0
+    pending = gaps[0]
+    last: EngineRequest | None = None
+    for j, (request, future) in enumerate(zip(run.requests, run.futures, strict=True)):
+        async for item in token_deltas(run.model, request, future, run.timeout):
+            if isinstance(item, StreamEnd):
+                if item.error is not None or item.request is None:
+                    yield item
+                    return
+                last = item.request
+                break
+            if pending and item.text:
+                yield Delta(index, None, pending)
+                index, pending = index + 1, ""
+            yield Delta(index, item.token, item.text)
+            index += 1
+        pending += gaps[j + 1]
+    if pending:
+        yield Delta(index, None, pending)
+    yield StreamEnd(last)
+
+
+async def _document_events(run: TranslationRun) -> AsyncIterator[bytes]:
+    """The native stream of a translation: one event per token (and per kept text between
+    sentences), a final event with the whole text, [DONE]."""
+    async for item in document_deltas(run):
+        if isinstance(item, Delta):
+            event = TokenEvent(index=item.index, token_id=item.token, text=item.text)
+            yield sse(event.model_dump())
+            continue
+        if item.error is not None:
+            yield sse(item.error[1])
+            break
+        if item.request is None and not item.done:
+            return  # the client is gone
+        results = [f.result() for f in run.futures]
+        (answer,) = assemble(run.model, run.plan, results, return_scores=False, token_ids=False)
+        input_tokens = sum(len(r.source) for r in results)
+        final = FinalEvent(
+            finish_reason=answer.finish_reason,
+            text=answer.text,
+            output_tokens=answer.output_tokens,
+            usage=Usage(input_tokens=input_tokens, output_tokens=answer.output_tokens),
+        )
+        yield sse(final.model_dump())
     yield sse("[DONE]")
 
 

@@ -47,7 +47,9 @@ class TranslateRequest(BaseModel):
     source_lang: str | None = Field(
         default=None,
         max_length=32,
-        description="Checked against the model's source language, where it declares one.",
+        description="Checked against the model's source language, where it declares one; "
+        '"auto": detected per text among the languages the model translates from '
+        "(the answer's detected_language).",
     )
     target_lang: str | None = Field(
         default=None,
@@ -66,6 +68,16 @@ class TranslateRequest(BaseModel):
     )
     timeout_ms: int | None = Field(
         default=None, ge=1, description="Deadline; default and maximum are server settings."
+    )
+    format: Literal["text", "html"] = Field(
+        default="text",
+        description="html: tags and attributes kept, text nodes translated (inline tags "
+        "around the words they wrapped). text is never parsed as markup.",
+    )
+    split_sentences: bool = Field(
+        default=True,
+        description="Translate each sentence of a text as its own request (line breaks and "
+        "spacing kept); false: each text (HTML: each block) as one unit.",
     )
 
 
@@ -160,6 +172,20 @@ class TokenLogprob(BaseModel):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class DetectedLanguage(BaseModel):
+    language: str = Field(description="ISO 639-1 code (or the model's code) of the source")
+    confidence: float = Field(ge=0.0, le=1.0)
+
+
+class SentenceResult(BaseModel):
+    """One sentence of a document and its translation."""
+
+    source: str
+    text: str
+    score: float | None = None
+    hypotheses: list[Hypothesis] | None = None
+
+
 class Translation(BaseModel):
     text: str
     score: float | None = Field(default=None, description="With return_scores.")
@@ -173,6 +199,14 @@ class Translation(BaseModel):
     )
     logprobs: list[TokenLogprob] | None = Field(
         default=None, description="/v1/generate with logprobs: one per generated token."
+    )
+    detected_language: DetectedLanguage | None = Field(
+        default=None, description='With source_lang "auto".'
+    )
+    sentences: list[SentenceResult] | None = Field(
+        default=None,
+        description="Per sentence, when a text has several and return_scores or an n-best list "
+        "was asked for (score and hypotheses of the text are their means and joins).",
     )
 
 
@@ -205,7 +239,9 @@ class TokenEvent(BaseModel):
     """One SSE `data:` event per new token; the `text` deltas concatenate to the output."""
 
     index: int
-    token_id: int
+    token_id: int | None = Field(
+        description="null: a translated document's own text between two sentences"
+    )
     text: str
 
 

@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     # Scheduler limits (per model).
     max_batch_rows: int = Field(default=64, ge=1)
     max_batch_tokens: int = Field(default=65536, ge=1)
-    max_waiting: int = Field(default=256, ge=1)
+    max_waiting: int = Field(default=1024, ge=1)
     # While more requests wait than fit, they join the running batch in groups of at least
     # `join_rows` rows (or after `max_join_steps` steps): fewer encoder passes and cache copies
     # at saturation. "request" batching starts a new batch only when the last one has finished
@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     max_timeout_ms: int = Field(default=120_000, ge=1)
     max_body_bytes: int = Field(default=1 << 20, ge=64)
     max_texts_per_request: int = Field(default=64, ge=1)
+    # Sentences (units) one translation request may decode: a document's, all its texts'.
+    max_sentences_per_request: int = Field(default=512, ge=1)
     max_input_tokens: int = Field(default=512, ge=1, description="capped by the model's")
     max_prompt_tokens: int = Field(
         default=4096, ge=1, description="language models; capped by the context"

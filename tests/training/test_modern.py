@@ -1,0 +1,150 @@
+"""Modern text from (fake) registry packages: locating, split by package, dedup, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnserve.cli import main
+from attnserve.training import modern
+from attnserve.training.data import Manifest
+from attnserve.training.modern import Located, build_modern, german_catalogs, locate, locate_all
+from attnserve.training.modern_sources import DEV, PYPI, TEST, TRAIN, Source, install_commands
+from tests.training.test_catalogs import write_mo
+from tests.training.test_data import ROWS
+from tests.training.tiny_corpus import write_bible_db
+
+
+def fake_source(name: str, role: str = TRAIN) -> Source:
+    return Source(name, PYPI, "MIT", "test", role, "1.0")
+
+
+def located(
+    tmp_path: Path, name: str, entries: list[tuple[str, str]], role: str = TRAIN
+) -> Located:
+    path = write_mo(tmp_path / name / "de" / "LC_MESSAGES" / f"{name}.mo", entries)
+    return Located(fake_source(name, role), "1.0", [path])
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_split_is_by_package_and_training_drops_held_out_lines(tmp_path: Path) -> None:
+    shop = located(tmp_path, "shop", [
+        ("Add to basket", "In den Warenkorb legen"),
+        ("Your order has been sent.", "Ihre Bestellung wurde verschickt."),
+    ], TEST)  # fmt: skip
+    chat = located(tmp_path, "chat", [("Send a message", "Eine Nachricht senden")], DEV)
+    office = located(tmp_path, "office", [
+        ("Add to basket", "Zum Korb hinzufügen"),  # English side is a test line: dropped
+        ("Print the page", "Die Seite drucken"),
+        ("Save the document", "Das Dokument speichern"),
+        ("Save the document!", "das Dokument speichern"),  # near-duplicate in the package
+    ])  # fmt: skip
+    mail = located(tmp_path, "mail", [
+        ("Print the page", "Die Seite drucken."),  # near-duplicate of office's
+        ("Reply to all", "Allen antworten"),
+        ("Send the message", "Eine Nachricht senden"),  # German side is a dev line: dropped
+    ])  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    section = build_modern(out, [office, shop, chat, mail])
+    assert sorted(lines(out / "modern-test.en")) == ["Add to basket", "Your order has been sent."]
+    assert lines(out / "modern-dev.de") == ["Eine Nachricht senden"]
+    assert lines(out / "modern-train.en") == ["Print the page", "Save the document", "Reply to all"]
+    assert lines(out / "modern-train.tsv")[:2] == [
+        "package\ten\tde",
+        "office\tPrint the page\tDie Seite drucken",
+    ]
+    assert section["splits"] == {"modern-train": 3, "modern-dev": 1, "modern-test": 2}
+    assert section["dropped"] == {
+        "dev_not_sampled": 0, "test_not_sampled": 0,
+        "train_duplicate_across_sources": 1, "train_equals_held_out_line": 2,
+    }  # fmt: skip
+    office_record = next(s for s in section["sources"] if s["package"] == "office")
+    assert office_record["units"] == 4
+    assert office_record["pairs"] == 3 and office_record["written"] == 2
+    assert office_record["dropped"] == {"duplicate_in_source": 1}
+
+
+def test_held_out_splits_are_a_seeded_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(modern.MAX_HELD_OUT, TEST, 3)
+    entries = [(f"Open window number {w}", f"Fenster Nummer {w} öffnen") for w in "ABCDEFGH"]
+    test = located(tmp_path, "test", entries, TEST)
+    out = tmp_path / "out"
+    out.mkdir()
+    first = build_modern(out, [test])
+    sample = lines(out / "modern-test.en")
+    assert first["splits"]["modern-test"] == 3 and first["dropped"]["test_not_sampled"] == 5
+    build_modern(out, [test])
+    assert lines(out / "modern-test.en") == sample
+
+
+def test_german_catalogs_prefer_mo_over_po() -> None:
+    paths = [
+        Path("pkg/locale/de/LC_MESSAGES/django.mo"),
+        Path("pkg/locale/de/LC_MESSAGES/django.po"),
+        Path("pkg/locale/de/LC_MESSAGES/djangojs.po"),
+        Path("pkg/locale/fr/LC_MESSAGES/django.mo"),
+        Path("pkg/locale/de_CH/LC_MESSAGES/django.mo"),
+        Path("other/locale/de_DE/LC_MESSAGES/messages.mo"),
+    ]
+    assert german_catalogs(paths) == [paths[5], paths[0], paths[2]]
+
+
+def fake_wheel(target: Path, name: str, entries: list[tuple[str, str]]) -> None:
+    """What `pip install --no-deps --target` leaves: the package and its dist-info."""
+    write_mo(target / name / "locale" / "de" / "LC_MESSAGES" / "django.mo", entries)
+    info = target / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"{name}/locale/de/LC_MESSAGES/django.mo,,\n")
+
+
+def test_locate_finds_a_pypi_package_in_the_target_folder(tmp_path: Path) -> None:
+    fake_wheel(tmp_path, "fakeshop", [("Add to basket", "In den Warenkorb legen")])
+    found = locate(fake_source("fakeshop"), tmp_path)
+    assert found is not None and found.version == "1.0"
+    assert [p.name for p in found.catalogs] == ["django.mo"]
+    assert locate(fake_source("attnserve-no-such-package"), tmp_path) is None
+
+
+def test_missing_sources_fail_with_the_install_commands(tmp_path: Path) -> None:
+    sources = [
+        fake_source("attnserve-no-such-package"),
+        Source("attnserve-no-such-deb", "debian", "MIT", "test", needs=("another-deb",)),
+    ]
+    with pytest.raises(FileNotFoundError, match="make data") as error:
+        locate_all("require", tmp_path, sources)
+    assert "attnserve-no-such-package==1.0" in str(error.value)
+    assert "--no-install-recommends attnserve-no-such-deb another-deb" in str(error.value)
+    found, missing = locate_all("available", tmp_path, sources)
+    assert found == [] and missing == sources
+    assert install_commands(tmp_path, tuple(sources)).count("\n") == 1
+
+
+def test_data_build_writes_modern_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalogs = tmp_path / "catalogs"
+    fake_wheel(catalogs, "fakeshop", [("Add to basket", "In den Warenkorb legen")])
+    fake_wheel(catalogs, "fakemail", [("Reply to all", "Allen antworten")])
+    monkeypatch.setattr(modern, "SOURCES", (fake_source("fakeshop", TEST), fake_source("fakemail")))
+    db = write_bible_db(tmp_path / "bible.db", ROWS)
+    out = tmp_path / "data"
+    argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
+    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs), "--modern-train"]
+    assert main(argv) == 0
+    manifest = Manifest.load(out / "manifest.json")
+    assert manifest.splits["modern-train"] == 1 and manifest.splits["modern-test"] == 1
+    assert manifest.train_sets[-1] == {
+        "name": "modern-train",
+        "directions": ["en-de", "de-en"],
+        "pairs": 1,
+    }
+    assert manifest.modern["mode"] == "require"
+    assert [s["package"] for s in manifest.modern["sources"]] == ["fakeshop", "fakemail"]
+    assert lines(out / "modern-test.de") == ["In den Warenkorb legen"]
+    assert DEV not in {s["role"] for s in manifest.modern["sources"]}
