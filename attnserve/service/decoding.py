@@ -209,9 +209,9 @@ async def tokenize(
     forced = model.tokenizer.forced_bos_id(target)
     if forced is not None:
         options = options.replace(forced_bos_id=forced)
-    langs = list(unit_sources) if unit_sources else [source] * len(units)
-    if source is None and model.tokenizer.multilingual_source:
-        langs = [_model_source(model, lang) for lang in langs]
+    langs = [source] * len(units)
+    if unit_sources and model.tokenizer.multilingual_source:
+        langs = [_model_source(model, lang) for lang in unit_sources]
 
     def encode_all() -> list[list[int]]:
         return [model.encode(u, target, lang) for u, lang in zip(units, langs, strict=True)]

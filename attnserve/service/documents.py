@@ -192,7 +192,9 @@ def plan_texts(
             plan.unchanged = True
             continue
 
-        encoding_source = model_source if source is None else _model_source(model, source)
+        encoding_source = model_source
+        if source is not None and model.tokenizer.multilingual_source:
+            encoding_source = _model_source(model, source)
 
         def fits(unit: str, _prefix: str = prefix, _source: str | None = encoding_source) -> bool:
             return len(model.encode(_prefix + unit, target, _source)) <= limit

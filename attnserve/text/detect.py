@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SHORT_CHARS = 20
-_LETTERS = re.compile(r"\w", re.UNICODE)
+_LETTERS = re.compile(r"[^\W\d_]")
 
 # English names of the languages most often served (GET /languages); others are named by code.
 NAMES = {
