@@ -108,16 +108,22 @@ def evaluate(
 
 
 def dev_bleu(
-    model: EncoderDecoder, tokenizer: Tokenizer, data_dir: Path, sentences: int
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    data_dir: Path,
+    sentences: int,
+    split: str = "dev",
+    suffix: str = "",
 ) -> dict[str, Any]:
-    """Greedy BLEU on the first `sentences` dev lines, both directions (during training)."""
+    """Greedy BLEU on the first `sentences` lines of a dev split, both directions (during
+    training); keys `bleu_ende{suffix}`, `bleu_deen{suffix}`."""
     from attnserve.engine.torch_backend import TorchBackend
 
     was_training = model.training
     try:
         translator = Translator(TorchBackend(model), tokenizer)
         options = DecodingOptions(max_new_tokens=min(256, model.config.max_positions))
-        scores = evaluate(translator, data_dir, split="dev", options=options, limit=sentences)
+        scores = evaluate(translator, data_dir, split=split, options=options, limit=sentences)
     finally:
         model.train(was_training)
-    return {f"bleu_{s.direction.replace('-', '')}": s.bleu for s in scores}
+    return {f"bleu_{s.direction.replace('-', '')}{suffix}": s.bleu for s in scores}

@@ -134,19 +134,29 @@ def dev_loss(model: EncoderDecoder, examples: Examples, max_tokens: int, bf16: b
     return total / max(count, 1)
 
 
+# Dev splits evaluated during training: the Bible's, and the modern text's where the data has it
+# (`attnserve data build` with the modern sources), its scores' keys suffixed `_modern`.
+DEV_SPLITS = (("dev", ""), ("modern-dev", "_modern"))
+
+
+def dev_splits(data_dir: Path) -> list[tuple[str, str]]:
+    return [(s, x) for s, x in DEV_SPLITS if (data_dir / f"{s}.en").is_file()]
+
+
 def dev_examples(data_dir: Path, tokenizer: Tokenizer, max_len: int) -> dict[str, Examples]:
-    """The dev split as examples, one set per direction (`ende`, `deen`)."""
+    """The dev splits as examples, one set per direction (`ende`, `deen`, `ende_modern`...)."""
     examples: dict[str, Examples] = {}
-    for src, tgt in (("en", "de"), ("de", "en")):
-        ex = Examples()
-        ex.add(
-            tokenizer,
-            read_lines(data_dir / f"dev.{src}"),
-            read_lines(data_dir / f"dev.{tgt}"),
-            tgt,
-            max_len,
-        )
-        examples[src + tgt] = ex
+    for split, suffix in dev_splits(data_dir):
+        for src, tgt in (("en", "de"), ("de", "en")):
+            ex = Examples()
+            ex.add(
+                tokenizer,
+                read_lines(data_dir / f"{split}.{src}"),
+                read_lines(data_dir / f"{split}.{tgt}"),
+                tgt,
+                max_len,
+            )
+            examples[src + tgt + suffix] = ex
     return examples
 
 
@@ -310,9 +320,12 @@ class Trainer:
         return total
 
     def evaluate(self) -> None:
-        scores = dev_bleu(
-            self.model, self.tokenizer, Path(self.cfg.data_dir), self.cfg.dev_sentences
-        )
+        scores: dict[str, Any] = {}
+        for split, suffix in dev_splits(Path(self.cfg.data_dir)):
+            scores |= dev_bleu(
+                self.model, self.tokenizer, Path(self.cfg.data_dir), self.cfg.dev_sentences,
+                split, suffix,
+            )  # fmt: skip
         if self.dev_examples is None:
             self.dev_examples = dev_examples(
                 Path(self.cfg.data_dir), self.tokenizer, self.cfg.max_len
@@ -322,7 +335,8 @@ class Trainer:
             scores[f"loss_{direction}"] = round(loss, 4)
         record = {"step": self.state.step, "hours": round(self.state.seconds / 3600, 3), **scores}
         self.state.history.append(record)
-        mean = (scores["bleu_ende"] + scores["bleu_deen"]) / 2
+        bleus = [v for k, v in scores.items() if k.startswith("bleu_")]
+        mean = sum(bleus) / len(bleus)
         if mean > self.state.best_bleu:
             self.state.best_bleu = mean
             self.save_best(scores)
