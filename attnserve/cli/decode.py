@@ -18,7 +18,9 @@ from attnserve.cli.flags import (
     load_translator,
 )
 from attnserve.defaults import default_lm_dir
-from attnserve.engine.translator import MAX_BATCH_ROWS
+from attnserve.engine.translator import MAX_BATCH_ROWS, Translator
+from attnserve.text.document import Document, split_document, whole
+from attnserve.text.segment import default_segmenter
 
 
 def register(sub: Any) -> None:
@@ -40,6 +42,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--target-lang", default=None, help="target language, e.g. de (or deu_Latn for NLLB)"
+    )
+    p.add_argument(
+        "--split-sentences",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="translate each sentence of a line on its own (a line's spacing kept); a sentence "
+        "longer than the model takes is cut at clauses, then between words",
     )
     add_decoding_flags(p)
     p.set_defaults(func=cmd_translate)
@@ -71,27 +80,37 @@ def cmd_translate(args: argparse.Namespace) -> int:
     options = decoding_options(args, translator.defaults)
     options.validate(max_new_tokens_limit=translator.backend.spec.max_positions)
     lines = [line.rstrip("\n") for line in sys.stdin]
+    source_lang = args.source_lang if translator.tokenizer.multilingual_source else None
+    documents, prefixes = _documents(lines, translator, args, source_lang)
+    units = [p + u for d, p in zip(documents, prefixes, strict=True) for u in d.units]
     start = time.perf_counter()
     results = translator.translate(
-        lines,
+        units,
         options,
         target_lang=args.target_lang,
-        source_lang=args.source_lang if translator.tokenizer.multilingual_source else None,
+        source_lang=source_lang,
         max_batch_size=args.max_batch_size,
         max_batch_rows=args.max_batch_rows,
     )
     seconds = time.perf_counter() - start
     out = sys.stdout
-    for result in results:
+    at = 0
+    for document in documents:
+        done = results[at : at + len(document.spans)]
+        at += len(document.spans)
         if options.num_hypotheses > 1:
-            out.write(
-                " ||| ".join(f"{text} ({score:.4f})" for text, score in result.hypotheses) + "\n"
-            )
+            nbest = []
+            for k in range(options.num_hypotheses):
+                kth = [r.hypotheses[min(k, len(r.hypotheses) - 1)] for r in done]
+                score = sum(s for _, s in kth) / len(kth) if kth else 0.0
+                nbest.append(f"{document.join([t for t, _ in kth])} ({score:.4f})")
+            out.write(" ||| ".join(nbest) + "\n")
         else:
-            out.write(result.text + "\n")
+            out.write(document.join([r.text for r in done]) + "\n")
     out.flush()
     target_tokens = sum(r.output_tokens for r in results)
     summary = {
+        "lines": len(lines),
         "sentences": len(results),
         "source_tokens": sum(r.input_tokens for r in results),
         "target_tokens": target_tokens,
@@ -105,6 +124,34 @@ def cmd_translate(args: argparse.Namespace) -> int:
     }
     sys.stderr.write(json.dumps(summary) + "\n")
     return 0
+
+
+def _documents(
+    lines: list[str], translator: Translator, args: argparse.Namespace, source_lang: str | None
+) -> tuple[list[Document], list[str]]:
+    """Each line as a document of sentences (each fitting the model), and the target-language
+    token typed at its start (given to each of its sentences)."""
+    tokenizer = translator.tokenizer
+    limit = translator.backend.spec.max_positions
+    segmenter = default_segmenter()
+    documents: list[Document] = []
+    prefixes: list[str] = []
+    for line in lines:
+        prefix, rest = tokenizer.split_typed_target(line)
+
+        def fits(unit: str, _prefix: str = prefix) -> bool:
+            ids = tokenizer.encode_source(
+                _prefix + unit, target_lang=args.target_lang, source_lang=source_lang
+            )
+            return len(ids) <= limit
+
+        if args.split_sentences:
+            language = args.source_lang or tokenizer.source_lang
+            documents.append(split_document(rest, segmenter, language, fits))
+        else:
+            documents.append(whole(rest))
+        prefixes.append(prefix)
+    return documents, prefixes
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -437,6 +437,21 @@ class Tokenizer:
             )
         return code
 
+    def split_typed_target(self, text: str) -> tuple[str, str]:
+        """A target-language token typed at the start of `text` (with a space after it, as a
+        prefix for each sentence of the text) and the rest of the text; ("", text) without
+        one, or with one of an unknown language (the caller's language check refuses it)."""
+        try:
+            typed = self.typed_target(text)
+        except ValueError:
+            return "", text
+        if typed is None:
+            return "", text
+        token = self.target_token(typed)
+        stripped = text.lstrip()
+        rest = stripped[len(token) :] if stripped.startswith(token) else stripped
+        return f"{token} ", rest.lstrip()
+
     @property
     def multilingual_source(self) -> bool:
         """Whether a source names its language (fairseq: the first source token)."""

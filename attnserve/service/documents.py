@@ -137,21 +137,6 @@ def detect(text: str, model: ServedModel, param: str = "source_lang") -> Detecti
     return result
 
 
-def _typed_prefix(text: str, model: ServedModel) -> tuple[str, str]:
-    """A target-language token typed at the text's start (`>>de<< `) and the rest."""
-    tokenizer = model.tokenizer
-    try:
-        typed = tokenizer.typed_target(text)
-    except ValueError:
-        return "", text  # refused by the language check, with its message
-    if typed is None:
-        return "", text
-    token = tokenizer.target_token(typed)
-    stripped = text.lstrip()
-    rest = stripped[len(token) :] if stripped.startswith(token) else stripped
-    return f"{token} ", rest.lstrip()
-
-
 def plan_texts(
     body: TranslateRequest,
     texts: Sequence[str],
@@ -174,14 +159,14 @@ def plan_texts(
     source_langs: list[str | None] = []
     for i, text in enumerate(texts):
         where = text_name(body, i)
-        prefix, rest = _typed_prefix(text, model)
+        prefix, rest = model.tokenizer.split_typed_target(text)
         detected = None
         source = None
         if auto:
             visible = _visible_text(rest, fmt, where)
             detected = detect(visible, model)
             source = detected.language
-        tagged_target = target or (prefix[2:-3] if prefix.startswith(">>") else None)
+        tagged_target = target or (model.tokenizer.typed_target(text) if prefix else None)
         plan = TextPlan(text, prefix, [], detected)
         plans.append(plan)
         if (

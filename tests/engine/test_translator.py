@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,7 +106,25 @@ def test_nbest_output_and_summary_line(tiny_marian_import: Path) -> None:
     assert lines[0].count(" ||| ") == 1
     summary = json.loads(proc.stderr.strip().splitlines()[-1])
     assert set(summary) >= {"sentences", "target_tokens", "seconds", "tokens_per_second"}
+    assert summary["lines"] == 3 and summary["sentences"] == 2
+
+
+def _translate_lines(model: Path, text: str, *flags: str) -> tuple[list[str], dict[str, Any]]:
+    proc = subprocess.run(
+        [*CLI, "translate", "--model", str(model), "--backend", "torch", "--max-new-tokens", "8",
+         *flags],
+        input=text, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout.split("\n")[:-1], json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+def test_a_line_of_sentences_is_its_sentences_alone(tiny_marian_import: Path) -> None:
+    alone, _ = _translate_lines(tiny_marian_import, "Ka ro.\nZo re!\nTe ka?\n")
+    (line,), summary = _translate_lines(tiny_marian_import, "  Ka ro. Zo re!\tTe ka?\n")
+    assert line == f"  {alone[0]} {alone[1]}\t{alone[2]}"
     assert summary["sentences"] == 3
+    _, summary = _translate_lines(tiny_marian_import, "Ka ro. Zo re!\n", "--no-split-sentences")
+    assert summary["sentences"] == 1
 
 
 @pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])

@@ -54,3 +54,20 @@ def test_join_of_units_is_the_text(text: str) -> None:
 def test_join_checks_the_count() -> None:
     with pytest.raises(ValueError):
         Document("a. b.", ((0, 2), (3, 5))).join(["x"])
+
+
+@pytest.mark.parametrize(
+    ("line", "language", "units"),
+    [
+        ("1. Open the box. 2. Remove the device.", "en",
+         ["1. Open the box.", "2. Remove the device."]),
+        ("Dr. Müller kommt um 10 Uhr. Er bringt z. B. Äpfel mit.", "de",
+         ["Dr. Müller kommt um 10 Uhr.", "Er bringt z. B. Äpfel mit."]),
+        ("Am 1. Januar beginnt das Jahr. Wir feiern.", "de",
+         ["Am 1. Januar beginnt das Jahr.", "Wir feiern."]),
+        ("It costs $3.50, e.g. at the U.S. store. Really?", "en",
+         ["It costs $3.50, e.g. at the U.S. store.", "Really?"]),
+    ],
+)  # fmt: skip
+def test_sentences_of_everyday_text(line: str, language: str, units: list[str]) -> None:
+    assert split_document(line, default_segmenter(), language).units == units

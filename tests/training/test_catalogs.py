@@ -147,6 +147,12 @@ def clean(en: str, de: str, catalog: bool = True) -> list[tuple[str, str]] | str
             [("LibreOffice Writer document", "LibreOffice Writer-Dokument")],
         ),
         ("Delete %s?", "%s löschen?", "placeholder"),
+        ("Copied the file to “%s”", "Die Datei wurde nach „%s“ kopiert", "placeholder"),
+        (
+            "Cannot open the file: '%s'",
+            "Die Datei kann nicht geöffnet werden: „%s“",
+            [("Cannot open the file", "Die Datei kann nicht geöffnet werden")],
+        ),
         ("%(count)d files were copied", "%(count)d Dateien wurden kopiert", "placeholder"),
         ("Welcome, {name}!", "Willkommen, {name}!", "placeholder"),
         ("File %1 not found", "Datei %1 nicht gefunden", "placeholder"),
@@ -259,3 +265,10 @@ def test_page_blocks_nested_blocks_and_renamed_twins(tmp_path: Path) -> None:
         ("Inner paragraph", "Innerer Absatz"),
         ("Item text", "Eintrag"),
     ]
+
+
+def test_fragments_and_emptied_brackets_are_dropped() -> None:
+    assert clean("(Full account name", "(Vollständiger Kontoname") == "fragment"
+    assert clean('Say "hello to everyone', 'Sag "Hallo zu allen') == "fragment"
+    link = '(<a href="https://example.org">example.org</a>)'
+    assert clean(f"Read the wiki {link} first", f"Lies zuerst das Wiki {link}") == "code"
