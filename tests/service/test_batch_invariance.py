@@ -88,3 +88,24 @@ def test_one_by_one_at_once_and_joining_mid_way_agree(int8_server: LiveServer, m
     same(joined, alone)
     long_alone = answer(int8_server, LONG, "beam4", seed=99, **LONG_DECODE)
     same([long_answer], [long_alone])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_document_is_its_sentences_alone_in_every_mode(
+    int8_server: LiveServer, mode: str
+) -> None:
+    sentences = [f"{t.capitalize()}." for t in TEXTS[:5]]
+    alone = [answer(int8_server, s, mode, seed=7) for s in sentences]
+    document = f"{sentences[0]} {sentences[1]}\n\n{sentences[2]}  {sentences[3]}\n{sentences[4]}"
+    with ThreadPoolExecutor(3) as pool:  # beside other requests
+        others = [pool.submit(answer, int8_server, t, mode, seed=1) for t in TEXTS[5:7]]
+        doc = answer(int8_server, document, mode, seed=7)
+        [f.result() for f in others]
+    parts = doc["sentences"]
+    assert [p["text"] for p in parts] == [a["text"] for a in alone]
+    assert doc["token_ids"] == [t for a in alone for t in a["token_ids"]]
+    tolerance = PER_TOKEN * max(doc["output_tokens"], 1)
+    for part, one in zip(parts, alone, strict=True):
+        assert part["score"] == pytest.approx(one["score"], rel=0, abs=tolerance)
+    texts = [a["text"] for a in alone]
+    assert doc["text"] == f"{texts[0]} {texts[1]}\n\n{texts[2]}  {texts[3]}\n{texts[4]}"
