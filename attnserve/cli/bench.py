@@ -10,9 +10,12 @@ from attnserve.defaults import PROVIDERS, default_lm_dir, default_model_dir
 
 
 def register(sub: Any) -> None:
+    from attnserve.bench import documents
+
     _add_bench(sub)
     _add_bench_lm(sub)
     _add_bench_http(sub)
+    documents.register(sub)
     _add_loadtest(sub)
 
 

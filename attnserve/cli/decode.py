@@ -50,6 +50,12 @@ def register(sub: Any) -> None:
         help="translate each sentence of a line on its own (a line's spacing kept); a sentence "
         "longer than the model takes is cut at clauses, then between words",
     )
+    p.add_argument(
+        "--sentence-tokens",
+        type=int,
+        default=64,
+        help="cut a sentence of more tokens at its clause ends (0: only at the model's limit)",
+    )
     add_decoding_flags(p)
     p.set_defaults(func=cmd_translate)
 
@@ -139,15 +145,22 @@ def _documents(
     for line in lines:
         prefix, rest = tokenizer.split_typed_target(line)
 
-        def fits(unit: str, _prefix: str = prefix) -> bool:
+        def tokens(unit: str, _prefix: str = prefix) -> int:
             ids = tokenizer.encode_source(
                 _prefix + unit, target_lang=args.target_lang, source_lang=source_lang
             )
-            return len(ids) <= limit
+            return len(ids)
+
+        def fits(unit: str) -> bool:
+            return tokens(unit) <= limit
+
+        def prefer(unit: str) -> bool:
+            return tokens(unit) <= args.sentence_tokens
 
         if args.split_sentences:
             language = args.source_lang or tokenizer.source_lang
-            documents.append(split_document(rest, segmenter, language, fits))
+            soft = prefer if args.sentence_tokens else None
+            documents.append(split_document(rest, segmenter, language, fits, soft))
         else:
             documents.append(whole(rest))
         prefixes.append(prefix)

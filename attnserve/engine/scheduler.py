@@ -4,10 +4,11 @@ The scheduler is plain Python with no threads or HTTP: `submit`, `cancel` and `s
 by one engine thread (engine/engine_loop.py), and tests drive it directly with fake backends.
 Each `step()` is schedule -> execute -> update:
 
-- schedule: expire deadlines, apply cancellations, admit waiting requests in FIFO order while
+- schedule: expire deadlines, apply cancellations, admit waiting requests in queue order while
   the batch stays within `max_batch_rows` rows and `max_batch_tokens` tokens (no request skips
-  the head of the queue, so none starves), and encode all admitted requests together (in length
-  buckets, RunningBatch.encode);
+  the head of the queue, so none starves; the queue takes requests round-robin across their
+  groups, the sentences of one document: engine/waiting.py), and encode all admitted requests
+  together (in length buckets, RunningBatch.encode);
 - execute: one decoder step for every running row (RunningBatch.step of every cohort);
 - update: report new tokens (for streaming) and finished, failed or expired requests.
 
@@ -32,7 +33,6 @@ when its last one ends.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +46,7 @@ from attnserve.engine.backend import Backend, IntArray, left_padded, pad_batch
 from attnserve.engine.batch import RunningBatch
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.search import GreedySearch, Hypothesis, Search, Stopper, make_search
+from attnserve.engine.waiting import FairQueue
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Request:
     options: DecodingOptions
     deadline: float | None = None  # monotonic seconds
     stream: bool = False
+    group: str | None = None  # requests of one API request (a document's sentences)
     start: int | None = None
     prefix: Sequence[int] = ()
     stopper: Stopper | None = None
@@ -206,7 +208,7 @@ class Scheduler:
         self.clock = clock
         self.cohorts: list[RunningBatch[Any]] = []  # oldest first; each holds rows
         self.prefilling: _Prefill | None = None  # long prompts on their way into a cohort
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.waiting: FairQueue[Request] = FairQueue()
         self.running: dict[int, Request] = {}  # id(search) -> request
         self._cancelled: set[str] = set()
         self._since_admit = 0  # steps since requests last joined

@@ -357,6 +357,7 @@ def new_requests(
             options=options,
             deadline=deadline,
             stream=stream,
+            group=f"{request_id}#{serial}",
         )
         for i, src in enumerate(sources)
     ]

@@ -148,6 +148,7 @@ def plan_texts(
     fmt: Literal["text", "html"] = body.format
     split = body.split_sentences
     limit = model.max_input_tokens
+    soft = service.settings.sentence_tokens
     segmenter = default_segmenter()
     auto = body.source_lang is not None and body.source_lang.lower() == AUTO
     model_source = None if auto else _check_source_language(body, model)
@@ -184,10 +185,14 @@ def plan_texts(
         def fits(unit: str, _prefix: str = prefix, _source: str | None = encoding_source) -> bool:
             return len(model.encode(_prefix + unit, target, _source)) <= limit
 
+        def prefer(unit: str, _prefix: str = prefix, _source: str | None = encoding_source) -> bool:
+            return len(model.encode(_prefix + unit, target, _source)) <= soft
+
         def document(plain: str, _source: str | None = source) -> Document:
             if not split:
                 return whole(plain)
-            return split_document(plain, segmenter, _source or model_language, fits)
+            language = _source or model_language
+            return split_document(plain, segmenter, language, fits, prefer if soft else None)
 
         try:
             if fmt == "html":

@@ -45,6 +45,8 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--default-timeout-ms": ("default_timeout_ms", int),
     "--max-timeout-ms": ("max_timeout_ms", int),
     "--max-texts-per-request": ("max_texts_per_request", int),
+    "--max-sentences-per-request": ("max_sentences_per_request", int),
+    "--sentence-tokens": ("sentence_tokens", int),
     "--max-input-tokens": ("max_input_tokens", int),
     "--max-new-tokens-limit": ("max_new_tokens_limit", int),
     "--max-beam-size": ("max_beam_size", int),

@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     max_texts_per_request: int = Field(default=64, ge=1)
     # Sentences (units) one translation request may decode: a document's, all its texts'.
     max_sentences_per_request: int = Field(default=512, ge=1)
+    # A sentence of more tokens is cut at its clause ends (commas, semicolons, colons, dashes)
+    # where it has any: the default model translates long multi-clause sentences worse than
+    # their parts (docs/BENCHMARKS.md, "Documents"). 0: sentences are cut only at the model's
+    # input limit.
+    sentence_tokens: int = Field(default=64, ge=0)
     max_input_tokens: int = Field(default=512, ge=1, description="capped by the model's")
     max_prompt_tokens: int = Field(
         default=4096, ge=1, description="language models; capped by the context"

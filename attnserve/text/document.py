@@ -81,22 +81,35 @@ def split_document(
     segmenter: Segmenter,
     language: str | None = None,
     fits: Fits | None = None,
+    prefer: Fits | None = None,
 ) -> Document:
-    """Units of `text`: its sentences, line by line, each cut further until it `fits`."""
+    """Units of `text`: its sentences, line by line, each cut further until it `fits` (the
+    model's limit). A sentence that `fits` but not `prefer` (a length the model translates
+    well) is cut at its clause ends, if it has any, into runs of clauses that `prefer` allows."""
     spans: list[Span] = []
     for line in _LINE.finditer(text):
         for a, b in segmenter.spans(line.group(), language):
-            spans.extend(_fit(text, line.start() + a, line.start() + b, fits))
+            spans.extend(_fit(text, line.start() + a, line.start() + b, fits, prefer))
     return Document(text, tuple(spans))
 
 
-def _fit(text: str, start: int, end: int, fits: Fits | None) -> list[Span]:
-    """[start, end) as it is if it fits, else cut at clause ends, else between words."""
-    if fits is None or fits(text[start:end]):
+def _fit(
+    text: str, start: int, end: int, fits: Fits | None, prefer: Fits | None = None
+) -> list[Span]:
+    """[start, end) as it is if it fits (and is preferred), else cut at clause ends, else
+    between words."""
+    fits_model = fits is None or fits(text[start:end])
+    if fits_model and (prefer is None or prefer(text[start:end])):
         return [(start, end)]
     clauses = _cuts(text, start, end, [m.end() for m in _CLAUSE_END.finditer(text, start, end)])
     if len(clauses) > 1:
-        return _pack(text, clauses, fits, lambda a, b: _fit(text, a, b, fits))
+
+        def both(unit: str) -> bool:
+            return (fits is None or fits(unit)) and (prefer is None or prefer(unit))
+
+        return _pack(text, clauses, both, lambda a, b: _fit(text, a, b, fits))
+    if fits_model or fits is None:
+        return [(start, end)]
     words = [(start + m.start(), start + m.end()) for m in _WORD.finditer(text[start:end])]
     if len(words) == 1:
         return _characters(text, start, end, fits)

@@ -549,3 +549,19 @@ def test_fail_all_answers_every_request_a_failed_step_held_or_had_ended() -> Non
     ]
     assert not s.has_work and not s.cohorts
     assert s.fail_all(RuntimeError("again")).ended == []  # nothing is answered twice
+
+
+def test_a_request_behind_a_long_document_waits_one_round_not_the_document() -> None:
+    s, _, _ = make(SchedulerLimits(max_batch_rows=2, max_new_tokens=16))
+    document = [
+        Request(f"doc/{i}", [3, EOS], DecodingOptions(max_new_tokens=16), group="doc")
+        for i in range(8)
+    ]
+    for r in document:
+        s.submit(r)
+    s.submit(request("other", 1))
+    ended = run_until_idle(s)
+    order = [rid for step in ended for rid in step]
+    # the document's first two sentences run first; "other" takes the next free row
+    assert order.index("other") < order.index("doc/3")
+    assert all(r.outcome is Outcome.DONE for r in document)

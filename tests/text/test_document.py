@@ -71,3 +71,17 @@ def test_join_checks_the_count() -> None:
 )  # fmt: skip
 def test_sentences_of_everyday_text(line: str, language: str, units: list[str]) -> None:
     assert split_document(line, default_segmenter(), language).units == units
+
+
+def test_a_sentence_longer_than_preferred_is_cut_at_clauses_only() -> None:
+    text = "alpha beta, gamma delta; epsilon zeta eta theta. iota kappa lambda mu nu xi."
+    doc = split_document(
+        text, default_segmenter(), "en", fits=lambda u: len(u.split()) <= 8,
+        prefer=lambda u: len(u.split()) <= 3,
+    )  # fmt: skip
+    # clauses are packed by the preference; a clause or clause-less sentence longer than it
+    # stays whole while the model takes it
+    assert doc.units == [
+        "alpha beta,", "gamma delta;", "epsilon zeta eta theta.", "iota kappa lambda mu nu xi.",
+    ]  # fmt: skip
+    assert doc.join(doc.units) == text
