@@ -110,6 +110,42 @@ def quality(url: str, runs: list[list[tuple[str, str]]]) -> list[dict[str, Any]]
     return rows
 
 
+def markup(url: str, runs: list[list[tuple[str, str]]], seed: int) -> dict[str, Any]:
+    """Each English verse with 1-3 words in the middle wrapped in <b>, as html: how often the
+    bold words of the answer are exactly the separate translation of the wrapped words (else
+    the most similar window of the sentence's translation got the tags)."""
+    import re
+
+    rng = random.Random(seed)
+    sources, inner = [], []
+    for run in runs:
+        for en, _ in run:
+            words = en.split()
+            if len(words) < 6:
+                continue
+            size = rng.randint(1, 3)
+            at = rng.randint(1, len(words) - size - 1)
+            wrapped = " ".join(words[at : at + size])
+            inner.append(wrapped)
+            sources.append(
+                " ".join([*words[:at], f"<b>{wrapped}</b>", *words[at + size :]])
+                .replace("&", "&amp;")
+                .replace("<b>", "\x00")
+                .replace("</b>", "\x01")
+                .replace("<", "&lt;")
+                .replace("\x00", "<b>")
+                .replace("\x01", "</b>")
+            )
+    answers = _texts(url, sources, "de", format="html")
+    alone = _texts(url, inner, "de", split_sentences=False)
+    exact = kept = 0
+    for answer, want in zip(answers, alone, strict=True):
+        found = re.findall(r"<b>(.*?)</b>", answer)
+        kept += len(found) == 1 and answer.count("<b>") == 1
+        exact += bool(found) and found[0].strip().lower() == want.strip().lower()
+    return {"sentences": len(sources), "tag_kept": kept, "exact_match": exact}
+
+
 def long_document(words: int, verses: int, seed: int) -> str:
     runs = paragraphs(10_000, verses, seed)
     out: list[str] = []
@@ -230,6 +266,7 @@ def cmd_bench_documents(args: argparse.Namespace) -> int:
     with running(command, port, out_dir / "server.log", timeout=600) as url:
         runs = paragraphs(args.paragraphs, args.verses, args.seed)
         result: dict[str, Any] = {"quality": quality(url, runs)}
+        result["markup"] = markup(url, runs, args.seed)
         document = long_document(args.words, args.verses, args.seed)
         result["speed"] = speed(url, model, document, args)
     (out_dir / "documents.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -247,6 +284,13 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {q['direction']} | {q['paragraphs']} | {q['documents']} | {q['unsplit']} | "
             f"{q['sentence_by_sentence']} |"
         )
+    m = result["markup"]
+    lines += [
+        "",
+        f"html: {m['sentences']} verses with 1-3 words in <b>: the tag kept once in "
+        f"{m['tag_kept']}, around exactly the separate translation of its words in "
+        f"{m['exact_match']} ({m['exact_match'] / max(m['sentences'], 1):.0%}).",
+    ]
     s = result["speed"]
     lines += [
         "",
