@@ -8,6 +8,7 @@ token and score for score (greedy, beam 4 with n-best) through PyTorch and the O
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,22 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
     plain = [t.removeprefix("<2fr> ") for t in texts]
     assert [t.text for t in translator.translate(plain, options, target_lang="fr")] == expected
     assert [t.text for t in translator.translate(texts, options)] == expected
+
+
+def test_large_logits_pass_the_fp32_gate(tmp_path: Path) -> None:
+    """An untied head 50x larger than the test's (logits in the thousands, as real T5
+    checkpoints reach): float32 rounding alone moves log-probs by more than 1e-4 there, and the
+    export gate, relative to each row's scale, still takes the graph that matches torch."""
+    from attnserve.export.verify import FP32_MAX_ABS_DIFF
+
+    model = tiny_t5("v1.1")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50.0)
+    out = tmp_path / "hf"
+    model.save_pretrained(out)
+    ours = build_t5_model(out, json.loads((out / "config.json").read_text()), UNK)
+    written = export_variants(ours, tmp_path / "onnx", ["fp32"], verify=True)
+    parity = json.loads((written["fp32"] / "manifest.json").read_text())["parity"]
+    assert parity["max_abs_log_prob_diff"] > FP32_MAX_ABS_DIFF  # the old gate refused it
+    assert parity["log_prob_diff_ratio"] <= 1.0
+    assert parity["greedy_exact_match"] == 1.0 and parity["beam4_exact_match"] == 1.0

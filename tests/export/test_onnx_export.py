@@ -159,10 +159,29 @@ def test_other_architecture_exports_with_fp32_parity(
     assert backend.spec.vocab_size == 40
     # A failed verification raises and leaves the previous export in place.
     before = (written["fp32"] / "manifest.json").read_text()
-    monkeypatch.setattr("attnserve.export.verify.FP32_MAX_ABS_DIFF", -1.0)
+    monkeypatch.setattr("attnserve.export.verify.FP32_MAX_ABS_DIFF", 1e-12)
+    monkeypatch.setattr("attnserve.export.verify.FP32_RELATIVE_DIFF", 1e-14)
     with pytest.raises(ParityError, match="fp32 graphs do not match torch"):
         export_variants(model, tmp_path / "onnx", ["fp32"], verify=True)
     assert (written["fp32"] / "manifest.json").read_text() == before
+
+
+def test_the_fp32_gate_refuses_a_graph_a_little_off(tiny_onnx_import: Path, tmp_path: Path) -> None:
+    """A graph whose weights differ from the model's by 0.1 % in one matrix decodes the same
+    tokens on a tiny model, but its log-probs are off by far more than float32 rounding."""
+    import torch
+
+    from attnserve.export.verify import check_fp32, measure_parity, torch_reference
+
+    model, _ = load_model_dir(tiny_onnx_import)
+    written = export_variants(model, tmp_path / "onnx", ["fp32"], verify=True)
+    with torch.no_grad():
+        weight = next(p for n, p in model.named_parameters() if n.endswith("ffn.fc1.weight"))
+        weight.mul_(1.001)
+    parity = measure_parity(torch_reference(model), model.config, written["fp32"], "fp32")
+    assert parity["log_prob_diff_ratio"] > 1.0
+    with pytest.raises(ParityError, match="float32 rounding allows"):
+        check_fp32(parity, written["fp32"])
 
 
 def test_int8_keeps_its_cache_in_half_precision(tiny_onnx_import: Path, tmp_path: Path) -> None:
