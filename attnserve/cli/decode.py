@@ -19,7 +19,7 @@ from attnserve.cli.flags import (
 )
 from attnserve.defaults import default_lm_dir
 from attnserve.engine.translator import MAX_BATCH_ROWS, Translator
-from attnserve.text.document import Document, split_document, whole
+from attnserve.text.document import Document, UnitTooLong, split_document, whole
 from attnserve.text.segment import default_segmenter
 
 
@@ -87,17 +87,28 @@ def cmd_translate(args: argparse.Namespace) -> int:
     options.validate(max_new_tokens_limit=translator.backend.spec.max_positions)
     lines = [line.rstrip("\n") for line in sys.stdin]
     source_lang = args.source_lang if translator.tokenizer.multilingual_source else None
-    documents, prefixes = _documents(lines, translator, args, source_lang)
-    units = [p + u for d, p in zip(documents, prefixes, strict=True) for u in d.units]
+    try:
+        documents, targets = _documents(lines, translator, args, source_lang)
+    except UnitTooLong as exc:
+        sys.stderr.write(f"attnserve translate: {exc}\n")
+        return 2
+    # every line's sentences, translated together per target language (one, usually)
+    units = [(t, u) for d, t in zip(documents, targets, strict=True) for u in d.units]
+    results: list[Any] = [None] * len(units)
     start = time.perf_counter()
-    results = translator.translate(
-        units,
-        options,
-        target_lang=args.target_lang,
-        source_lang=source_lang,
-        max_batch_size=args.max_batch_size,
-        max_batch_rows=args.max_batch_rows,
-    )
+    for target in dict.fromkeys(t for t, _ in units):
+        chosen = [i for i, (t, _) in enumerate(units) if t == target]
+        done = translator.translate(
+            [units[i][1] for i in chosen],
+            options,
+            target_lang=target,
+            source_lang=source_lang,
+            max_batch_size=args.max_batch_size,
+            max_batch_rows=args.max_batch_rows,
+            typed=False,
+        )
+        for i, result in zip(chosen, done, strict=True):
+            results[i] = result
     seconds = time.perf_counter() - start
     out = sys.stdout
     at = 0
@@ -134,22 +145,32 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def _documents(
     lines: list[str], translator: Translator, args: argparse.Namespace, source_lang: str | None
-) -> tuple[list[Document], list[str]]:
-    """Each line as a document of sentences (each fitting the model), and the target-language
-    token typed at its start (given to each of its sentences)."""
+) -> tuple[list[Document], list[str | None]]:
+    """Each line as a document of sentences (each fitting the model), and its target: the
+    flag's, else a language token typed at the line's start (`>>de<<`: not part of the text)."""
     tokenizer = translator.tokenizer
     limit = translator.backend.spec.max_positions
     segmenter = default_segmenter()
     documents: list[Document] = []
-    prefixes: list[str] = []
+    targets: list[str | None] = []
     for line in lines:
-        prefix, rest = tokenizer.split_typed_target(line)
+        try:
+            typed = tokenizer.typed_target(line)
+        except ValueError:
+            typed = None
+        _, rest = tokenizer.split_typed_target(line) if typed else ("", line)
+        target = args.target_lang or typed
+        counts: dict[str, int] = {}
 
-        def tokens(unit: str, _prefix: str = prefix) -> int:
-            ids = tokenizer.encode_source(
-                _prefix + unit, target_lang=args.target_lang, source_lang=source_lang
-            )
-            return len(ids)
+        def tokens(
+            unit: str, _target: str | None = target, _counts: dict[str, int] = counts
+        ) -> int:
+            if unit not in _counts:
+                ids = tokenizer.encode_source(
+                    unit, target_lang=_target, source_lang=source_lang, typed=False
+                )
+                _counts[unit] = len(ids)
+            return _counts[unit]
 
         def fits(unit: str) -> bool:
             return tokens(unit) <= limit
@@ -163,8 +184,8 @@ def _documents(
             documents.append(split_document(rest, segmenter, language, fits, soft))
         else:
             documents.append(whole(rest))
-        prefixes.append(prefix)
-    return documents, prefixes
+        targets.append(target)
+    return documents, targets
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -91,11 +91,17 @@ class Translator:
         return cls(runtime, load_tokenizer(model_dir), defaults)
 
     def encode(
-        self, text: str, target_lang: str | None = None, source_lang: str | None = None
+        self,
+        text: str,
+        target_lang: str | None = None,
+        source_lang: str | None = None,
+        typed: bool = True,
     ) -> list[int]:
-        """Source ids, truncated to the model's max positions (documented behaviour)."""
+        """Source ids, truncated to the model's max positions (documented behaviour); `typed`:
+        see Tokenizer.encode_source."""
         return self.tokenizer.encode_source(
             text,
+            typed=typed,
             target_lang=target_lang,
             source_lang=source_lang,
             max_length=self.backend.spec.max_positions,
@@ -110,15 +116,19 @@ class Translator:
         source_lang: str | None = None,
         max_batch_size: int = 32,
         max_batch_rows: int = MAX_BATCH_ROWS,
+        typed: bool = True,
     ) -> list[Translation]:
         """Translations in input order. A batch holds at most `max_batch_size` sentences and
-        `max_batch_rows` decoder rows (sentences x beam size)."""
+        `max_batch_rows` decoder rows (sentences x beam size). `typed`: a language token at a
+        text's start names its target (Tokenizer.encode_source)."""
         options = options or self.defaults
         options.validate(max_new_tokens_limit=self.backend.spec.max_positions)
         forced = self.tokenizer.forced_bos_id(target_lang)  # NLLB, M2M100, mBART-50
         if forced is not None:
             options = options.replace(forced_bos_id=forced)
-        sources = [self.encode(t, target_lang, source_lang) if t.strip() else [] for t in texts]
+        sources = [
+            self.encode(t, target_lang, source_lang, typed) if t.strip() else [] for t in texts
+        ]
         results: list[Translation | None] = [None] * len(texts)
         todo = [i for i, src in enumerate(sources) if src]
         for i in set(range(len(texts))) - set(todo):

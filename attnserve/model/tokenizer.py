@@ -477,8 +477,15 @@ class Tokenizer:
             raise ValueError(f"unknown target language {target_lang!r}; supported: {supported}")
         return tag
 
-    def _encode(self, side: _Side, text: str, tag: str | None, max_length: int | None) -> list[int]:
-        code, text = split_language_code(text)
+    def _encode(
+        self,
+        side: _Side,
+        text: str,
+        tag: str | None,
+        max_length: int | None,
+        typed: bool = True,
+    ) -> list[int]:
+        code, text = split_language_code(text) if typed else (None, text)
         if tag is not None:
             code = tag  # an explicit target language replaces a tag typed in the text
         unk = self.unk_id if side is self._source else self._target_unk
@@ -500,8 +507,13 @@ class Tokenizer:
         *,
         source_lang: str | None = None,
         max_length: int | None = None,
+        typed: bool = True,
     ) -> list[int]:
         """Source text -> ids ending in eos; `target_lang` prepends its ``>>xx<<`` tag.
+
+        `typed`: a language token at the text's start (``>>de<<``, ``<2de>``) names the target,
+        as Hugging Face's tokenizers read it; False: the text is only text (a sentence of a
+        document whose target was given or typed at the document's start).
 
         Empty text gives ``[eos]``. `max_length` keeps the first ``max_length - 1`` tokens (the
         tag counts) plus eos, as HF's ``truncation=True, max_length=...``.
@@ -513,9 +525,9 @@ class Tokenizer:
         if self.layout == "hf":
             if target_lang is not None:
                 prefix = self.prefixes[self.language_tag(target_lang)]
-                typed = _typed_language_token(text)
-                if typed and typed["code"] in self.prefixes and self.tags_target_in_text:
-                    text = text.lstrip()[typed.end() :].lstrip()  # MADLAD: the request's wins
+                token = _typed_language_token(text) if typed else None
+                if token and token["code"] in self.prefixes and self.tags_target_in_text:
+                    text = text.lstrip()[token.end() :].lstrip()  # MADLAD: the request's wins
                 text = prefix + text
             segmenter = self._source.segmenter
             encoding = segmenter.encode(text, add_special_tokens=False)
@@ -536,7 +548,7 @@ class Tokenizer:
                 ids = ids[: max_length - 2]
             return [self._source.vocab[code], *ids, self.eos_id]
         tag = self.language_tag(target_lang) if target_lang is not None else None
-        return self._encode(self._source, text, tag, max_length)
+        return self._encode(self._source, text, tag, max_length, typed)
 
     def _segment(self, text: str) -> list[int]:
         """Ids of the text's pieces, no special tokens (fairseq layout)."""

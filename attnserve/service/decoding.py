@@ -200,11 +200,14 @@ async def tokenize(
     options: DecodingOptions,
     target: str | None,
     unit_sources: Sequence[str | None] | None = None,
+    unit_targets: Sequence[str | None] | None = None,
 ) -> tuple[list[list[int]], DecodingOptions]:
     """Source ids of every unit (a sentence, or a whole text) and the options with the target
     language's forced first token (NLLB, M2M100, mBART-50: its code; models whose sources carry
     the target need none); 422 for a unit over the model's input limit. A unit's source
-    language: its detected one (`unit_sources`), else the request's."""
+    language: its detected one (`unit_sources`), else the request's; a unit's target:
+    `unit_targets` (a document's sentences: encoded as text only, see Tokenizer.encode_source),
+    else `target`."""
     source = _check_source_language(body, model, detected=bool(unit_sources))
     forced = model.tokenizer.forced_bos_id(target)
     if forced is not None:
@@ -213,8 +216,14 @@ async def tokenize(
     if unit_sources and model.tokenizer.multilingual_source:
         langs = [_model_source(model, lang) for lang in unit_sources]
 
+    targets = list(unit_targets) if unit_targets is not None else [target] * len(units)
+    typed = unit_targets is None
+
     def encode_all() -> list[list[int]]:
-        return [model.encode(u, target, lang) for u, lang in zip(units, langs, strict=True)]
+        return [
+            model.encode(u, t, lang, typed=typed)
+            for u, t, lang in zip(units, targets, langs, strict=True)
+        ]
 
     if sum(len(u) for u in units) > INLINE_CHARS:
         sources = await run_in_threadpool(encode_all)
@@ -223,7 +232,8 @@ async def tokenize(
     limit = model.max_input_tokens
     for i, ids in enumerate(sources):
         if len(ids) > limit:
-            where = text_name(body, i) if len(units) == len(texts_list(body)) else "a sentence"
+            whole_texts = units == texts_list(body)
+            where = text_name(body, i) if whole_texts else f"a unit ({units[i][:40]!r}...)"
             raise ApiError(
                 422,
                 f"{where} has {len(ids)} tokens; the limit is {limit}",

@@ -1,23 +1,18 @@
 """Texts as documents: each text of a translation request (plain or HTML) cut into sentences,
 every sentence of every text decoded as its own engine request (so a long document fills a batch
-and shares it with other requests), and the answers put back together in the source's layout.
+and shares it with other requests); service/answers.py puts the answers back together.
 
-A text's answer is defined from its sentences' (docs/ARCHITECTURE.md, "Documents"):
-- `text`: the source with every sentence replaced by the best translation of it;
-- `score`: the mean of its sentences' scores (each log-prob / length**length_penalty);
-- `hypotheses[k]`: every sentence's k-th hypothesis (its best where it has fewer), score the mean;
-- `sentences`: per sentence its source, translation, score and n-best, when a text has several
-  and scores or an n-best list were asked for;
-- `finish_reason`: "length" if any sentence ran into max_new_tokens.
+A sentence is encoded as text only (`typed=False`): a target-language token typed at the start
+of a text (`>>de<< ...`) names the target of all its sentences, and nothing inside a text, not
+even a sentence that starts with `>>`, is read as one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from starlette.concurrency import run_in_threadpool
 
@@ -26,11 +21,9 @@ from attnserve.model.languages import same_language
 from attnserve.service.decoding import (
     _check_source_language,
     _model_source,
-    _score,
     check_languages,
     deadline_seconds,
     decoding_options,
-    finish_reason,
     new_requests,
     submit_all,
     text_name,
@@ -40,25 +33,20 @@ from attnserve.service.decoding import (
 from attnserve.service.errors import ApiError
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
-from attnserve.service.schemas import (
-    DetectedLanguage,
-    GenerateRequest,
-    Hypothesis,
-    SentenceResult,
-    TranslateRequest,
-    Translation,
-)
+from attnserve.service.schemas import GenerateRequest, TranslateRequest
 from attnserve.service.state import ServiceState
 from attnserve.text.detect import Detection, detector_for
-from attnserve.text.document import Document, UnitTooLong, split_document, whole
-from attnserve.text.markup import Block, HtmlError, parse_html, render_block
+from attnserve.text.document import Document, TooManyUnits, UnitTooLong, split_document, whole
+from attnserve.text.markup import Block, HtmlError, kept_units, parse_html
 from attnserve.text.segment import default_segmenter
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-# Documents this long (characters, all texts of a request) are split on a worker thread.
+# Documents this long (characters, all texts of a request) are planned on a worker thread.
 INLINE_CHARS = 8192
+# Detection reads a text's first characters: enough for a confident answer, and a bound.
+DETECT_CHARS = 2000
 
 
 @dataclass
@@ -67,16 +55,15 @@ class Part:
 
     document: Document
     block: Block | None = None
-    first: int = 0  # index of its first unit in Plan.units
-    inline: dict[int, int] = field(default_factory=dict)  # block element -> unit index
+    indices: list[int | None] = field(default_factory=list)  # span -> unit (None: kept as is)
+    inline: dict[int, int] = field(default_factory=dict)  # block element -> unit
 
 
 @dataclass
 class TextPlan:
-    """One text of the request: its parts (HTML: verbatim markup between), language, target."""
+    """One text of the request: its parts (HTML: verbatim markup between), language."""
 
     text: str
-    prefix: str  # a target-language token typed at the start, given to every unit
     pieces: list[str | Part]
     detected: Detection | None = None
     unchanged: bool = False  # the detected language is the target: the text is the answer
@@ -88,12 +75,19 @@ class TextPlan:
 
 @dataclass
 class Plan:
-    """Every text's plan and the flat list of units to decode (with each unit's text index)."""
+    """Every text's plan and the flat list of units to decode, each with its target and its
+    detected source language (None: the request's)."""
 
     texts: list[TextPlan]
-    units: list[str]
-    owners: list[int]
-    source_langs: list[str | None]  # per unit: a detected source language, else None
+    units: list[str] = field(default_factory=list)
+    targets: list[str | None] = field(default_factory=list)
+    source_langs: list[str | None] = field(default_factory=list)
+
+    def add(self, unit: str, target: str | None, source: str | None) -> int:
+        self.units.append(unit)
+        self.targets.append(target)
+        self.source_langs.append(source)
+        return len(self.units) - 1
 
 
 def source_languages(model: ServedModel) -> list[str] | None:
@@ -117,15 +111,13 @@ def target_languages(model: ServedModel) -> list[str]:
 
 
 def detect(text: str, model: ServedModel, param: str = "source_lang") -> Detection:
-    """The language of `text` among those the model translates from; 400 when it is none."""
+    """The language of `text` (its first DETECT_CHARS) among those the model translates from;
+    400 when it has no letters or is clearly another language."""
     languages = source_languages(model)
-    result = detector_for(languages).detect(text)
+    result = detector_for(languages).detect(text[:DETECT_CHARS])
     if result is None:
         raise ApiError(
-            400,
-            f"could not detect the language of the text (model {model.name} translates from "
-            f"{', '.join(languages or ['any language'])})",
-            param=param,
+            400, "could not detect the language of the text: it has no letters", param=param
         )
     if languages is not None and not any(same_language(result.language, x) for x in languages):
         raise ApiError(
@@ -137,6 +129,129 @@ def detect(text: str, model: ServedModel, param: str = "source_lang") -> Detecti
     return result
 
 
+def visible_text(text: str, fmt: str) -> str:
+    """What a reader sees of a text: HTML's blocks (empty for markup that does not parse)."""
+    if fmt != "html":
+        return text
+    try:
+        return " ".join(p.plain for p in parse_html(text) if isinstance(p, Block))
+    except HtmlError:
+        return ""
+
+
+class _Planner:
+    """Splits the texts of one request into units (one Plan)."""
+
+    def __init__(
+        self, body: TranslateRequest, model: ServedModel, service: ServiceState, target: str | None
+    ) -> None:
+        self.body, self.model, self.target = body, model, target
+        self.limit = model.max_input_tokens
+        self.soft = service.settings.sentence_tokens
+        self.cap = min(service.settings.max_sentences_per_request, service.settings.max_waiting)
+        self.auto = body.source_lang is not None and body.source_lang.lower() == AUTO
+        self.model_source = None if self.auto else _check_source_language(body, model)
+        self.language = None if self.auto else body.source_lang or model.tokenizer.source_lang
+        self.plan = Plan([])
+
+    def text(self, i: int, text: str) -> None:
+        where = text_name(self.body, i)
+        tokenizer = self.model.tokenizer
+        try:  # a token the model does not know was refused by check_languages
+            typed = tokenizer.typed_target(text)
+        except ValueError:
+            typed = None
+        _, rest = tokenizer.split_typed_target(text) if typed else ("", text)
+        target = self.target or typed
+        plan = TextPlan(text, [])
+        self.plan.texts.append(plan)
+        source = None
+        if self.auto:
+            visible = visible_text(rest, self.body.format)
+            if not visible.strip():
+                raise ApiError(422, f"{where} has no text to translate", param="text")
+            plan.detected = detect(visible, self.model)
+            source = plan.detected.language
+            if target and same_language(source, target):
+                plan.unchanged = True
+                return
+        try:
+            self._pieces(plan, rest, target, source)
+        except HtmlError as exc:
+            raise ApiError(422, f"{where} is not well-formed HTML: {exc}", param="text") from exc
+        except UnitTooLong as exc:
+            raise ApiError(422, f"{where}: {exc}", param="text") from exc
+        except TooManyUnits as exc:
+            raise self._too_many() from exc
+        if not any(p.document.spans for p in plan.parts):
+            what = "only markup" if self.body.format == "html" else "only whitespace"
+            raise ApiError(422, f"{where} has no text to translate ({what})", param="text")
+        if len(self.plan.units) > self.cap:
+            raise self._too_many()
+
+    def _too_many(self) -> ApiError:
+        return ApiError(
+            422,
+            f"text: more than {self.cap} sentences to translate in one request (send the "
+            "document in parts)",
+            param="text",
+        )
+
+    def _pieces(self, plan: TextPlan, rest: str, target: str | None, source: str | None) -> None:
+        split = self._splitter(target, source)
+        if self.body.format != "html":
+            plan.pieces.append(self._part(split(rest), None, target, source))
+            return
+        for piece in parse_html(rest):
+            if isinstance(piece, str):
+                plan.pieces.append(piece)
+            else:
+                plan.pieces.append(self._part(split(piece.plain), piece, target, source))
+
+    def _splitter(self, target: str | None, source: str | None) -> Callable[[str], Document]:
+        model, limit, soft = self.model, self.limit, self.soft
+        encoding_source = self.model_source
+        if source is not None and model.tokenizer.multilingual_source:
+            encoding_source = _model_source(model, source)
+        counts: dict[str, int] = {}
+
+        def tokens(unit: str) -> int:
+            if unit not in counts:
+                counts[unit] = len(model.encode(unit, target, encoding_source, typed=False))
+            return counts[unit]
+
+        def split(plain: str) -> Document:
+            if not self.body.split_sentences:
+                return whole(plain)
+            budget = self.cap - len(self.plan.units)
+            return split_document(
+                plain, default_segmenter(), source or self.language,
+                lambda u: tokens(u) <= limit, (lambda u: tokens(u) <= soft) if soft else None,
+                max_units=budget,
+            )  # fmt: skip
+
+        return split
+
+    def _part(
+        self, document: Document, block: Block | None, target: str | None, source: str | None
+    ) -> Part:
+        part = Part(document, block)
+        kept = set(kept_units(block, document.spans)) if block is not None else set()
+        for k, unit in enumerate(document.units):
+            part.indices.append(None if k in kept else self.plan.add(unit, target, source))
+        if block is None:
+            return part
+        for k, element in enumerate(block.elements):
+            inner = block.plain[element.a : element.b].strip()
+            inside = any(
+                x <= element.a and element.b <= y and (element.a, element.b) != (x, y)
+                for x, y in document.spans
+            )
+            if inner and element.verbatim is None and inside:
+                part.inline[k] = self.plan.add(inner, target, source)
+        return part
+
+
 def plan_texts(
     body: TranslateRequest,
     texts: Sequence[str],
@@ -145,110 +260,10 @@ def plan_texts(
     target: str | None,
 ) -> Plan:
     """Detect, split and fit every text; ApiError for what cannot be translated."""
-    fmt: Literal["text", "html"] = body.format
-    split = body.split_sentences
-    limit = model.max_input_tokens
-    soft = service.settings.sentence_tokens
-    segmenter = default_segmenter()
-    auto = body.source_lang is not None and body.source_lang.lower() == AUTO
-    model_source = None if auto else _check_source_language(body, model)
-    model_language = body.source_lang if not auto else None
-    model_language = model_language or model.tokenizer.source_lang
-    plans: list[TextPlan] = []
-    units: list[str] = []
-    owners: list[int] = []
-    source_langs: list[str | None] = []
+    planner = _Planner(body, model, service, target)
     for i, text in enumerate(texts):
-        where = text_name(body, i)
-        prefix, rest = model.tokenizer.split_typed_target(text)
-        detected = None
-        source = None
-        if auto:
-            visible = _visible_text(rest, fmt, where)
-            detected = detect(visible, model)
-            source = detected.language
-        tagged_target = target or (model.tokenizer.typed_target(text) if prefix else None)
-        plan = TextPlan(text, prefix, [], detected)
-        plans.append(plan)
-        if (
-            detected is not None
-            and tagged_target
-            and same_language(detected.language, tagged_target)
-        ):
-            plan.unchanged = True
-            continue
-
-        encoding_source = model_source
-        if source is not None and model.tokenizer.multilingual_source:
-            encoding_source = _model_source(model, source)
-
-        def fits(unit: str, _prefix: str = prefix, _source: str | None = encoding_source) -> bool:
-            return len(model.encode(_prefix + unit, target, _source)) <= limit
-
-        def prefer(unit: str, _prefix: str = prefix, _source: str | None = encoding_source) -> bool:
-            return len(model.encode(_prefix + unit, target, _source)) <= soft
-
-        def document(plain: str, _source: str | None = source) -> Document:
-            if not split:
-                return whole(plain)
-            language = _source or model_language
-            return split_document(plain, segmenter, language, fits, prefer if soft else None)
-
-        try:
-            if fmt == "html":
-                for piece in parse_html(rest):
-                    if isinstance(piece, str):
-                        plan.pieces.append(piece)
-                        continue
-                    part = Part(document(piece.plain), piece)
-                    plan.pieces.append(part)
-            else:
-                plan.pieces.append(Part(document(rest)))
-        except HtmlError as exc:
-            raise ApiError(422, f"{where} is not well-formed HTML: {exc}", param="text") from exc
-        except UnitTooLong as exc:
-            raise ApiError(422, f"{where}: {exc}", param="text") from exc
-        for part in plan.parts:
-            part.first = len(units)
-            for unit in part.document.units:
-                units.append(prefix + unit)
-                owners.append(i)
-                source_langs.append(source)
-            if part.block is not None:
-                for k, element in enumerate(part.block.elements):
-                    inner = part.block.plain[element.a : element.b].strip()
-                    if inner and not element.keep and _inside_sentence(element, part.document):
-                        part.inline[k] = len(units)
-                        units.append(prefix + inner)
-                        owners.append(i)
-                        source_langs.append(source)
-        if not any(p.document.spans for p in plan.parts):
-            what = "only markup" if fmt == "html" else "only whitespace"
-            raise ApiError(422, f"{where} has no text to translate ({what})", param="text")
-    cap = min(service.settings.max_sentences_per_request, service.settings.max_waiting)
-    if len(units) > cap:
-        raise ApiError(
-            422,
-            f"text: {len(units)} sentences to translate; at most {cap} per request "
-            "(send the document in parts)",
-            param="text",
-        )
-    return Plan(plans, units, owners, source_langs)
-
-
-def _inside_sentence(element: object, document: Document) -> bool:
-    a, b = element.a, element.b  # type: ignore[attr-defined]
-    return any(x <= a and b <= y and (a, b) != (x, y) for x, y in document.spans)
-
-
-def _visible_text(text: str, fmt: str, where: str) -> str:
-    if fmt != "html":
-        return text
-    try:
-        blocks = [p.plain for p in parse_html(text) if isinstance(p, Block)]
-    except HtmlError as exc:
-        raise ApiError(422, f"{where} is not well-formed HTML: {exc}", param="text") from exc
-    return " ".join(blocks)
+        planner.text(i, text)
+    return planner.plan
 
 
 async def plan(
@@ -263,119 +278,6 @@ async def plan(
     if sum(len(t) for t in texts) > INLINE_CHARS:
         return await run_in_threadpool(plan_texts, body, texts, model, service, target)
     return plan_texts(body, texts, model, service, target)
-
-
-def assemble(
-    model: ServedModel,
-    plan: Plan,
-    results: Sequence[Request],
-    *,
-    return_scores: bool,
-    token_ids: bool,
-) -> list[Translation]:
-    """One Translation per text from its units' finished requests."""
-    decode = model.tokenizer.decode
-    out: list[Translation] = []
-    for text in plan.texts:
-        detected = (
-            DetectedLanguage(language=text.detected.language, confidence=text.detected.confidence)
-            if text.detected is not None
-            else None
-        )
-        if text.unchanged:
-            out.append(
-                Translation(
-                    text=text.text, output_tokens=0, finish_reason="stop",
-                    detected_language=detected, token_ids=[] if token_ids else None,
-                )
-            )  # fmt: skip
-            continue
-        requests: list[Request] = []
-        rendered: list[str] = []
-        nbest: list[list[str]] = []
-        scores: list[list[float]] = []
-        sentences: list[SentenceResult] = []
-        for piece in text.pieces:
-            if isinstance(piece, str):
-                rendered.append(piece)
-                continue
-            n = len(piece.document.spans)
-            done = list(results[piece.first : piece.first + n])
-            requests.extend(done)
-            best = [decode(r.hypotheses[0].tokens) if r.hypotheses else "" for r in done]
-            for source, r in zip(piece.document.units, done, strict=True):
-                hyps = [(decode(h.tokens), h.score) for h in r.hypotheses] or [("", float("-inf"))]
-                nbest.append([h for h, _ in hyps])
-                scores.append([s for _, s in hyps])
-                sentences.append(
-                    SentenceResult(
-                        source=source, text=hyps[0][0], score=_score(hyps[0][1]),
-                        hypotheses=[Hypothesis(text=h, score=_score(s)) for h, s in hyps]
-                        if r.options.num_hypotheses > 1 else None,
-                    )
-                )  # fmt: skip
-            if piece.block is None:
-                rendered.append(piece.document.join(best))
-            else:
-                inline = {
-                    k: decode(results[u].hypotheses[0].tokens) if results[u].hypotheses else ""
-                    for k, u in piece.inline.items()
-                }
-                requests.extend(results[u] for u in piece.inline.values())
-                rendered.append(render_block(piece.block, piece.document.spans, best, inline))
-        first = requests[0]
-        count = first.options.num_hypotheses
-        hypotheses = None
-        if count > 1:
-            hypotheses = [
-                Hypothesis(
-                    text=_join_kth(text, nbest, k),
-                    score=_mean([s[min(k, len(s) - 1)] for s in scores]),
-                )
-                for k in range(count)
-            ]
-        ids = [t for r in requests if r.hypotheses for t in r.hypotheses[0].tokens]
-        many = len(sentences) > 1 and (return_scores or count > 1)
-        out.append(
-            Translation(
-                text="".join(rendered),
-                score=_mean([s[0] for s in scores]) if return_scores else None,
-                hypotheses=hypotheses,
-                output_tokens=sum(r.output_tokens for r in requests),
-                finish_reason=(
-                    "length" if any(finish_reason(r) == "length" for r in requests) else "stop"
-                ),
-                token_ids=ids if token_ids else None,
-                detected_language=detected,
-                sentences=sentences if many else None,
-            )
-        )
-    return out
-
-
-def _join_kth(text: TextPlan, nbest: list[list[str]], k: int) -> str:
-    """The text with every sentence's k-th hypothesis (plain text; HTML keeps the best)."""
-    parts: list[str] = []
-    at = 0
-    for piece in text.pieces:
-        if isinstance(piece, str):
-            parts.append(piece)
-            continue
-        n = len(piece.document.spans)
-        chosen = [h[min(k, len(h) - 1)] for h in nbest[at : at + n]]
-        at += n
-        if piece.block is None:
-            parts.append(piece.document.join(chosen))
-        else:
-            parts.append(render_block(piece.block, piece.document.spans, chosen, {}))
-    return "".join(parts)
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    finite = [v for v in values if v == v and abs(v) != float("inf")]
-    if len(finite) != len(values) or not values:
-        return None
-    return sum(finite) / len(finite)
 
 
 @dataclass
@@ -408,7 +310,13 @@ async def start_translation(
     planned = await plan(body, texts, model, service, target)
     auto = body.source_lang is not None and body.source_lang.lower() == AUTO
     sources, options = await tokenize(
-        body, planned.units, model, options, target, planned.source_langs if auto else None
+        body,
+        planned.units,
+        model,
+        options,
+        target,
+        planned.source_langs if auto else None,
+        unit_targets=planned.targets,
     )
     request_id = request_id_var.get() or "request"
     requests = new_requests(request_id, sources, options, timeout, stream=stream)

@@ -11,22 +11,26 @@ into `target` (and from `source`, or from the detected language).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from attnserve.engine.scheduler import Outcome
 from attnserve.model.languages import same_language
+from attnserve.service.answers import answers
 from attnserve.service.decoding import wait_all
 from attnserve.service.documents import (
     AUTO,
-    assemble,
+    DETECT_CHARS,
     source_languages,
     start_translation,
     target_languages,
+    visible_text,
 )
 from attnserve.service.errors import ApiError
 from attnserve.service.models import ServedModel
@@ -39,6 +43,7 @@ router = APIRouter(tags=["LibreTranslate"])
 
 TRANSLATE_PATH, DETECT_PATH, LANGUAGES_PATH = "/translate", "/detect", "/languages"
 MAX_ALTERNATIVES = 7
+MAX_NAME = 64  # characters of a language code or model name
 
 
 async def _params(request: Request) -> dict[str, Any]:
@@ -48,8 +53,9 @@ async def _params(request: Request) -> dict[str, Any]:
     if kind == "application/json":
         try:
             body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"Invalid request: the body is not JSON ({exc})") from exc
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            raise ApiError(400, f"Invalid request: the body is not JSON ({detail})") from exc
         if not isinstance(body, dict):
             raise ApiError(400, "Invalid request: the JSON body must be an object")
         params.update(body)
@@ -69,24 +75,34 @@ def _check_key(request: Request, service: ServiceState, params: dict[str, Any]) 
     key = service.settings.api_key
     if key is None:
         return
-    secret = key.get_secret_value().encode()
+    secret = key.get_secret_value()
     given = params.get("api_key")
-    supplied = given.encode() if isinstance(given, str) else b""
+    supplied = given.encode("utf-8", "surrogatepass") if isinstance(given, str) else b""
     scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-    header = bearer.strip().encode() if scheme.lower() == "bearer" else b""
-    ok = [hmac.compare_digest(supplied, secret), hmac.compare_digest(header, secret)]
+    # the header's own bytes (Starlette read them as latin-1), as the middleware compares them
+    header = bearer.encode("latin-1").strip(b" \t") if scheme.lower() == "bearer" else b""
+    forms = {secret.encode()}
+    with contextlib.suppress(UnicodeEncodeError):
+        forms.add(secret.encode("latin-1"))
+    ok = [hmac.compare_digest(x, form) for x in (supplied, header) for form in forms]
     if not any(ok):
         service.metrics.reject("unauthorized")
         message = "Invalid API key" if supplied or header else "Please provide an API key"
         raise ApiError(403, message, param="api_key")
 
 
-def _string(params: dict[str, Any], name: str, default: str | None = None) -> str:
+def _string(
+    params: dict[str, Any], name: str, default: str | None = None, limit: int | None = MAX_NAME
+) -> str:
     value = params.get(name, default)
     if value is None or value == "":
         raise ApiError(400, f"Invalid request: missing {name} parameter", param=name)
     if not isinstance(value, str):
         raise ApiError(400, f"Invalid request: {name} must be a string", param=name)
+    if limit is not None and len(value) > limit:
+        raise ApiError(
+            400, f"Invalid request: {name} is longer than {limit} characters", param=name
+        )
     return value
 
 
@@ -95,12 +111,20 @@ def _translation_models(service: ServiceState) -> list[ServedModel]:
 
 
 def _choose(
-    service: ServiceState, params: dict[str, Any], source: str, target: str, texts: list[str]
+    service: ServiceState,
+    params: dict[str, Any],
+    source: str,
+    target: str,
+    texts: list[str],
+    fmt: str,
 ) -> ServedModel:
     """The model named by `model`, else the first that translates source -> target (400)."""
     name = params.get("model")
     models = _translation_models(service)
-    if isinstance(name, str) and name:
+    if name is not None and not isinstance(name, str):
+        raise ApiError(400, "Invalid request: model must be a string", param="model")
+    if name:
+        name = _string(params, "model")
         found = service.registry.get(name)
         if found is None or found.generates:
             known = ", ".join(m.name for m in models)
@@ -124,12 +148,13 @@ def _choose(
             f"target {target!r} is not supported; targets: {', '.join(targets)}",
             param="target",
         )
-    if source == AUTO:
+    if source == AUTO:  # the first text's visible words decide (each text is detected again)
         languages = _union(source_languages(m) for m in candidates)
-        found_lang = detector_for(languages).detect(" ".join(texts))
-        source = found_lang.language if found_lang is not None else source
+        sample = visible_text(texts[0], fmt)[:DETECT_CHARS] if texts else ""
+        found_lang = detector_for(languages).detect(sample)
         if found_lang is None:
             return candidates[0]
+        source = found_lang.language
     for m in candidates:
         if from_(m, source):
             return m
@@ -148,7 +173,7 @@ def _union(groups: Any) -> list[str] | None:
 
 
 @router.post(TRANSLATE_PATH, summary="LibreTranslate: translate text or html (q: one or a list)")
-async def translate(request: Request, service: Service) -> JSONResponse:
+async def translate(request: Request, service: Service) -> Response:
     params = await _params(request)
     _check_key(request, service, params)
     q = params.get("q")
@@ -157,13 +182,16 @@ async def translate(request: Request, service: Service) -> JSONResponse:
     if not isinstance(q, str) and not (isinstance(q, list) and all(isinstance(x, str) for x in q)):
         raise ApiError(400, "Invalid request: q must be a string or a list of strings", param="q")
     texts = [q] if isinstance(q, str) else list(q)
-    source = _string(params, "source", AUTO)
+    limit = min(service.settings.max_texts_per_request, service.settings.max_waiting)
+    if len(texts) > limit:
+        raise ApiError(400, f"Invalid request: {len(texts)} texts; at most {limit}", param="q")
+    source = _string(params, "source", AUTO).lower()
     target = _string(params, "target")
     fmt = params.get("format", "text")
     if fmt not in ("text", "html"):
         raise ApiError(400, "Invalid request: format must be text or html", param="format")
     alternatives = _alternatives(params.get("alternatives", 0))
-    model = _choose(service, params, source, target, texts)
+    model = _choose(service, params, source, target, texts, fmt)
     fields: dict[str, Any] = {
         "text": q,
         "model": model.name,
@@ -181,11 +209,11 @@ async def translate(request: Request, service: Service) -> JSONResponse:
     run = await start_translation(body, service, model)
     outcome = await wait_all(model, run.requests, run.futures, run.timeout, request.receive)
     raise_for(outcome, run.requests, run.timeout, run.request_id)
-    answers = assemble(
-        model, run.plan, [f.result() for f in run.futures], return_scores=False, token_ids=False
-    )
+    if outcome is Outcome.CANCELLED:
+        return Response(status_code=499)  # the client is gone; logged and counted as 499
+    results = await answers(model, run.plan, [f.result() for f in run.futures])
     out: list[dict[str, Any]] = []
-    for answer in answers:
+    for answer in results:
         entry: dict[str, Any] = {"translatedText": answer.text}
         if answer.detected_language is not None:
             entry["detectedLanguage"] = {
@@ -207,9 +235,13 @@ async def translate(request: Request, service: Service) -> JSONResponse:
 
 
 def _alternatives(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ApiError(
+            400, "Invalid request: alternatives must be an integer", param="alternatives"
+        )
     try:
         count = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ApiError(
             400, "Invalid request: alternatives must be an integer", param="alternatives"
         ) from None
@@ -226,7 +258,7 @@ def _alternatives(value: Any) -> int:
 async def detect(request: Request, service: Service) -> JSONResponse:
     params = await _params(request)
     _check_key(request, service, params)
-    q = _string(params, "q")
+    q = _string(params, "q", limit=None)
     models = _translation_models(service)
     languages = _union(source_languages(m) for m in models) if models else None
     detector = detector_for(languages)

@@ -67,13 +67,20 @@ class ServedModel:
         return self.kind == "generation"
 
     def encode(
-        self, text: str, target_lang: str | None, source_lang: str | None = None
+        self,
+        text: str,
+        target_lang: str | None,
+        source_lang: str | None = None,
+        typed: bool = True,
     ) -> list[int]:
-        """Source ids (not truncated: the route rejects sources over max_input_tokens)."""
+        """Source ids (not truncated: the route rejects sources over max_input_tokens);
+        `typed`: see Tokenizer.encode_source."""
         if self.generates:
             return list(self.tokenizer.encode(text))
         return list(
-            self.tokenizer.encode_source(text, target_lang=target_lang, source_lang=source_lang)
+            self.tokenizer.encode_source(
+                text, target_lang=target_lang, source_lang=source_lang, typed=typed
+            )
         )
 
 

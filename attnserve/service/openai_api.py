@@ -26,8 +26,9 @@ from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
 from attnserve.engine.scheduler import Request as EngineRequest
 from attnserve.engine.search import Hypothesis as EngineHypothesis
+from attnserve.service.answers import answers
 from attnserve.service.decoding import resolve_model, wait_all
-from attnserve.service.documents import TranslationRun, assemble, start_translation
+from attnserve.service.documents import TranslationRun, start_translation
 from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
 from attnserve.service.generation import (
     EngineRun,
@@ -435,9 +436,8 @@ async def _translate(
     done = await _finish(run, request)
     if isinstance(done, Response):
         return done
-    answers = assemble(model, run.plan, done, return_scores=False, token_ids=False)
     choices: list[CompletionChoice] = []
-    for answer in answers:
+    for answer in await answers(model, run.plan, done):
         texts = [h.text for h in answer.hypotheses] if answer.hypotheses else [answer.text]
         for text in texts:
             choices.append(
@@ -471,13 +471,13 @@ def _stream(
     )
 
 
-def _ending(
+async def _ending(
     run: EngineRun | TranslationRun, done: EngineRequest | None
 ) -> tuple[str, CompletionUsage]:
     """A finished stream's finish_reason and usage."""
     if isinstance(run, TranslationRun):
         results = [f.result() for f in run.futures]
-        (answer,) = assemble(run.model, run.plan, results, return_scores=False, token_ids=False)
+        (answer,) = await answers(run.model, run.plan, results)
         return answer.finish_reason, _usage(results)
     assert done is not None
     hyp = done.hypotheses[0] if done.hypotheses else None
@@ -521,7 +521,7 @@ async def _chunks(
                 break
             if item.request is None and not item.done:
                 return  # the client is gone
-            finish, usage = _ending(run, item.request)
+            finish, usage = await _ending(run, item.request)
             yield event([choice(None if chat else "", finish)])
             if include_usage:
                 yield event([], usage.model_dump())

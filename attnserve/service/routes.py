@@ -17,8 +17,9 @@ from starlette.types import Receive, Scope, Send
 from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
 from attnserve.engine.scheduler import Request as EngineRequest
+from attnserve.service.answers import answers
 from attnserve.service.decoding import finish_reason, resolve_model, wait_all
-from attnserve.service.documents import TranslationRun, assemble, start_translation
+from attnserve.service.documents import TranslationRun, start_translation
 from attnserve.service.errors import ApiError, error_body
 from attnserve.service.generation import (
     check_kind,
@@ -138,7 +139,7 @@ async def _decode(body: TranslateRequest, request: Request, service: Service) ->
     results = [f.result() for f in run.futures]
     return TranslateResponse(
         model=model.name,
-        translations=assemble(
+        translations=await answers(
             model, run.plan, results, return_scores=body.return_scores, token_ids=generate
         ),
         usage=Usage(
@@ -363,7 +364,7 @@ async def _document_events(run: TranslationRun) -> AsyncIterator[bytes]:
         if item.request is None and not item.done:
             return  # the client is gone
         results = [f.result() for f in run.futures]
-        (answer,) = assemble(run.model, run.plan, results, return_scores=False, token_ids=False)
+        (answer,) = await answers(run.model, run.plan, results)
         input_tokens = sum(len(r.source) for r in results)
         final = FinalEvent(
             finish_reason=answer.finish_reason,

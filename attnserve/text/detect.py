@@ -4,8 +4,9 @@ The detector is py3langid (BSD-3-Clause; langid.py's 97-language naive Bayes mod
 inside the wheel, no download), chosen by measurement against lingua, langid, fasttext's
 lid.176 and langdetect (docs/BENCHMARKS.md, "Language detectors"). A text is ranked over all
 its languages first, so that a French text sent to an English-German model is named French
-(and refused by the caller) rather than forced into English or German; only a text too short
-to tell (under `SHORT_CHARS` letters) is decided among the model's own languages.
+(and refused by the caller) rather than forced into English or German, when the model is sure
+of it (`FOREIGN`); a text too short or too mixed to tell is decided among the model's own
+languages.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 SHORT_CHARS = 20
+# A text is named as another language than the caller's only when the model is this sure:
+# (letters at least, probability at least), from the longest evidence to the shortest.
+FOREIGN = ((SHORT_CHARS, 0.9), (6, 0.999))
 _LETTERS = re.compile(r"[^\W\d_]")
 
 # English names of the languages most often served (GET /languages); others are named by code.
@@ -84,7 +88,8 @@ class Detector:
         best, p = ranking[0]
         if not self._names or best in self._names:
             return Detection(self._names.get(best, best), float(p))
-        if len(_LETTERS.findall(text)) >= SHORT_CHARS:
+        letters = len(_LETTERS.findall(text))
+        if any(letters >= n and p >= sure for n, sure in FOREIGN):
             return Detection(best, float(p))
         ours = self.ranked(text)
         return ours[0] if ours else Detection(best, float(p))

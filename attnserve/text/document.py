@@ -27,6 +27,10 @@ _WORD = re.compile(r"\S+")
 _LINE = re.compile(r"[^\r\n]+")
 
 
+class TooManyUnits(ValueError):
+    """A text of more units than the caller takes (found while splitting, not after)."""
+
+
 class UnitTooLong(ValueError):
     """Text the model cannot take even one character at a time."""
 
@@ -82,14 +86,18 @@ def split_document(
     language: str | None = None,
     fits: Fits | None = None,
     prefer: Fits | None = None,
+    max_units: int | None = None,
 ) -> Document:
     """Units of `text`: its sentences, line by line, each cut further until it `fits` (the
     model's limit). A sentence that `fits` but not `prefer` (a length the model translates
-    well) is cut at its clause ends, if it has any, into runs of clauses that `prefer` allows."""
+    well) is cut at its clause ends, if it has any, into runs of clauses that `prefer` allows.
+    TooManyUnits as soon as there are more than `max_units`."""
     spans: list[Span] = []
     for line in _LINE.finditer(text):
         for a, b in segmenter.spans(line.group(), language):
             spans.extend(_fit(text, line.start() + a, line.start() + b, fits, prefer))
+            if max_units is not None and len(spans) > max_units:
+                raise TooManyUnits(f"more than {max_units} sentences")
     return Document(text, tuple(spans))
 
 
@@ -117,12 +125,16 @@ def _fit(
 
 
 def _characters(text: str, start: int, end: int, fits: Fits) -> list[Span]:
-    """A word too long for the model (a URL, a hash) in the longest pieces that fit."""
+    """A word too long for the model (a URL, a hash) in the longest pieces that fit: the
+    piece's length found by doubling, then bisection, so each test reads a short piece."""
     out: list[Span] = []
     while start < end:
-        low, high = start + 1, end  # the longest fitting piece [start, cut) by bisection
-        if not fits(text[start:low]):
+        if not fits(text[start : start + 1]):
             raise UnitTooLong(text[start:end])
+        low, step = start + 1, 1  # [start, low) fits
+        while low < end and fits(text[start : min(low + step, end)]):
+            low, step = min(low + step, end), step * 2
+        high = min(low + step, end) - 1  # [start, high + 1) does not fit (or is the end)
         while low < high:
             mid = (low + high + 1) // 2
             low, high = (mid, high) if fits(text[start:mid]) else (low, mid - 1)

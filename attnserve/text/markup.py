@@ -1,22 +1,27 @@
 """HTML in, HTML out: text nodes translated, every tag and attribute kept as sent.
 
-`parse_html` reads a fragment or a page into tokens with their exact source text (a tokenizer of
-HTML's syntax, not a tree builder: nothing is re-serialised) and refuses markup it could not give
-back well-formed (a tag never closed, an end tag that closes nothing, a `<` that starts an
-unterminated tag). Every element that is not inline text-level markup (`INLINE`) ends a *block*;
-a block's text, entities decoded and inline tags left out, is a document of its own. Inline tags
-go back around the words they wrapped:
+`parse_html` reads a fragment or a page into verbatim markup and blocks of text (a scanner of
+HTML's syntax with each token's exact source, not a tree builder: nothing is re-serialised) and
+refuses markup it could not give back well-formed: a tag never closed, an end tag that closes
+nothing, a tag, comment or CDATA section that never ends. Every element that is not inline
+text-level markup (`INLINE`), or an inline one that holds such an element, ends a *block*; a
+block's text, entities decoded and inline tags left out, is a document of its own. Void inline
+elements (`ATOMS`: img, input, ...) and comments inside a block stay where they were, between
+the same words. Inline tags go back around the words they wrapped:
 
 - an inline element that covers whole sentences wraps their translations;
-- one inside a sentence wraps the words of that sentence's translation that best match the
-  separate translation of its own text (`HtmlDocument.inline_units`: exact match first, then the
-  window of words most similar to it);
-- an element of `KEEP` (code, kbd, ... or `translate="no"`) inside a sentence keeps its text
-  verbatim in place of the words that match it; as a block (pre, script, style, ...) it is copied.
+- one inside a sentence wraps the words of that sentence's translation that match the separate
+  translation of its own text (`render_block`'s `inline`: the nearest exact match after the
+  previous element's, else the window of words most similar to it); an empty one stays at the
+  same place relative to the sentence's length;
+- an element of `KEEP` (code, kbd, samp, var) or with `translate="no"` keeps its inner source
+  verbatim in place of the words that match it; as a block (pre, script, style, ...) it is
+  copied, and a sentence all inside one is not translated.
 """
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import html
 import re
@@ -32,18 +37,17 @@ INLINE = frozenset({
     "ins", "kbd", "label", "mark", "q", "s", "samp", "small", "span", "strike", "strong", "sub",
     "sup", "time", "tt", "u", "var",
 })  # fmt: skip
+ATOMS = frozenset({"img", "input", "wbr", "embed", "area", "track", "source", "param"})
 KEEP = frozenset({"code", "kbd", "samp", "var"})  # inline, copied verbatim
-# Blocks copied verbatim.
-RAW = frozenset(
-    {"script", "style", "textarea", "title", "pre", "noscript", "template", "svg", "math"}
-)
+RAW_TEXT = frozenset({"script", "style", "textarea", "title"})  # content is not markup
+VERBATIM = frozenset({"pre", "noscript", "template", "svg", "math"})  # blocks copied as sent
+MAX_SHOWN = 40  # characters of a tag name an error message shows
 
 _TAG = re.compile(
     r"""<(?P<end>/)?(?P<name>[A-Za-z][A-Za-z0-9:-]*)"""
     r"""(?P<attrs>(?:\s+[^\s"'>/=]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'=<>`]+))?)*)"""
     r"""\s*(?P<self>/)?>"""
 )
-_OTHER = re.compile(r"<!--.*?-->|<!\[CDATA\[.*?\]\]>|<![^>]*>|<\?[^>]*>", re.DOTALL)
 _NO_TRANSLATE = re.compile(
     r"""\btranslate\s*=\s*["']?no\b|\bclass\s*=\s*["'][^"']*\bnotranslate\b""", re.I
 )
@@ -56,21 +60,24 @@ class HtmlError(ValueError):
 @dataclass
 class Tag:
     raw: str
-    name: str
+    name: str  # "!" for a comment, declaration or processing instruction
     end: bool = False
-    keep: bool = False  # translate="no" / class="notranslate"
+    keep: bool = False  # translate="no" / class="notranslate", or a KEEP element
+    closed: bool = False  # <x/> or a void element: no end tag follows
+    blockish: bool = False  # an inline element that holds a block element: a boundary
 
 
 @dataclass
 class Element:
-    """An inline element of a block: its tags and the [a, b) its text covers in the block."""
+    """An inline element (or a zero-width atom) of a block: its tags and the [a, b) its text
+    covers in the block's plain text; a kept element's inner source in `verbatim`."""
 
     start: str
     end: str
     a: int
     b: int
-    keep: bool
     depth: int
+    verbatim: str | None = None
 
 
 @dataclass
@@ -79,109 +86,132 @@ class Block:
 
     plain: str
     elements: list[Element] = field(default_factory=list)
+    kept: list[tuple[int, int]] = field(default_factory=list)  # plain ranges of kept elements
 
 
 Piece = str | Block  # verbatim markup, or a block to translate
 
 
+def _shown(name: str) -> str:
+    return name if len(name) <= MAX_SHOWN else f"{name[:MAX_SHOWN]}..."
+
+
+def _tokens(source: str) -> list[Tag | str]:
+    """Tags and text in order; a raw-text element's content is one text token."""
+    out: list[Tag | str] = []
+    at = text_start = 0
+    while (lt := source.find("<", at)) >= 0:
+        end = -1
+        tag: Tag | None = None
+        for opener, closer in (("<!--", "-->"), ("<![CDATA[", "]]>")):
+            if source.startswith(opener, lt):
+                end = source.find(closer, lt + len(opener))
+                if end < 0:
+                    raise HtmlError(f"the {opener} at character {lt} is never closed")
+                end += len(closer)
+                tag = Tag(source[lt:end], "!", closed=True)
+                break
+        if tag is None and source.startswith(("<!", "<?"), lt):
+            end = source.find(">", lt)
+            if end < 0:
+                raise HtmlError(f"the declaration at character {lt} is never closed")
+            end += 1
+            tag = Tag(source[lt:end], "!", closed=True)
+        if tag is None:
+            m = _TAG.match(source, lt)
+            if m is None:
+                if source[lt + 1 : lt + 2].isalpha() or source[lt + 1 : lt + 2] == "/":
+                    raise HtmlError(f"the tag at character {lt} is not terminated or malformed")
+                at = lt + 1  # "a < b": text
+                continue
+            name = m["name"].lower()
+            tag = Tag(m.group(), name, end=bool(m["end"]), closed=bool(m["self"]) or name in VOID)
+            tag.keep = not tag.end and (name in KEEP or bool(_NO_TRANSLATE.search(m["attrs"])))
+            end = m.end()
+        if text_start < lt:
+            out.append(source[text_start:lt])
+        out.append(tag)
+        at = text_start = end
+        if tag.name in RAW_TEXT and not tag.end and not tag.closed:
+            close = re.compile(rf"</{re.escape(tag.name)}\s*>", re.I).search(source, end)
+            if close is None:
+                raise HtmlError(f"<{tag.name}> is never closed")
+            if close.start() > end:
+                out.append(source[end : close.start()])
+            out.append(Tag(close.group(), tag.name, end=True))
+            at = text_start = close.end()
+    if text_start < len(source):
+        out.append(source[text_start:])
+    return out
+
+
+def _check_and_mark(tokens: list[Tag | str]) -> None:
+    """HtmlError for unbalanced tags; marks inline elements that hold a block element."""
+    stack: list[Tag] = []
+    for token in tokens:
+        if isinstance(token, str) or token.closed:
+            boundary = isinstance(token, Tag) and token.name not in INLINE | ATOMS | {"!"}
+            for open_ in stack if boundary else ():
+                open_.blockish = True
+            continue
+        if token.end:
+            if not stack or stack[-1].name != token.name:
+                still = f"<{_shown(stack[-1].name)}> is still open" if stack else "nothing is open"
+                raise HtmlError(
+                    f"</{_shown(token.name)}> does not close the element before it ({still})"
+                )
+            opened = stack.pop()
+            token.blockish = opened.blockish
+            continue
+        if token.name not in INLINE:
+            for open_ in stack:
+                open_.blockish = True
+        stack.append(token)
+    if stack:
+        raise HtmlError(f"<{_shown(stack[-1].name)}> is never closed")
+
+
 def parse_html(source: str) -> list[Piece]:
     """The markup as verbatim pieces and blocks, in order; HtmlError if not well-formed."""
+    tokens = _tokens(source)
+    _check_and_mark(tokens)
     pieces: list[Piece] = []
-    stack: list[Tag] = []
     block: _BlockBuilder | None = None
-    raw_until: str | None = None  # inside a RAW or kept block element: copy until its end tag
-    kept_depth = 0
-    at = 0
-    for token, text in _tokens(source):
-        if raw_until is not None:
-            if isinstance(token, Tag) and token.end and token.name == raw_until:
-                stack.pop()
-                raw_until = None
-            pieces.append(text)
+    copy_depth = 0  # inside a VERBATIM or kept block element (or a raw-text one)
+    for token in tokens:
+        text = token if isinstance(token, str) else token.raw
+        if copy_depth:
+            if isinstance(token, Tag) and not token.closed:
+                copy_depth += -1 if token.end else 1
+            if block is not None and block.keep_open():
+                block.verbatim(text)
+            else:
+                pieces.append(text)
             continue
-        if isinstance(token, str):  # text
-            if block is None:
-                block = _BlockBuilder()
-            block.text(html.unescape(text), keep=kept_depth > 0)
-            continue
-        if token.name in INLINE and token.name not in VOID:
-            if block is None:
-                block = _BlockBuilder()
+        if isinstance(token, str):
+            block = block or _BlockBuilder()
+            block.text(html.unescape(token), token)
+        elif token.name in INLINE and not token.blockish and not token.closed:
+            block = block or _BlockBuilder()
             if token.end:
-                opened = _close(stack, token, at)
-                if opened.keep:
-                    kept_depth -= 1
                 block.close(token.raw)
             else:
-                token.keep = token.keep or token.name in KEEP or kept_depth > 0
-                kept_depth += token.keep
-                stack.append(token)
                 block.open(token.raw, token.keep)
-            continue
-        if block is not None:
-            pieces.extend(block.finish())
-            block = None
-        if token.name == "!":
-            pieces.append(text)
-        elif token.end:
-            _close(stack, token, at)
-            pieces.append(text)
+        elif block is not None and (
+            token.name in ATOMS or token.name == "!" or (token.closed and token.name in INLINE)
+        ):
+            block.atom(token.raw)
         else:
+            if block is not None:
+                pieces.extend(block.finish())
+                block = None
             pieces.append(text)
-            if token.name not in VOID and not text.endswith("/>"):
-                stack.append(token)
-                if token.name in RAW or token.keep:
-                    raw_until = token.name
-        at += len(text)
+            starts_copy = token.name in VERBATIM | RAW_TEXT or token.keep
+            if not token.end and not token.closed and starts_copy:
+                copy_depth = 1
     if block is not None:
         pieces.extend(block.finish())
-    if stack:
-        raise HtmlError(f"<{stack[-1].name}> is never closed")
-    if raw_until is not None:
-        raise HtmlError(f"<{raw_until}> is never closed")
     return pieces
-
-
-def _close(stack: list[Tag], end: Tag, at: int) -> Tag:
-    if not stack or stack[-1].name != end.name:
-        open_ = f"<{stack[-1].name}> is still open" if stack else "no element is open"
-        raise HtmlError(f"</{end.name}> does not close the element before it ({open_})")
-    return stack.pop()
-
-
-def _tokens(source: str) -> list[tuple[Tag | str, str]]:
-    """(Tag or text, its source) in order; comments and declarations are Tags named "!"."""
-    out: list[tuple[Tag | str, str]] = []
-    at = 0
-    text_start = 0
-    while True:
-        lt = source.find("<", at)
-        if lt < 0:
-            break
-        m = _TAG.match(source, lt)
-        other = None if m else _OTHER.match(source, lt)
-        if m is None and other is None:
-            nxt = source[lt + 1 : lt + 2]
-            if nxt.isalpha() or nxt in ("/", "!", "?"):
-                raise HtmlError(f"a tag at character {lt} is not terminated or malformed")
-            at = lt + 1  # "a < b": text
-            continue
-        if text_start < lt:
-            out.append((source[text_start:lt], source[text_start:lt]))
-        if m is not None:
-            name = m["name"].lower()
-            tag = Tag(m.group(), name, end=bool(m["end"]))
-            tag.keep = not tag.end and bool(_NO_TRANSLATE.search(m["attrs"] or ""))
-            out.append((tag, m.group()))
-            at = m.end()
-        else:
-            assert other is not None
-            out.append((Tag(other.group(), "!"), other.group()))
-            at = other.end()
-        text_start = at
-    if text_start < len(source):
-        out.append((source[text_start:], source[text_start:]))
-    return out
 
 
 class _BlockBuilder:
@@ -190,28 +220,65 @@ class _BlockBuilder:
         self.length = 0
         self.open_elements: list[Element] = []
         self.elements: list[Element] = []
+        self.kept: list[tuple[int, int]] = []
+        self._keeping: Element | None = None  # the outermost kept element open
+        self._raw: list[str] = []
 
-    def text(self, text: str, keep: bool) -> None:
+    def keep_open(self) -> bool:
+        return self._keeping is not None
+
+    def text(self, text: str, raw: str) -> None:
+        """`text` decoded for the model; `raw` as sent (a kept element's source)."""
+        if self._keeping is not None:
+            self._raw.append(raw)
         self.parts.append(text)
         self.length += len(text)
 
+    def verbatim(self, raw: str) -> None:
+        self._raw.append(raw)
+
+    def atom(self, raw: str) -> None:
+        if self._keeping is not None:
+            self._raw.append(raw)
+            return
+        depth = len(self.open_elements)
+        self.elements.append(Element(raw, "", self.length, self.length, depth))
+
     def open(self, raw: str, keep: bool) -> None:
-        element = Element(raw, "", self.length, -1, keep, len(self.open_elements))
+        if self._keeping is not None:
+            self._raw.append(raw)
+            self.open_elements.append(Element(raw, "", self.length, -1, -1))
+            return
+        element = Element(raw, "", self.length, -1, len(self.open_elements))
         self.open_elements.append(element)
         self.elements.append(element)
+        if keep:
+            self._keeping, self._raw = element, []
 
     def close(self, raw: str) -> None:
         element = self.open_elements.pop()
+        if self._keeping is not None and element is not self._keeping:
+            self._raw.append(raw)
+            return
         element.end, element.b = raw, self.length
+        if element is self._keeping:
+            element.verbatim = "".join(self._raw)
+            self.kept.append((element.a, element.b))
+            self._keeping = None
 
     def finish(self) -> list[Piece]:
         plain = "".join(self.parts)
         if not plain.strip() and not self.elements:
             return [html.escape(plain, quote=False)] if plain else []
-        return [Block(plain, self.elements)]
+        return [Block(plain, self.elements, self.kept)]
 
 
 # -- putting a translated block back together ------------------------------------------------
+
+
+def kept_units(block: Block, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Indices of the spans that lie wholly inside kept elements: not to be translated."""
+    return [i for i, (a, b) in enumerate(spans) if any(x <= a and b <= y for x, y in block.kept)]
 
 
 def render_block(
@@ -225,105 +292,142 @@ def render_block(
     text, for an element inside one sentence."""
     out_parts: list[str] = []
     unit_out: list[tuple[int, int]] = []
-    at = 0
-    length = 0
+    at = length = 0
     for (a, b), translated in zip(spans, translations, strict=True):
         gap = block.plain[at:a]
-        out_parts.append(gap)
-        length += len(gap)
-        unit_out.append((length, length + len(translated)))
-        out_parts.append(translated)
-        length += len(translated)
+        out_parts += [gap, translated]
+        unit_out.append((length + len(gap), length + len(gap) + len(translated)))
+        length += len(gap) + len(translated)
         at = b
     out_parts.append(block.plain[at:])
     text = "".join(out_parts)
+    starts = [a for a, _ in spans]
 
-    def position(p: int, start: bool) -> int:
-        """Where plain position p lands in the output (inside a unit: its start or end)."""
-        prev_end_in, prev_end_out = 0, 0
-        for (a, b), (oa, ob) in zip(spans, unit_out, strict=True):
-            if p <= a:
-                return prev_end_out + min(p - prev_end_in, a - prev_end_in)
-            if p < b:
-                return oa if start else ob
-            prev_end_in, prev_end_out = b, ob
-        return prev_end_out + (p - prev_end_in)
+    def unit_of(p: int) -> int | None:
+        i = bisect.bisect_right(starts, p) - 1
+        return i if i >= 0 and spans[i][0] <= p < spans[i][1] else None
+
+    def position(p: int) -> int:
+        """Where plain position p lands: in a gap, the same offset; inside a unit, the same
+        share of its translation's length, moved to the nearest space."""
+        i = bisect.bisect_right(starts, p) - 1
+        if i < 0:
+            return p
+        (a, b), (oa, ob) = spans[i], unit_out[i]
+        if p >= b:
+            return ob + (p - b)
+        return _word_edge(text, oa + round((p - a) / max(b - a, 1) * (ob - oa)), oa, ob)
 
     ranges: list[tuple[int, int]] = []
     replace: dict[int, str] = {}
+    stack: list[int] = []  # the open ancestors of the element at hand
+    after: dict[int, int] = {-1: 0}  # parent -> where its last child's words ended
     for i, element in enumerate(block.elements):
-        x, y = position(element.a, True), position(element.b, False)
-        unit = _inside_unit(element, spans)
-        if unit is not None and element.b > element.a:
-            oa, ob = unit_out[unit]
-            wanted = block.plain[element.a : element.b] if element.keep else inline.get(i, "")
-            found = locate(text[oa:ob], wanted.strip())
+        while stack and block.elements[stack[-1]].depth >= element.depth:
+            stack.pop()
+        parent = stack[-1] if stack else -1
+        stack.append(i)
+        inner = block.plain[element.a : element.b]
+        x, y = position(element.a), position(element.b)
+        unit = unit_of(element.a)
+        strictly_inside = (
+            unit is not None
+            and element.b <= spans[unit][1]
+            and (element.a, element.b) != spans[unit]
+            and inner.strip() != ""
+        )
+        if strictly_inside:
+            oa, ob = unit_out[unit]  # type: ignore[index]
+            lo, hi = max(oa, after.get(parent, 0)), ob
+            if parent >= 0:
+                lo, hi = max(lo, ranges[parent][0]), min(hi, ranges[parent][1])
+            wanted = inner if element.verbatim is not None else inline.get(i, "")
+            found = locate(text, wanted.strip(), lo, hi) if lo < hi else None
             if found is not None:
-                x, y = oa + found[0], oa + found[1]
-            if element.keep:
-                replace[i] = block.plain[element.a : element.b].strip()
+                x, y = found
+                if element.verbatim is not None:
+                    replace[i] = element.verbatim
+            else:
+                x = y = position(element.a)
+        elif element.verbatim is not None and x < y:
+            replace[i] = element.verbatim  # whole sentences, not translated: as sent
         ranges.append((x, y))
+        after[parent] = max(after.get(parent, 0), y)
+        after[i] = x
     ranges = _nest(block.elements, ranges)
     return _emit(text, block.elements, ranges, replace)
 
 
-def _inside_unit(element: Element, spans: Sequence[tuple[int, int]]) -> int | None:
-    """The unit that contains the element's text without being covered by it."""
-    for i, (a, b) in enumerate(spans):
-        if a <= element.a and element.b <= b:
-            inner = (element.a, element.b) != (a, b)
-            text_covers = element.a <= a and b <= element.b
-            return i if inner and not text_covers else None
-    return None
+def _word_edge(text: str, p: int, lo: int, hi: int) -> int:
+    """The nearest position at or after a space (or the unit's edge) to p."""
+    if p <= lo or p >= hi:
+        return min(max(p, lo), hi)
+    left = text.rfind(" ", lo, p)
+    right = text.find(" ", p, hi)
+    candidates = [lo if left < 0 else left + 1, hi if right < 0 else right]
+    return min(candidates, key=lambda c: abs(c - p))
 
 
 _WORDS = re.compile(r"\S+")
 
 
-def locate(haystack: str, needle: str) -> tuple[int, int] | None:
-    """[start, end) of `needle` in `haystack`: exactly, case-insensitively, else the window of
-    whole words most similar to it (None for an empty needle or haystack)."""
-    if not needle or not haystack.strip():
+def locate(
+    haystack: str, needle: str, lo: int = 0, hi: int | None = None
+) -> tuple[int, int] | None:
+    """[start, end) of `needle` in haystack[lo:hi]: as a whole word or words, exactly, then
+    case-insensitively, then anywhere; else the window of whole words most similar to it.
+    None for an empty needle or window."""
+    hi = len(haystack) if hi is None else hi
+    window = haystack[lo:hi]
+    if not needle or not window.strip():
         return None
-    at = haystack.find(needle)
-    if at < 0:
-        at = haystack.lower().find(needle.lower())
+    bounded = re.compile(rf"(?<!\w){re.escape(needle)}(?!\w)")
+    for pattern in (bounded, re.compile(bounded.pattern, re.I)):
+        m = pattern.search(window)
+        if m:
+            return lo + m.start(), lo + m.end()
+    at = window.lower().find(needle.lower())
     if at >= 0:
-        return at, at + len(needle)
-    words = [(m.start(), m.end()) for m in _WORDS.finditer(haystack)]
+        return lo + at, lo + at + len(needle)
+    words = [(m.start(), m.end()) for m in _WORDS.finditer(window)][:512]
     n = len(needle.split())
     best: tuple[float, int, int] = (-1.0, 0, 0)
-    for size in {max(1, n - 1), n, n + 1}:
+    for size in sorted({max(1, n - 1), n, n + 1}):
         for i in range(max(1, len(words) - size + 1)):
             a, b = words[i][0], words[min(i + size, len(words)) - 1][1]
-            window = haystack[a:b].strip(".,;:!?\"'()")
-            score = difflib.SequenceMatcher(None, window.lower(), needle.lower()).ratio()
+            stripped = window[a:b].strip(".,;:!?\"'()")
+            offset = window[a:b].find(stripped) if stripped else 0
+            score = difflib.SequenceMatcher(None, stripped.lower(), needle.lower()).ratio()
             if score > best[0]:
-                best = (score, a, a + len(window) if haystack[a:b].startswith(window) else b)
-    return best[1], best[2]
+                best = (score, a + offset, a + offset + len(stripped))
+    return lo + best[1], lo + best[2]
 
 
 def _nest(elements: Sequence[Element], ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Ranges made to nest as the elements do: a child inside its parent, siblings apart."""
+    """Ranges made to nest as the elements do: a child inside its parent, siblings apart (one
+    pass: a stack of the open ancestors, each with the end of its last child)."""
     out = list(ranges)
+    stack: list[int] = []  # element indices, outermost first
+    last_end: dict[int, int] = {-1: 0}  # parent (-1: the block) -> end of its last child
     for i, element in enumerate(elements):
+        while stack and elements[stack[-1]].depth >= element.depth:
+            stack.pop()
+        parent = stack[-1] if stack else -1
         x, y = out[i]
-        parent = next((j for j in range(i - 1, -1, -1) if elements[j].depth < element.depth), None)
-        if parent is not None:
+        if parent >= 0:
             px, py = out[parent]
             x, y = min(max(x, px), py), min(max(y, px), py)
-        sibling = next(
-            (
-                j
-                for j in range(i - 1, -1, -1)
-                if elements[j].depth == element.depth and (parent is None or j > parent)
-            ),
-            None,
-        )
-        if sibling is not None and x < out[sibling][1]:
-            x = max(x, out[sibling][1])
+        floor = last_end.get(parent, out[parent][0] if parent >= 0 else 0)
+        if x < floor:
+            x = floor
             y = max(y, x)
-        out[i] = (x, max(x, y))
+        if parent >= 0:
+            y = min(y, out[parent][1])
+            x = min(x, y)
+        out[i] = (x, y)
+        last_end[parent] = y
+        last_end[i] = x
+        stack.append(i)
     return out
 
 
@@ -334,25 +438,35 @@ def _emit(
     replace: dict[int, str],
 ) -> str:
     """`text` escaped, with each element's start tag at its range's start and end tag at its
-    end (opened outer first, closed inner first); kept elements' text replaced."""
-    opens: dict[int, list[int]] = {}
-    closes: dict[int, list[int]] = {}
+    end (opened outer first, closed inner first); kept elements' source in their range."""
+    events: list[tuple[int, int, int, int]] = []  # (position, order, tie, element)
     for i, (x, y) in enumerate(ranges):
-        opens.setdefault(x, []).append(i)
-        if y > x:  # an empty element closes right after it opens
-            closes.setdefault(y, []).append(i)
-    skip_until = -1
+        if x == y:
+            events.append((x, 1, i, i))  # an empty element: opened and closed in place
+        else:
+            events.append((x, 2, i, i))
+            events.append((y, 0, -i, i))
+    events.sort()
     out: list[str] = []
-    for p in range(len(text) + 1):
-        for i in sorted(closes.get(p, []), key=lambda k: -k):
-            out.append(elements[i].end)
-        for i in sorted(opens.get(p, [])):
-            out.append(elements[i].start)
-            if ranges[i][0] == ranges[i][1]:
-                out.append(elements[i].end)
-            elif i in replace:
-                out.append(html.escape(replace[i], quote=False))
+    at = 0
+    skip_until = -1
+    for position, order, _, i in events:
+        if position > at:
+            if at >= skip_until:
+                out.append(html.escape(text[at:position], quote=False))
+            elif position > skip_until:
+                out.append(html.escape(text[skip_until:position], quote=False))
+            at = position
+        element = elements[i]
+        if order == 0:
+            out.append(element.end)
+        elif order == 1:
+            out.append(element.start + (element.verbatim or "") + element.end)
+        else:
+            out.append(element.start)
+            if i in replace:
+                out.append(replace[i])
                 skip_until = max(skip_until, ranges[i][1])
-        if p < len(text) and p >= skip_until:
-            out.append(html.escape(text[p], quote=False))
+    if at < len(text):
+        out.append(html.escape(text[max(at, skip_until) :], quote=False))
     return "".join(out)

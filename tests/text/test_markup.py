@@ -109,7 +109,7 @@ def test_script_style_pre_and_code_kept_verbatim() -> None:
     blocks = [p for p in pieces if isinstance(p, Block)]
     assert [b.plain for b in blocks] == ["Run make test now."]
     (code,) = blocks[0].elements
-    assert code.keep
+    assert code.verbatim == "make test"
     out = render_block(blocks[0], [(0, 18)], ["Führe make Test jetzt aus."], {})
     assert "<code>make test</code>" in out
 
@@ -142,3 +142,60 @@ def test_locate() -> None:
     assert locate("Das große Haus ist alt.", "große Haus") == (4, 14)
     assert locate("Das große Haus ist alt.", "GROSSE haus") is not None
     assert locate("", "x") is None and locate("abc", "") is None
+
+
+def identity(markup: str) -> str:
+    """The markup through parse and render with every sentence and inline element
+    "translated" to itself: must give the source back."""
+    from attnserve.text.document import split_document
+    from attnserve.text.segment import default_segmenter
+
+    out: list[str] = []
+    for piece in parse_html(markup):
+        if isinstance(piece, str):
+            out.append(piece)
+            continue
+        doc = split_document(piece.plain, default_segmenter(), "en")
+        inline = {i: piece.plain[e.a : e.b].strip() for i, e in enumerate(piece.elements)}
+        out.append(render_block(piece, doc.spans, doc.units, inline))
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    "markup",
+    [
+        '<p><a href="/">Home <img src="x.png"> page</a></p>',
+        "<p><b>Hello <!-- note --> world</b> again.</p>",
+        "<p><b>line<br>next</b></p>",
+        '<a href="/"><div>card</div></a>',
+        '<p>Hello <b></b>world. <i class="fa"></i>Bye.</p>',
+        "<p>bar<code>  </code>Hello Hello</p>",
+        "<p>I <b>do</b> know <b>do</b> it.</p>",
+        "<p>Use <code><b>make</b> -j</code> now.</p>",
+        '<p><span translate="no">Berlin Hbf</span></p><p><code>print(x)</code></p>',
+        "<script>for(i=0;i<n;i++){}</script><p>Hi.</p>",
+        "<svg><g><svg></svg></g></svg><p>After.</p>",
+        '<div class="notranslate"><div>b</div></div><p>Text.</p>',
+        '<p>One<br>two <a name="x"></a>three.<img src="a.png" alt="A"/></p>',
+        "<ul><li>First item.</li><li>Second <em>item</em> here.</li></ul>",
+        "<p>Fish &amp; chips &lt;3 <b>now</b>.</p>",
+        "<p>A <span>b <i>c</i> d</span> e.</p>",
+    ],
+)
+def test_identity_translation_gives_the_source_back(markup: str) -> None:
+    assert identity(markup) == markup
+
+
+@pytest.mark.parametrize("broken", ["<p>hi</p><!-- a > b", "<p><![CDATA[x</p>", "<script>x"])
+def test_unterminated_comments_and_raw_text_are_refused(broken: str) -> None:
+    with pytest.raises(HtmlError):
+        parse_html(broken)
+
+
+def test_pathological_markup_is_linear() -> None:
+    import time
+
+    for markup in ["<p>Hello." + "<b></b>" * 20000 + "</p>", "<!-- x -->" * 20000]:
+        began = time.perf_counter()
+        identity(markup)
+        assert time.perf_counter() - began < 5.0
