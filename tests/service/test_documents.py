@@ -144,3 +144,24 @@ def test_a_megabyte_of_text_is_refused_quickly(live: LiveServer) -> None:
     body = {"text": "Kamaru tesino. " * 70_000, "target_lang": "de"}
     response = httpx.post(live.url + "/v1/translate", json=body, timeout=10.0)
     assert response.status_code == 413
+
+
+def test_a_huge_word_or_many_sentences_are_refused_quickly(live: LiveServer) -> None:
+    import time
+
+    for text in ["x" * 600_000, "Ka. " * 150_000]:
+        began = time.perf_counter()
+        response = post(live, "/v1/translate", {"text": text, "target_lang": "de"})
+        assert response.status_code == 422, response.text[:200]
+        assert "sentences" in response.json()["error"]["message"]
+        assert time.perf_counter() - began < 20.0
+
+
+def test_html_with_images_comments_and_breaks_inside_inline_elements(live: LiveServer) -> None:
+    source = (
+        '<p><a href="/">Home <img src="x.png"> page</a> and <b>bold <!-- c --> text</b>.</p>'
+        '<p><b>line<br>next</b></p><a href="/"><div>card</div></a>'
+    )
+    (doc,) = translate(live, source, format="html")["translations"]
+    assert tags_of(doc["text"]) == tags_of(source)
+    assert '<img src="x.png">' in doc["text"] and "<!-- c -->" in doc["text"]

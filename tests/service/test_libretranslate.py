@@ -111,5 +111,27 @@ def test_api_key(model_dir: Path) -> None:
         body = {"q": SENTENCES[0], "source": "en", "target": "de"}
         response = httpx.post(f"{server.url}/translate", json=body, headers=bearer, timeout=30)
         assert response.status_code == 200
+        surrogate = '{"q": "Hi", "source": "en", "target": "de", "api_key": "\\ud800"}'
+        response = httpx.post(
+            f"{server.url}/translate", content=surrogate,
+            headers={"content-type": "application/json"}, timeout=30,
+        )  # fmt: skip
+        assert response.status_code == 403
         # the native routes keep their 401 and their error shape
         assert httpx.post(f"{server.url}/v1/translate", json={"text": "x"}).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ('{"q": "Hello", "source": "en", "target": "de", "alternatives": 1e999}', "alternatives"),
+        ('{"q": "Hello", "source": "en", "target": "de", "alternatives": true}', "alternatives"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),
+        ('{"q": "Hello", "source": "en", "target": "' + "x" * 100_000 + '"}', "longer than"),
+    ],
+)
+def test_odd_bodies_are_400s(live: LiveServer, body: str, words: str) -> None:
+    headers = {"content-type": "application/json"}
+    response = httpx.post(f"{live.url}/translate", content=body, headers=headers, timeout=30)
+    assert response.status_code == 400, response.text[:200]
+    assert words in response.json()["error"] and len(response.text) < 1000
