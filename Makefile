@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: test quick serve lint typecheck unit venv clean prometheus loadtest data
 
-$(STAMP): pyproject.toml setup.py attnserve/kernels/ortops.cc attnserve/kernels/ort_abi.h
+$(STAMP): pyproject.toml setup.py $(wildcard attnserve/kernels/csrc/*.cc attnserve/kernels/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

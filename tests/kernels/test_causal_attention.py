@@ -5,7 +5,6 @@ written in place, rows alone and in a batch, and the kernels' own threads."""
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from attnserve import kernels
-from tests.export.test_kernels import needs_library, session
+from tests.kernels.helpers import (
+    needs_library,
+    session,
+)
 
 POSITIONS = 256
 NAMES = ["qkv", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos", "sin"]
@@ -256,189 +258,3 @@ def test_offline_optimized_attributes_are_rewritten() -> None:
     node = model.graph.node[0]
     assert {a.name for a in node.attribute} == {"num_heads", "kv_num_heads"}
     assert len(node.input) == 7
-
-
-# -- the kernels' own threads -------------------------------------------------------------------
-
-
-def products_and_attention() -> tuple[bytes, dict[str, np.ndarray]]:
-    """A BlockQ4MatMul of a few rows (split into tasks) and its input."""
-    from attnserve.export.blockwise import quantize_blockwise
-
-    rng = np.random.default_rng(4)
-    w = onnx.numpy_helper.from_array(rng.standard_normal((256, 512), np.float32) * 0.1, "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "product",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["r", 256])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["r", 512])],
-        [w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    assert quantize_blockwise(model, 0, q4_kernel=True)["on_kernel"] == 1
-    return model.SerializeToString(), {"x": rng.standard_normal((5, 256), dtype=np.float32)}
-
-
-def run_on(threads: int, products: bool) -> list[np.ndarray]:
-    """The long-chunk attention (and a block product) with the kernels on `threads` threads of
-    their own; checks that they ran there."""
-    kernels.use_threads(threads)
-    try:
-        before = kernels.thread_runs()
-        heads, kv, depth, seq, seqlens, total, width = CASES["long-chunk"]
-        f = feeds(np.random.default_rng(5), heads, kv, depth, seq, seqlens, total, width)
-        out = list(run_in_place(session(attention_graph(heads, kv, depth, True), True), f))
-        if products:
-            model, x = products_and_attention()
-            out.append(session(model, True).run(None, x)[0])
-        assert (kernels.thread_runs() > before) == (threads > 1)
-        return out
-    finally:
-        kernels.use_threads(1)
-
-
-@needs_library
-def test_the_kernels_own_threads_give_the_same_bits() -> None:
-    products = kernels.integer_products()  # the block product needs VNNI
-    one, three = run_on(1, products), run_on(3, products)
-    for a, b in zip(one, three, strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
-@needs_library
-def test_a_call_right_after_the_threads_change_runs_on_them() -> None:
-    """Workers started by a resize wait for the next call, however late they start."""
-    heads, kv, depth, seq, seqlens, total, width = CASES["long-chunk"]
-    f = feeds(np.random.default_rng(7), heads, kv, depth, seq, seqlens, total, width)
-    s = session(attention_graph(heads, kv, depth, True), True)
-    want = run_in_place(s, f)
-    try:
-        for threads in (3, 2, 4, 2, 3):
-            kernels.use_threads(threads)
-            before = kernels.thread_runs()
-            for got, expected in zip(run_in_place(s, f), want, strict=True):
-                np.testing.assert_array_equal(got, expected)
-            assert kernels.thread_runs() > before
-    finally:
-        kernels.use_threads(1)
-
-
-def _child_attention(queue: Any) -> None:
-    """In a forked child: the attention on ORT's threads, then on threads of its own."""
-    heads, kv, depth, seq, seqlens, total, width = CASES["long-chunk"]
-    f = feeds(np.random.default_rng(5), heads, kv, depth, seq, seqlens, total, width)
-    s = session(attention_graph(heads, kv, depth, True), True)
-    first = run_in_place(s, f)[0]
-    kernels.use_threads(2)
-    queue.put((first, run_in_place(s, f)[0]))
-
-
-@needs_library
-def test_a_forked_child_runs_without_the_parents_threads() -> None:
-    """A child forked while the kernels' threads exist has none of them: its kernels run on
-    ONNX Runtime's threads instead of waiting for workers that are not there, and it can start
-    threads of its own."""
-    want = run_on(1, False)[0]
-    kernels.use_threads(2)
-    try:
-        context = multiprocessing.get_context("fork")
-        queue = context.Queue()
-        child = context.Process(target=_child_attention, args=(queue,))
-        child.start()
-        first, second = queue.get(timeout=60)
-        child.join(timeout=60)
-        assert child.exitcode == 0
-        np.testing.assert_array_equal(first, want)
-        np.testing.assert_array_equal(second, want)
-    finally:
-        kernels.use_threads(1)
-
-
-# -- the element-wise steps: AddRMSNorm, SwiGLU -------------------------------------------------
-
-
-def mlp_block_graph(rows: int, columns: int, hidden: int, rewrite: bool) -> bytes:
-    """A residual Add, the RMSNormalization of its sum (the sum also read on), and a SwiGLU
-    (Split in halves, x * Sigmoid(x), times the other half), as the step graph writes them."""
-    rng = np.random.default_rng(columns)
-    inits = [
-        onnx.numpy_helper.from_array(rng.random(columns, np.float32) + 0.5, "norm.weight"),
-        onnx.numpy_helper.from_array(np.array([hidden, hidden], np.int64), "halves"),
-    ]
-    nodes = [
-        helper.make_node("Add", ["x", "y"], ["sum"]),
-        helper.make_node(
-            "RMSNormalization",
-            ["sum", "norm.weight"],
-            ["normed"],
-            axis=-1,
-            epsilon=1e-5,
-            stash_type=1,
-        ),
-        helper.make_node("Split", ["gate_up", "halves"], ["gate", "up"], axis=-1),
-        helper.make_node("Sigmoid", ["gate"], ["sigmoid"]),
-        helper.make_node("Mul", ["gate", "sigmoid"], ["silu"]),
-        helper.make_node("Mul", ["up", "silu"], ["act"]),
-        helper.make_node("Add", ["sum", "normed"], ["next"]),  # the sum read on
-    ]
-    value = lambda name, width: helper.make_tensor_value_info(  # noqa: E731
-        name, TensorProto.FLOAT, [rows, width]
-    )
-    graph = helper.make_graph(
-        nodes,
-        "block",
-        [value("x", columns), value("y", columns), value("gate_up", 2 * hidden)],
-        [value("normed", columns), value("next", columns), value("act", hidden)],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=11)
-    if rewrite:
-        assert kernels.use_elementwise_kernels(model) == 2
-        assert kernels.use_elementwise_kernels(model) == 0  # once only
-        ops = [n.op_type for n in model.graph.node]
-        assert ops == [kernels.ADD_NORM, kernels.SWIGLU, "Add"], ops
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
-@needs_library
-@pytest.mark.parametrize("shape", [(1, 576, 1536), (3, 64, 40), (70, 576, 1536), (2, 20, 7)])
-def test_the_elementwise_kernels_compute_the_nodes_they_replace(shape: tuple[int, ...]) -> None:
-    rows, columns, hidden = shape
-    rng = np.random.default_rng(6)
-    f = {
-        "x": rng.standard_normal((rows, columns), dtype=np.float32),
-        "y": rng.standard_normal((rows, columns), dtype=np.float32),
-        "gate_up": rng.standard_normal((rows, 2 * hidden), dtype=np.float32) * 4,
-    }
-    want = session(mlp_block_graph(rows, columns, hidden, False), library=False).run(None, f)
-    for library in (True, False):  # the kernels; their functions' stock bodies
-        got = session(mlp_block_graph(rows, columns, hidden, True), library).run(None, f)
-        for a, b in zip(got, want, strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    alone = session(mlp_block_graph(1, columns, hidden, True), True)
-    together = session(mlp_block_graph(rows, columns, hidden, True), True).run(None, f)
-    for r in range(rows):  # a row's bits do not depend on the others
-        got = alone.run(None, {k: v[r : r + 1] for k, v in f.items()})
-        for a, b in zip(got, together, strict=True):
-            np.testing.assert_array_equal(a[0], b[r])
-
-
-def test_an_add_of_a_constant_keeps_its_norm() -> None:
-    """A bias or a position table added before a norm would broadcast: not AddRMSNorm's."""
-    model = onnx.load_from_string(mlp_block_graph(2, 16, 8, False))
-    add = model.graph.node[0]
-    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(16, np.float32), "bias"))
-    add.input[1] = "bias"
-    assert kernels.use_elementwise_kernels(model) == 1  # the SwiGLU only
-    assert [n.op_type for n in model.graph.node][:2] == ["Add", "RMSNormalization"]
-
-
-def test_nodes_the_elementwise_kernels_do_not_compute_are_left_alone() -> None:
-    model = onnx.load_from_string(mlp_block_graph(2, 16, 8, False))
-    norm = next(n for n in model.graph.node if n.op_type == "RMSNormalization")
-    norm.attribute.append(helper.make_attribute("axis", 0))  # another axis (the last one wins)
-    del norm.attribute[0]
-    sigmoid = next(n for n in model.graph.node if n.op_type == "Sigmoid")
-    model.graph.output.append(helper.make_tensor_value_info(sigmoid.output[0], 1, None))
-    assert kernels.use_elementwise_kernels(model) == 0  # a norm of axis 0; a sigmoid read on
