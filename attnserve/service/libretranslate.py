@@ -41,6 +41,41 @@ from attnserve.text.detect import detector_for, language_name
 
 router = APIRouter(tags=["LibreTranslate"])
 
+# The OpenAPI description of the routes (their bodies are read by hand: JSON, form or query).
+_ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}},
+    "required": ["error"],
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": what, "content": {"application/json": {"schema": _ERROR}}}
+    for status, what in {
+        400: "Invalid request (LibreTranslate's error shape)",
+        403: "API key missing or wrong (when the server has one)",
+        413: "Body larger than the server's max_body_bytes",
+        429: "Queue full: retry after Retry-After seconds",
+        500: "Decoding failed",
+        503: "Not ready yet, or shutting down",
+        504: "Deadline exceeded",
+    }.items()
+}
+_TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_DETECTED = {
+    "type": "object",
+    "properties": {"confidence": {"type": "number"}, "language": {"type": "string"}},
+    "required": ["confidence", "language"],
+}
+
+
+def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    schema = {"type": "object", "properties": properties, "required": required}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _ok(schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
+    return {200: {"description": "OK", "content": {"application/json": {"schema": schema}}}}
+
+
 TRANSLATE_PATH, DETECT_PATH, LANGUAGES_PATH = "/translate", "/detect", "/languages"
 MAX_ALTERNATIVES = 7
 MAX_NAME = 64  # characters of a language code or model name
@@ -172,7 +207,38 @@ def _union(groups: Any) -> list[str] | None:
     return out
 
 
-@router.post(TRANSLATE_PATH, summary="LibreTranslate: translate text or html (q: one or a list)")
+@router.post(
+    TRANSLATE_PATH,
+    summary="LibreTranslate: translate text or html (q: one or a list)",
+    openapi_extra=_body(
+        {
+            "q": _TEXTS,
+            "source": {"type": "string", "description": 'a language code, or "auto"'},
+            "target": {"type": "string"},
+            "format": {"type": "string", "enum": ["text", "html"]},
+            "alternatives": {"type": "integer", "minimum": 0, "maximum": MAX_ALTERNATIVES},
+            "api_key": {"type": "string"},
+            "model": {"type": "string"},
+        },
+        ["q", "target"],
+    ),
+    responses={
+        **_ok(
+            {
+                "type": "object",
+                "properties": {
+                    "translatedText": _TEXTS,
+                    "detectedLanguage": {
+                        "oneOf": [_DETECTED, {"type": "array", "items": _DETECTED}]
+                    },
+                    "alternatives": {"type": "array"},
+                },
+                "required": ["translatedText"],
+            }
+        ),
+        **_ERRORS,
+    },
+)
 async def translate(request: Request, service: Service) -> Response:
     params = await _params(request)
     _check_key(request, service, params)
@@ -254,7 +320,12 @@ def _alternatives(value: Any) -> int:
     return count
 
 
-@router.post(DETECT_PATH, summary="LibreTranslate: the language of a text, with confidence")
+@router.post(
+    DETECT_PATH,
+    summary="LibreTranslate: the language of a text, with confidence",
+    openapi_extra=_body({"q": {"type": "string"}, "api_key": {"type": "string"}}, ["q"]),
+    responses={**_ok({"type": "array", "items": _DETECTED}), **_ERRORS},
+)
 async def detect(request: Request, service: Service) -> JSONResponse:
     params = await _params(request)
     _check_key(request, service, params)
@@ -274,7 +345,27 @@ async def detect(request: Request, service: Service) -> JSONResponse:
 
 
 @router.post(LANGUAGES_PATH, include_in_schema=False)
-@router.get(LANGUAGES_PATH, summary="LibreTranslate: languages and targets")
+@router.get(
+    LANGUAGES_PATH,
+    summary="LibreTranslate: languages and targets",
+    responses={
+        **_ok(
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "code": {"type": "string"},
+                        "name": {"type": "string"},
+                        "targets": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["code", "name", "targets"],
+                },
+            }
+        ),
+        **_ERRORS,
+    },
+)
 async def languages(request: Request, service: Service) -> JSONResponse:
     pairs: dict[str, list[str]] = {}
     for model in _translation_models(service):
