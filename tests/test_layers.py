@@ -1,4 +1,5 @@
-"""The package's layers: each folder imports only folders below it (lazy imports included)."""
+"""The package's layers: each folder imports only folders below it (lazy imports included), and
+no module imports itself back through others (no import cycle, inside a folder either)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,86 @@ def test_the_rule_sees_lazy_imports(tmp_path: Path) -> None:
         "def f():\n    from attnserve.service import app\n    import attnserve.bench\n"
     )
     assert attnserve_imports(module) == {"service", "bench"}
+
+
+# -- import cycles ----------------------------------------------------------------------------
+# The graph's nodes are modules (attnserve.engine.onnx.lm_backend); an edge is any import of
+# another attnserve module anywhere in a file: at the top, inside a function (a lazy import only
+# defers the cycle to the first call, and still ties the two modules together), or under
+# TYPE_CHECKING. `from attnserve.x import y` points at the module attnserve.x.y when there is
+# one, else at attnserve.x. The packages' __init__ files that importing a module also runs are
+# not edges of their own (attnserve's import nothing of their submodules).
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (lazy imports included)."""
+    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.add(sub if sub in files else node.module)
+        graph[name] = set()
+        for target in targets:
+            while target and target not in files:  # attnserve.x.y.Name -> attnserve.x.y
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles (a -> b -> ... -> a) a depth-first walk of the graph closes: none exactly
+    when the graph has no cycle."""
+    cycles: list[list[str]] = []
+    finished: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        path.append(module)
+        for target in sorted(graph[module]):
+            if target in path:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in finished:
+                visit(target)
+        path.pop()
+        finished.add(module)
+
+    for module in sorted(graph):
+        if module not in finished:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    cycles = import_cycles(import_graph(PACKAGE))
+    assert [" -> ".join(c) for c in cycles] == []
+
+
+def test_the_cycle_check_sees_lazy_imports(tmp_path: Path) -> None:
+    root = tmp_path / "attnserve"
+    (root / "engine").mkdir(parents=True)
+    for name in ("__init__.py", "engine/__init__.py", "engine/c.py"):
+        (root / name).write_text("")
+    (root / "engine" / "a.py").write_text("from attnserve.engine.b import B\n")
+    (root / "engine" / "b.py").write_text(
+        "import attnserve.engine.c\n\ndef f():\n    from attnserve.engine import a\n"
+    )
+    graph = import_graph(root)
+    assert graph["attnserve.engine.b"] == {"attnserve.engine.a", "attnserve.engine.c"}
+    assert import_cycles(graph) == [
+        ["attnserve.engine.a", "attnserve.engine.b", "attnserve.engine.a"]
+    ]
 
 
 def test_building_the_command_line_imports_no_runtime() -> None:

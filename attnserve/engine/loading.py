@@ -55,11 +55,9 @@ def _load_lm_backend(
 
         return TorchLMBackend.from_dir(model_dir, threads=threads, stop_ids=stop_ids)
     if kind == "onnx":
-        from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+        from attnserve.engine.onnx.lm_open import open_lm_dir
 
         options = {k: v for k, v in kwargs.items() if k in ("provider", "io_binding", "spinning")}
         chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT
-        return OnnxLMBackend.from_dir(
-            model_dir, chosen, threads=threads, stop_ids=stop_ids, **options
-        )
+        return open_lm_dir(model_dir, chosen, threads=threads, stop_ids=stop_ids, **options)
     raise ValueError(f"unknown backend {kind!r}; choose from {', '.join(BACKENDS)}")
