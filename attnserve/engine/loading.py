@@ -1,14 +1,13 @@
-"""Choosing and building a Backend for a model directory."""
+"""Building a Backend for a model directory (attnserve/provision.py imports and exports it
+first)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from attnserve.defaults import BACKENDS, DEFAULT_VARIANT
 from attnserve.engine.backend import Backend
-
-BACKENDS = ("onnx", "torch")
-DEFAULT_VARIANT = "int8"  # ONNX Runtime on CPU serves int8; fp16 is for the CUDA provider
 
 
 def parse_backend_name(name: str) -> tuple[str, str | None]:

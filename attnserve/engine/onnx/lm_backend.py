@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.defaults import DEFAULT_PROVIDER
 from attnserve.engine.backend import FloatArray, IntArray, ModelSpec, left_padded
 from attnserve.engine.onnx.backend import (
     CPU,
@@ -95,7 +96,7 @@ class OnnxLMBackend:
         config: DecoderConfig,
         directory: str | Path,
         *,
-        provider: str = "auto",
+        provider: str = DEFAULT_PROVIDER,
         threads: int | None = None,
         spinning: bool = False,
         optimization: str = "all",
