@@ -1,4 +1,4 @@
-"""Defaults every layer shares: the default model directory, ONNX variants, providers, opset.
+"""Defaults every layer shares: the default models, ONNX variants, providers, backends, opset.
 
 Torch-free and import-light: the command line, the service, the exporter and the ONNX backend all
 read these, so each default has one definition.
@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Final
 
 DEFAULT_MODEL_NAME = "ende-small"
 DEFAULT_MODEL_ENV = "ATTNSERVE_DEFAULT_MODEL"
 
 VARIANTS = ("fp32", "int8", "int4", "fp16")  # int4 (weight-only): decoder-only models
 ENCODER_DECODER_VARIANTS = ("fp32", "int8", "fp16")
-DEFAULT_VARIANT = "int8"
+DEFAULT_VARIANT: Final = "int8"  # ONNX Runtime on CPU serves int8; fp16 is for the CUDA provider
+EXPORT_VARIANTS = ("fp32", "int8")  # what `attnserve export` writes unless told
 PROVIDERS = ("auto", "cpu", "cuda")
+DEFAULT_PROVIDER: Final = "auto"  # CUDA when ONNX Runtime has it, else CPU
 BACKENDS = ("onnx", "torch")
+DEFAULT_BACKEND: Final = "onnx"  # the command line's and the service's (torch needs no export)
+
+# A translated sentence of more tokens is cut at its clause ends (translate, the service).
+DEFAULT_SENTENCE_TOKENS: Final = 64
 
 OPSET = 18  # ONNX opset of exported graphs and of the runtime's row-operation graphs
 IR_VERSION = 9  # what opset 18 needs; onnx's default (newest) may be too new for ONNX Runtime

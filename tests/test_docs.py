@@ -158,21 +158,22 @@ def test_every_bench_file_is_cited() -> None:
 
 
 def layout_table() -> dict[str, set[str]]:
-    """ARCHITECTURE's "Layout" table: folder -> the folders its "may import" column names."""
+    """ARCHITECTURE's "Layout" table: folder (or top-level module: `defaults.py`) -> the folders
+    its "may import" column names."""
     table = section(ARCHITECTURE.read_text(encoding="utf-8"), "Layout")
     rules: dict[str, set[str]] = {}
     for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        folder = re.fullmatch(r"`(\w+)/`", cells[0]) if len(cells) == 4 else None
-        if folder is None:  # the header, `defaults.py`, `engine/onnx/` (part of engine)
+        unit = re.fullmatch(r"`(\w+)(?:/|\.py)`", cells[0]) if len(cells) == 4 else None
+        if unit is None:  # the header, `engine/onnx/` (part of engine)
             continue
         may_import = cells[3]
         if may_import == "nothing":
-            rules[folder.group(1)] = set()
-        elif may_import == "every folder above":
-            rules[folder.group(1)] = set(rules)
+            rules[unit.group(1)] = set()
+        elif may_import == "every folder above":  # defaults.py: every rule's, unnamed
+            rules[unit.group(1)] = set(rules) - {"defaults"}
         else:
-            rules[folder.group(1)] = set(re.findall(r"`(\w+)`", may_import))
+            rules[unit.group(1)] = set(re.findall(r"`(\w+)`", may_import))
     return rules
 
 

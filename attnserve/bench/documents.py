@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from attnserve.defaults import DEFAULT_SENTENCE_TOKENS, DEFAULT_VARIANT, default_model_dir
+
 log = logging.getLogger(__name__)
 
 DIRECTIONS = (("en", "de"), ("de", "en"))
@@ -172,14 +174,13 @@ def _mean_rows(metrics: str) -> tuple[float, float]:
 def speed(url: str, model: Path, document: str, args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
-    from attnserve.engine.translator import Translator
+    from attnserve.provision import Runtime, load_translator
     from attnserve.text.detect import detector_for
     from attnserve.text.document import split_document
     from attnserve.text.segment import default_segmenter
 
-    translator = Translator.from_model_dir(
-        model, backend="onnx", variant=args.variant, provider="cpu", threads=args.threads
-    )
+    runtime = Runtime(variant=args.variant, provider="cpu", threads=args.threads)
+    translator = load_translator(model, runtime)  # the server provisioned it already
     tokenizer, limit = translator.tokenizer, translator.backend.spec.max_positions
 
     def plan() -> list[str]:
@@ -189,7 +190,7 @@ def speed(url: str, model: Path, document: str, args: argparse.Namespace) -> dic
             return len(tokenizer.encode_source(unit, target_lang="de")) <= limit
 
         def prefer(unit: str) -> bool:  # the server's default sentence_tokens
-            return len(tokenizer.encode_source(unit, target_lang="de")) <= 64
+            return len(tokenizer.encode_source(unit, target_lang="de")) <= DEFAULT_SENTENCE_TOKENS
 
         return split_document(document, default_segmenter(), "en", fits, prefer).units
 
@@ -315,8 +316,8 @@ def register(sub: Any) -> None:
         "bench-documents",
         help="documents through HTTP: paragraph BLEU, speed against offline translate, overhead",
     )
-    p.add_argument("--model", default="checkpoints/ende-small")
-    p.add_argument("--variant", default="int8")
+    p.add_argument("--model", type=Path, default=default_model_dir())
+    p.add_argument("--variant", default=DEFAULT_VARIANT)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--paragraphs", type=int, default=20)
     p.add_argument("--verses", type=int, default=6, help="verses a paragraph")

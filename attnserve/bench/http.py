@@ -137,17 +137,15 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
 
     from attnserve.engine.options import DecodingOptions
     from attnserve.engine.scheduler import Scheduler
-    from attnserve.engine.translator import Translator
     from attnserve.loadtest.runner import served
     from attnserve.loadtest.sentences import load_pools
+    from attnserve.provision import Runtime, load_translator
 
     mode_args = dict(mode_serve_args(m) for m in args.modes.split(",") if m)
     modes = list(mode_args)
     pool = load_pools(max_chars=args.max_chars)[args.source_lang]
     work = choose_work(pool, args.sentences, args.mixed, args.seed)
-    translator = Translator.from_model_dir(
-        args.model, backend="onnx", variant=args.variant, threads=args.threads
-    )
+    translator = load_translator(args.model, Runtime(variant=args.variant, threads=args.threads))
     max_new = translator.defaults.max_new_tokens
     options = DecodingOptions(beam_size=args.beam_size, max_new_tokens=max_new)
     body: dict[str, Any] = {"beam_size": args.beam_size, "max_new_tokens": max_new}

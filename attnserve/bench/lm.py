@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from attnserve.bench.report import write_table
+from attnserve.defaults import DEFAULT_VARIANT
 from attnserve.engine.generator import Generator
 from attnserve.engine.options import DecodingOptions
 
@@ -89,11 +90,10 @@ def bench_lm(
     """Results for attnserve's `variants`, then `peers` (LM_PEERS; one that cannot run here is
     skipped with a warning), in that order."""
     from attnserve.bench.lm_peers import PeerUnavailable, peer_runner
+    from attnserve.provision import Runtime, load_generator
 
     generators = {
-        v: Generator.from_model_dir(
-            model_dir, backend=f"onnx-{v}", threads=threads, spinning=spinning
-        )
+        v: load_generator(model_dir, Runtime(variant=v, threads=threads, spinning=spinning))
         for v in variants
     }
     if not generators:
@@ -223,7 +223,7 @@ def mixed_workload(
     mode: str,
     clients: int,
     *,
-    variant: str = "int8",
+    variant: str = DEFAULT_VARIANT,
     seconds: float = 60.0,
     threads: int | None = 1,
     seed: int = 0,
@@ -237,12 +237,12 @@ def mixed_workload(
     included); time to first token counts from submission, and a request still waiting for its
     first token at the end counts with its wait so far."""
     from attnserve.engine.generator import fit_to_context
-    from attnserve.engine.loading import load_backend
     from attnserve.engine.scheduler import Outcome, Scheduler, lm_request
+    from attnserve.provision import Runtime, open_backend
     from attnserve.service.models import scheduler_limits
     from attnserve.service.settings import Settings
 
-    backend = load_backend(model_dir, f"onnx-{variant}", threads=threads, provider="cpu")
+    backend = open_backend(model_dir, Runtime(variant=variant, threads=threads, provider="cpu"))
     limits = scheduler_limits(Settings.model_validate({"batching": mode}), 256, generation=True)
     scheduler = Scheduler(backend, limits)
     rng = np.random.default_rng(seed)

@@ -42,6 +42,7 @@ import numpy as np
 
 from attnserve.bench.lm_peers import gguf_source
 from attnserve.bench.report import write_table
+from attnserve.defaults import DEFAULT_VARIANT
 from attnserve.loadtest.runner import free_port, stop_server, wait_ready
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def server_command(
     threads: int,
     clients: int,
     server_bin: Path | None,
-    variant: str = "int8",
+    variant: str = DEFAULT_VARIANT,
     spinning: bool = False,
 ) -> list[str]:
     """The command that serves `model_dir` (or its GGUF source) on 127.0.0.1:`port`."""
@@ -241,7 +242,7 @@ def bench_chat_http(
     seconds: float = 60.0,
     max_tokens: int = 128,
     server_bin: Path | None = None,
-    variant: str = "int8",
+    variant: str = DEFAULT_VARIANT,
     spinning: bool = False,
     work_dir: Path,
     ready_timeout: float = 600.0,

@@ -1,6 +1,6 @@
 """`attnserve bench`: prepare the model files, start the runners, time them, write the report.
 
-Models: `--model DIR` (an attnserve model directory, exported already for ONNX backends),
+Models: `--model DIR` (an attnserve model directory; a missing ONNX variant is exported first),
 `--preset NAME` (random weights of a preset, exported to a temporary directory) or `--hf-dir DIR`
 (a Hugging Face directory of a family `attnserve import` reads, imported and exported). Peers
 (hf, ct2-fp32, ct2-int8) need a Hugging Face directory: `--hf-dir`, or `--preset` with a peer,
@@ -23,6 +23,7 @@ from typing import Any
 from attnserve.bench.offline import BenchConfig, InProcess, Timed, random_sources, run_interleaved
 from attnserve.bench.peers import PEERS, available
 from attnserve.bench.workers import RunnerSpec, WorkerRunner, build_runner
+from attnserve.defaults import DEFAULT_VARIANT
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,9 @@ def _random_model_dir(config: Any, out: Path, seed: int = 0) -> tuple[Path, Any]
 
 
 def _onnx_variants(backends: Sequence[str]) -> list[str]:
-    return sorted({b.partition("-")[2] or "int8" for b in backends if b.startswith("onnx")})
+    return sorted(
+        {b.partition("-")[2] or DEFAULT_VARIANT for b in backends if b.startswith("onnx")}
+    )
 
 
 def prepare(
@@ -76,9 +79,13 @@ def prepare(
     elif args.preset:
         model_dir, model = _random_model_dir(_preset_config(args), workdir / "attnserve")
     else:
-        model_dir = args.model
+        from attnserve.provision import Runtime, ensure_model_dir, provision
+
+        model_dir = ensure_model_dir(args.model)
         if peers:
             raise ValueError("peers need a Marian model: use --hf-dir DIR or --preset NAME")
+        for variant in variants:  # exported on first use, as `attnserve translate` does
+            provision(model_dir, Runtime(variant=variant))
     if variants and (hf_dir is not None or args.preset):
         from attnserve.export.onnx_export import export_model, export_variants
 

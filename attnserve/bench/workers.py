@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnserve.bench.offline import BackendRunner, BenchConfig, Runner, Sources, peak_rss_mb
+from attnserve.defaults import DEFAULT_VARIANT
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def build_runner(spec: RunnerSpec) -> Runner:
     from attnserve.engine.onnx.layout import read_manifest, variant_dir
 
     backend = load_backend(path, spec.kind, threads=spec.threads, **spec.options)
-    variant = parse_backend_name(spec.kind)[1] or str(spec.options.get("variant", "int8"))
+    variant = parse_backend_name(spec.kind)[1] or str(spec.options.get("variant", DEFAULT_VARIANT))
     # What the export wrote and hashed: the graphs, their weights files, the shared weights.
     graphs = variant_dir(path, variant)
     files = read_manifest(graphs).get("files", {})

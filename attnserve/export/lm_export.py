@@ -33,6 +33,7 @@ from typing import Any
 import onnx
 
 from attnserve import kernels
+from attnserve.defaults import EXPORT_VARIANTS, VARIANTS
 from attnserve.engine.onnx.layout import (
     KERNEL_NODES,
     KERNEL_THREADS,
@@ -55,7 +56,6 @@ from attnserve.model.decoder_only import DecoderOnly
 
 log = logging.getLogger(__name__)
 
-LM_VARIANTS = ("fp32", "int8", "int4", "fp16")
 LM_GRAPHS = (LM_STEP_NAME,)
 # int8: the MLP down projections as 8-bit blocks of 32 (Q8_0-style) instead of per-row int8.
 # Their input, silu(gate) * up, has the widest outliers of the model, which smoothing alone
@@ -186,7 +186,7 @@ def use_lm_kernels(path: Path, *, attention: bool) -> tuple[int, bool]:
 def export_lm_variants(
     model: DecoderOnly,
     onnx_root: str | Path,
-    variants: Sequence[str] = ("fp32", "int8"),
+    variants: Sequence[str] = EXPORT_VARIANTS,
     *,
     verify: bool = True,
     prompts: list[list[int]] | None = None,
@@ -205,9 +205,9 @@ def export_lm_variants(
     where the model allows it."""
     from attnserve.export.verify import INT4_GATE, check_fp32, check_int8, lm_parity, lm_reference
 
-    unknown = [v for v in variants if v not in LM_VARIANTS]
+    unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
-        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(LM_VARIANTS)}")
+        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     if attention is None:  # the default, where the model allows it
         attention = DEFAULT_ATTENTION
         if attention == LM_GQA and not gqa_supported(model.config):
@@ -293,7 +293,7 @@ def export_lm_variants(
 
 def export_lm_model(
     model_dir: str | Path,
-    variants: Sequence[str] = ("fp32", "int8"),
+    variants: Sequence[str] = EXPORT_VARIANTS,
     *,
     verify: bool = True,
     attention: str | None = None,

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from attnserve import kernels
-from attnserve.defaults import ENCODER_DECODER_VARIANTS, OPSET
+from attnserve.defaults import ENCODER_DECODER_VARIANTS, EXPORT_VARIANTS, OPSET
 from attnserve.engine.onnx.layout import (
     DECODER_INPUTS,
     DECODER_NAME,
@@ -239,7 +239,7 @@ def write_manifest(
 def export_variants(
     model: EncoderDecoder,
     onnx_root: str | Path,
-    variants: Sequence[str] = ("fp32", "int8"),
+    variants: Sequence[str] = EXPORT_VARIANTS,
     *,
     opset: int = OPSET,
     verify: bool = True,
@@ -348,7 +348,7 @@ def move_into_place(staged: Path, final: Path) -> Path:
 
 def export_model(
     model_dir: str | Path,
-    variants: Sequence[str] = ("fp32", "int8"),
+    variants: Sequence[str] = EXPORT_VARIANTS,
     *,
     opset: int = OPSET,
     verify: bool = True,

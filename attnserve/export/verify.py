@@ -357,7 +357,7 @@ def lm_parity(
 ) -> dict[str, Any]:
     """Parity figures of a language model's graphs in `directory`: on the CPU provider, fp16 on
     the CUDA provider where there is one (as for the encoder-decoder's variants)."""
-    from attnserve.engine.onnx.lm_backend import open_lm_backend
+    from attnserve.engine.onnx.lm_open import open_lm_backend
 
     try:
         candidate = open_lm_backend(config, directory, provider=parity_provider(variant))

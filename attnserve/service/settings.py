@@ -8,7 +8,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from attnserve.defaults import default_model_dir
+from attnserve.defaults import (
+    DEFAULT_BACKEND,
+    DEFAULT_PROVIDER,
+    DEFAULT_SENTENCE_TOKENS,
+    DEFAULT_VARIANT,
+    default_model_dir,
+)
+from attnserve.provision import Runtime
 
 
 def _default_models() -> list[str]:
@@ -30,9 +37,9 @@ class Settings(BaseSettings):
     # Model directories, comma-separated in ATTNSERVE_MODELS. A model's name is its directory's
     # name; the first one is the default for requests that name none.
     models: Annotated[list[str], NoDecode] = Field(default_factory=_default_models)
-    backend: Literal["onnx", "torch"] = "onnx"
-    variant: Literal["fp32", "int8", "int4", "fp16"] = "int8"
-    provider: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["onnx", "torch"] = DEFAULT_BACKEND
+    variant: Literal["fp32", "int8", "int4", "fp16"] = DEFAULT_VARIANT
+    provider: Literal["auto", "cpu", "cuda"] = DEFAULT_PROVIDER
     threads: int | None = Field(default=None, ge=0, description="intra-op threads per model")
     # ONNX Runtime's intra-op threads spin between nodes instead of sleeping: faster with 2+
     # threads on a machine the server has to itself (a language model's step at one row: 1.4x
@@ -43,7 +50,8 @@ class Settings(BaseSettings):
     # a deployment under a memory limit (engine/memory.py: both default models under chat and
     # translation load, 1 s: peak RSS 1075 -> 1001 MB, tokens/s at 16 users 186 -> 166).
     trim_seconds: float = Field(default=0.0, ge=0)
-    # `attnserve serve` exports MODEL/onnx/<variant> when it is missing (needs torch, once).
+    # `attnserve serve` imports the default language model and exports MODEL/onnx/<variant>
+    # when they are missing (needs torch, once).
     auto_export: bool = True
 
     host: str = "127.0.0.1"
@@ -83,7 +91,7 @@ class Settings(BaseSettings):
     # where it has any: the default model translates long multi-clause sentences worse than
     # their parts (docs/BENCHMARKS.md, "Documents"). 0: sentences are cut only at the model's
     # input limit.
-    sentence_tokens: int = Field(default=64, ge=0)
+    sentence_tokens: int = Field(default=DEFAULT_SENTENCE_TOKENS, ge=0)
     max_input_tokens: int = Field(default=512, ge=1, description="capped by the model's")
     max_prompt_tokens: int = Field(
         default=4096, ge=1, description="language models; capped by the context"
@@ -132,3 +140,15 @@ class Settings(BaseSettings):
     @property
     def model_dirs(self) -> list[Path]:
         return [Path(d) for d in self.models]
+
+    @property
+    def runtime(self) -> Runtime:
+        """How every model runs (attnserve/provision.py)."""
+        return Runtime(
+            backend=self.backend,
+            variant=self.variant,
+            provider=self.provider,
+            threads=self.threads,
+            spinning=self.spinning,
+            auto_export=self.auto_export,
+        )

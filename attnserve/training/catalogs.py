@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from attnserve.training.data import length_ok, normalize
+from attnserve.training.pairs import length_ok, normalize
 
 MIN_WORDS = 2  # a pair is kept when at least one side has this many words
 MAX_CHARS = 300

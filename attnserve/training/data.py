@@ -34,12 +34,13 @@ import json
 import logging
 import re
 import sqlite3
-import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from attnserve.training.pairs import MAX_LENGTH_RATIO, RATIO_MIN_CHARS, length_ok, normalize
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ TEST_BOOKS = frozenset({8, 32, 41, 56})  # Ruth, Jonah, Mark, Titus
 DEV_BOOKS = frozenset({31, 57, 63, 64, 65})  # Obadiah, Philemon, 2-3 John, Jude
 BOTH = ("en-de", "de-en")
 DING_MIN_WORDS = 3
-MAX_LENGTH_RATIO = 2.0  # characters, longer / shorter side
-RATIO_MIN_CHARS = 20  # the ratio test only applies when the longer side is at least this long
 
 
 @dataclass(frozen=True)
@@ -118,16 +117,7 @@ class Verse:
     de: str
 
 
-# -- normalisation --------------------------------------------------------------------------
-
-_SPACES = re.compile(r"\s+")
-_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'"})
-
-
-def normalize(text: str) -> str:
-    """Unicode NFC, typographic apostrophes -> ', whitespace collapsed and trimmed."""
-    return _SPACES.sub(" ", unicodedata.normalize("NFC", text).translate(_QUOTES)).strip()
-
+# -- cleaning (normalize and length_ok: pairs.py) -------------------------------------------
 
 _ALT_VERSE = re.compile(r"\(\d+[:,]\d+\)")  # Schlachter's original numbering, e.g. "(32:1)"
 _LEADING_PAREN = re.compile(r"^\([^()]*\)\s*")
@@ -144,12 +134,6 @@ def clean_verse(text: str, version: str, book: int, verse: int) -> str:
     text = text.replace("[", "").replace("]", "").replace("*", "").replace("()", " ")
     text = normalize(text)
     return re.sub(r"\s+-$", "", text)  # Elberfelder's trailing paragraph dash
-
-
-def length_ok(en: str, de: str) -> bool:
-    """False for badly length-mismatched pairs (character ratio above MAX_LENGTH_RATIO)."""
-    short, long_ = sorted((len(en), len(de)))
-    return long_ < RATIO_MIN_CHARS or long_ <= MAX_LENGTH_RATIO * max(short, 1)
 
 
 def held_out_ok(verse: Verse) -> bool:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnserve.training.catalogs import MAX_CHARS, MIN_WORDS, clean_units, dedup_key, read_catalog
-from attnserve.training.data import MAX_LENGTH_RATIO
 from attnserve.training.helpdocs import aligned_units
 from attnserve.training.modern_sources import (
     DEBIAN,
@@ -42,6 +41,7 @@ from attnserve.training.modern_sources import (
     install_commands,
 )
 from attnserve.training.mozilla import langpack_units
+from attnserve.training.pairs import MAX_LENGTH_RATIO
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ import torch
 
 from attnserve.bench.lm_attention import GqaStep, _session, attention_markdown, compare_attention
 from attnserve.cli import main
-from attnserve.engine.onnx.lm_backend import OnnxLMBackend, open_lm_backend
+from attnserve.engine.onnx.lm_backend import OnnxLMBackend
 from attnserve.engine.onnx.lm_gqa import OnnxGqaLMBackend
+from attnserve.engine.onnx.lm_open import open_lm_backend
 from attnserve.export import variants as build
 from attnserve.export.lm_export import export_lm_model
 from attnserve.export.lm_graph import build_lm_graph

@@ -11,7 +11,7 @@ import torch
 
 from attnserve.engine.batch import RunningBatch
 from attnserve.engine.generator import Generator
-from attnserve.engine.onnx.lm_backend import open_lm_backend
+from attnserve.engine.onnx.lm_open import open_lm_backend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.engine.search import Search, make_search

@@ -16,8 +16,8 @@ import torch
 
 from attnserve.engine.generator import Generator
 from attnserve.engine.onnx.layout import read_manifest
-from attnserve.engine.onnx.lm_backend import open_lm_backend
 from attnserve.engine.onnx.lm_gqa import OnnxGqaLMBackend
+from attnserve.engine.onnx.lm_open import open_lm_backend
 from attnserve.engine.onnx.rowops import DeviceRowOps
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_lm import TorchLMBackend
@@ -339,16 +339,16 @@ def test_fp16_exports_verifies_and_decodes_on_the_cpu(
     on the CUDA provider where there is one ("auto"), fp32's always on the CPU."""
     import onnx
 
-    import attnserve.engine.onnx.lm_backend as lm_backend
+    import attnserve.engine.onnx.lm_open as lm_open
 
     seen: list[str] = []
-    real = lm_backend.open_lm_backend
+    real = lm_open.open_lm_backend
 
     def spy(config: DecoderConfig, directory: Path, **kwargs: str) -> Any:
         seen.append(kwargs["provider"])
         return real(config, directory, provider="cpu")
 
-    monkeypatch.setattr(lm_backend, "open_lm_backend", spy)
+    monkeypatch.setattr(lm_open, "open_lm_backend", spy)
     model = tiny()
     written = export_lm_variants(model, tmp_path / "onnx", ("fp32", "fp16"), attention="plain")
     assert seen == ["cpu", "auto"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from attnserve.cli import main
-from attnserve.training.data import Manifest, build_corpus, clean_verse, ding_pair, normalize
+from attnserve.training.data import Manifest, build_corpus, clean_verse, ding_pair
+from attnserve.training.pairs import normalize
 from tests.training.tiny_corpus import write_bible_db
 
 ROWS = [

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from attnserve.defaults import PROVIDERS
+from attnserve.defaults import DEFAULT_PROVIDER, DEFAULT_VARIANT, PROVIDERS
 from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
 from attnserve.engine.memory import weights_on_huge_pages
 from attnserve.engine.onnx.layout import (
@@ -188,7 +188,7 @@ class OnnxBackend:
         config: ModelConfig,
         directory: str | Path,
         *,
-        provider: str = "auto",
+        provider: str = DEFAULT_PROVIDER,
         threads: int | None = None,
         io_binding: bool | None = None,
         spinning: bool = False,
@@ -282,7 +282,9 @@ class OnnxBackend:
         )
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, variant: str = "int8", **kwargs: Any) -> OnnxBackend:
+    def from_dir(
+        cls, model_dir: str | Path, variant: str = DEFAULT_VARIANT, **kwargs: Any
+    ) -> OnnxBackend:
         """The exported `variant` of a model directory (MODEL_DIR/onnx/<variant>/)."""
         return cls(read_model_config(model_dir), variant_dir(model_dir, variant), **kwargs)
 

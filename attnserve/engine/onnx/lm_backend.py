@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.defaults import DEFAULT_PROVIDER
 from attnserve.engine.backend import FloatArray, IntArray, ModelSpec, left_padded
 from attnserve.engine.onnx.backend import (
     CPU,
@@ -34,7 +35,6 @@ from attnserve.engine.onnx.backend import (
 from attnserve.engine.onnx.buffers import BufferPool
 from attnserve.engine.onnx.layout import (
     KERNEL_THREADS,
-    LM_GQA,
     LM_INPUTS,
     LM_PLAIN,
     LM_STEP_NAME,
@@ -43,7 +43,6 @@ from attnserve.engine.onnx.layout import (
     lm_past_names,
     read_manifest,
     require_graph,
-    variant_dir,
 )
 from attnserve.engine.onnx.rowops import (
     Columns,
@@ -58,7 +57,6 @@ from attnserve.engine.torch_lm import lm_spec
 from attnserve.kernels import integer_products, physical_cores
 from attnserve.kernels import register as register_kernels
 from attnserve.kernels import use_threads as use_kernel_threads
-from attnserve.model.decoder_checkpoint import read_decoder_config
 from attnserve.model.decoder_config import DecoderConfig
 
 log = logging.getLogger(__name__)
@@ -98,7 +96,7 @@ class OnnxLMBackend:
         config: DecoderConfig,
         directory: str | Path,
         *,
-        provider: str = "auto",
+        provider: str = DEFAULT_PROVIDER,
         threads: int | None = None,
         spinning: bool = False,
         optimization: str = "all",
@@ -150,7 +148,7 @@ class OnnxLMBackend:
         if attention != self.attention:
             raise ValueError(
                 f"{directory} holds a graph with {attention} attention: open it with "
-                "open_lm_backend"
+                "open_lm_backend (lm_open.py)"
             )
         self.session = open_session(
             require_graph(directory, LM_STEP_NAME), options, providers, inputs, outputs, disabled
@@ -184,12 +182,6 @@ class OnnxLMBackend:
 
     def _io_names(self) -> tuple[list[str], list[str]]:
         return [*LM_INPUTS, *self._past], [LOGITS, *self._new]
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path, variant: str = "int8", **kwargs: Any) -> OnnxLMBackend:
-        return open_lm_backend(
-            read_decoder_config(model_dir), variant_dir(model_dir, variant), **kwargs
-        )
 
     @property
     def spec(self) -> ModelSpec:
@@ -287,14 +279,3 @@ class OnnxLMBackend:
         ]
         past = self.rows.concat([s.past for s in states], pads, [s.length for s in states])
         return LMState(past, np.concatenate(masks), t_max, Columns(t_max))
-
-
-def open_lm_backend(config: DecoderConfig, directory: str | Path, **kwargs: Any) -> OnnxLMBackend:
-    """The backend for the step graph in `directory`: plain attention, or GroupQueryAttention
-    (its manifest's `attention` option)."""
-    manifest = read_manifest(Path(directory))
-    if manifest.get("options", {}).get("attention", LM_PLAIN) == LM_GQA:
-        from attnserve.engine.onnx.lm_gqa import OnnxGqaLMBackend
-
-        return OnnxGqaLMBackend(config, directory, **kwargs)
-    return OnnxLMBackend(config, directory, **kwargs)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.defaults import DEFAULT_PROVIDER
 from attnserve.engine.backend import FloatArray, IntArray
 from attnserve.engine.onnx.layout import LM_GQA, LM_GQA_INPUTS, LOGITS, lm_present_names
 from attnserve.engine.onnx.lm_backend import OnnxLMBackend
@@ -72,7 +73,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
     attention = LM_GQA
 
     def __init__(
-        self, config: DecoderConfig, directory: str | Path, *, provider: str = "auto",
+        self, config: DecoderConfig, directory: str | Path, *, provider: str = DEFAULT_PROVIDER,
         **kwargs: Any,
     ) -> None:  # fmt: skip
         # The buffers are host memory bound as both past and present: on a GPU provider ORT
