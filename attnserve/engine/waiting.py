@@ -28,7 +28,8 @@ class FairQueue(Generic[R]):
 
     def __init__(self) -> None:
         self._groups: dict[str, collections.deque[R]] = {}  # in turn order
-        self._order: list[R] | None = []  # the queue's order, rebuilt after changes
+        # the queue's order, rebuilt after an append or a removal, not after popleft
+        self._order: collections.deque[R] | None = collections.deque()
         self._size = 0
 
     def append(self, request: R) -> None:
@@ -47,7 +48,7 @@ class FairQueue(Generic[R]):
             self._groups[key] = group  # to the back of the round
         self._size -= 1
         if self._order is not None:
-            self._order = self._order[1:]  # the rest keeps its order (see `_ordered`)
+            self._order.popleft()  # the rest keeps its order (the group went to the back)
         return request
 
     def remove(self, request: R) -> None:
@@ -62,21 +63,23 @@ class FairQueue(Generic[R]):
     def clear(self) -> None:
         self._groups.clear()
         self._size = 0
-        self._order = []
+        self._order = collections.deque()
 
-    def _ordered(self) -> list[R]:
+    def _ordered(self) -> collections.deque[R]:
         """Round k holds every group's k-th request, groups in turn order."""
         if self._order is None:
             queues = [list(g) for g in self._groups.values()]
             longest = max((len(q) for q in queues), default=0)
-            self._order = [q[k] for k in range(longest) for q in queues if k < len(q)]
+            self._order = collections.deque(
+                q[k] for k in range(longest) for q in queues if k < len(q)
+            )
         return self._order
 
     def __getitem__(self, index: int) -> R:
         return self._ordered()[index]
 
     def __iter__(self) -> Iterator[R]:
-        return iter(list(self._ordered()))
+        return iter(self._ordered())  # callers do not change the queue while they iterate
 
     def __len__(self) -> int:
         return self._size

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,33 +289,46 @@ async def token_deltas(
         yield StreamEnd(None, (500, error_body(500, message)))
 
 
-async def _events(
-    model: ServedModel,
-    request: EngineRequest,
-    future: asyncio.Future[EngineRequest],
-    timeout: float,
-    stopper: StopStrings | None = None,
+async def _native_events(
+    deltas: AsyncIterator[Delta | StreamEnd],
+    final: Callable[[StreamEnd], Awaitable[FinalEvent]],
 ) -> AsyncIterator[bytes]:
-    """The native stream: one event per token, a final event (or an error event), [DONE]."""
-    async for item in token_deltas(model, request, future, timeout, stopper):
+    """The native stream: one event per delta, `final`'s event (or an error event), [DONE]."""
+    async for item in deltas:
         if isinstance(item, Delta):
             event = TokenEvent(index=item.index, token_id=item.token, text=item.text)
             yield sse(event.model_dump())
             continue
         if item.error is not None:
             yield sse(item.error[1])
-        elif item.request is None:
+        elif item.request is None and not item.done:
             return  # the client is gone
         else:
-            done = item.request
-            final = FinalEvent(
-                finish_reason=finish_reason(done),
-                text=text_of(model, done.hypotheses[0], stopper),
-                output_tokens=done.output_tokens,
-                usage=Usage(input_tokens=prompt_tokens(done), output_tokens=done.output_tokens),
-            )
-            yield sse(final.model_dump())
+            yield sse((await final(item)).model_dump())
+        break
     yield sse("[DONE]")
+
+
+def _events(
+    model: ServedModel,
+    request: EngineRequest,
+    future: asyncio.Future[EngineRequest],
+    timeout: float,
+    stopper: StopStrings | None = None,
+) -> AsyncIterator[bytes]:
+    """A language model's (or one sentence's) stream: a token an event."""
+
+    async def final(end: StreamEnd) -> FinalEvent:
+        done = end.request
+        assert done is not None
+        return FinalEvent(
+            finish_reason=finish_reason(done),
+            text=text_of(model, done.hypotheses[0], stopper),
+            output_tokens=done.output_tokens,
+            usage=Usage(input_tokens=prompt_tokens(done), output_tokens=done.output_tokens),
+        )
+
+    return _native_events(token_deltas(model, request, future, timeout, stopper), final)
 
 
 async def document_deltas(run: TranslationRun) -> AsyncIterator[Delta | StreamEnd]:
@@ -350,30 +363,24 @@ async def document_deltas(run: TranslationRun) -> AsyncIterator[Delta | StreamEn
     yield StreamEnd(last)
 
 
-async def _document_events(run: TranslationRun) -> AsyncIterator[bytes]:
-    """The native stream of a translation: one event per token (and per kept text between
-    sentences), a final event with the whole text, [DONE]."""
-    async for item in document_deltas(run):
-        if isinstance(item, Delta):
-            event = TokenEvent(index=item.index, token_id=item.token, text=item.text)
-            yield sse(event.model_dump())
-            continue
-        if item.error is not None:
-            yield sse(item.error[1])
-            break
-        if item.request is None and not item.done:
-            return  # the client is gone
+def _document_events(run: TranslationRun) -> AsyncIterator[bytes]:
+    """A translation's stream: a token an event (and an event for the source's text between
+    sentences), a final event with the whole text."""
+
+    async def final(end: StreamEnd) -> FinalEvent:
         results = [f.result() for f in run.futures]
         (answer,) = await answers(run.model, run.plan, results)
-        input_tokens = sum(len(r.source) for r in results)
-        final = FinalEvent(
+        return FinalEvent(
             finish_reason=answer.finish_reason,
             text=answer.text,
             output_tokens=answer.output_tokens,
-            usage=Usage(input_tokens=input_tokens, output_tokens=answer.output_tokens),
+            usage=Usage(
+                input_tokens=sum(len(r.source) for r in results),
+                output_tokens=answer.output_tokens,
+            ),
         )
-        yield sse(final.model_dump())
-    yield sse("[DONE]")
+
+    return _native_events(document_deltas(run), final)
 
 
 def _model_entry(m: ServedModel, default: bool) -> OpenAIModel:
