@@ -32,6 +32,7 @@ from attnserve.service.documents import TranslationRun, start_translation
 from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
 from attnserve.service.generation import (
     EngineRun,
+    check_kind,
     prompt_tokens,
     start_lm,
     text_of,
@@ -64,11 +65,13 @@ from attnserve.service.routes import (
     sse,
     token_deltas,
 )
-from attnserve.service.schemas import ChatMessage, GenerateRequest
+from attnserve.service.schemas import ChatMessage, GenerateRequest, Guided
 from attnserve.service.state import Service
 
 router = APIRouter()
 
+# Structured outputs (service/guided.py): passed on to the native request.
+GUIDED = tuple(Guided.model_fields)
 # Language-model fields of /v1/completions a translation model refuses (400).
 LM_ONLY = ("stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo")
 # Fields that would change the answer and that attnserve does not implement: refused (400),
@@ -122,9 +125,6 @@ def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
         value = extra.get(name) if name in extra else getattr(body, name, None)
         if value not in (None, {}, []):
             raise ApiError(400, f"{name} is not supported by this server", param=name)
-    response_format = extra.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        raise ApiError(400, "response_format: only text is supported", param="response_format")
 
 
 def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel) -> dict[str, Any]:
@@ -148,6 +148,7 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
         "min_new_tokens": body.min_tokens,
         "length_penalty": body.length_penalty,
         "timeout_ms": body.timeout_ms,
+        **{name: getattr(body, name) for name in GUIDED},
     }
     n = body.n or 1
     if sampling:
@@ -429,6 +430,7 @@ async def _translate(
     created: int,
 ) -> Any:
     """/v1/completions on a translation model: each prompt a document, `n` its n-best."""
+    check_kind(native, model)
     run = await start_translation(native, service, model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

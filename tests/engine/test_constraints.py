@@ -15,7 +15,6 @@ import llguidance
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from attnserve.engine.constraints import Constraint, GrammarError, Vocabulary
 from attnserve.engine.onnx.lm_open import open_lm_backend
@@ -25,35 +24,9 @@ from attnserve.engine.torch_lm import TorchLMBackend
 from attnserve.export.lm_export import export_lm_variants
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
+from tests.conftest import byte_tokenizer
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 STOP = 2
-
-
-def byte_chars() -> list[str]:
-    """GPT-2's byte-level alphabet, in byte order: printable bytes stand for themselves, the
-    others for the characters from U+0100 on."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, extra = [], 0
-    for byte in range(256):
-        if byte in printable:
-            chars.append(chr(byte))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
-def byte_tokenizer() -> Tokenizer:
-    """Byte-level BPE without merges: the three specials, then one token per byte."""
-    vocab = {token: i for i, token in enumerate(SPECIALS)}
-    for char in byte_chars():
-        vocab[char] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    return tok
 
 
 TOKENIZER = byte_tokenizer()
