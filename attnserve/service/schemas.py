@@ -151,6 +151,9 @@ class GenerateRequest(TranslateRequest):
     stop: str | list[str] | None = Field(
         default=None, description="Stop strings (up to 16); the output ends before the first."
     )
+    guided_grammar: str | None = Field(
+        default=None, description="A Lark grammar (llguidance's syntax) the output follows."
+    )
 
 
 class Hypothesis(BaseModel):
