@@ -1,0 +1,146 @@
+"""Language models for the tool calling tests: a byte-level tokenizer (any text, JSON
+included, can be written with it: the word-level tiny LM cannot write a brace), model
+directories that use it with a chosen chat template, and a scripted backend.
+
+The scripted backend is a deterministic stand-in for a model that can call tools: it answers
+the text that follows the last `SAY«` of its prompt, up to the next `»` (so a user message or
+a tool's result says what the model answers next), byte by byte, then ends its turn. Its
+logits put the scripted token first and every other token far below, finitely, so a token
+mask (constrained decoding) still picks among what it allows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS = 2
+SCRIPT_START, SCRIPT_END = "SAY«", "»"
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+
+
+def byte_tokenizer(added: Sequence[str] = (), special: Sequence[str] = ()) -> Any:
+    """A byte-level BPE tokenizer without merges: the three ChatML special tokens (ids 0-2),
+    the 256 bytes (3-258), then `added` (plain added tokens, as Qwen's `<tool_call>`) and
+    `special` (special tokens, as Mistral's `[TOOL_CALLS]`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: ord(c))
+    vocab = {token: i for i, token in enumerate([*SPECIAL, *alphabet])}
+    tokenizer = Tokenizer(models.BPE(vocab, [], unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(SPECIAL)
+    if added:
+        tokenizer.add_tokens(list(added))
+    if special:
+        tokenizer.add_special_tokens(list(special))
+    return tokenizer
+
+
+def write_tool_lm(out: Path, template: str, **tokens: Sequence[str]) -> Path:
+    """A tiny random Llama directory with the byte-level tokenizer and `template` (a file
+    name under tests/fixtures/chat_templates)."""
+    from attnserve.model.text_tokenizer import TextTokenizer
+    from tests.conftest import write_tiny_lm
+
+    tokenizer = byte_tokenizer(**tokens)
+    write_tiny_lm(out, vocab_size=tokenizer.get_vocab_size(), max_positions=1024)
+    config = {
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>",
+        "chat_template": (TEMPLATES / template).read_text(encoding="utf-8"),
+    }
+    TextTokenizer(tokenizer, config).save(out)
+    return out
+
+
+def copy_with_template(source: Path, out: Path, template: str) -> Path:
+    """`source` (a tool LM directory) with another chat template."""
+    shutil.copytree(source, out)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = (TEMPLATES / template).read_text(encoding="utf-8")
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    return out
+
+
+@dataclass
+class _Row:
+    fed: list[int]  # every token the row has seen
+    prompt: int  # how many of them are the prompt
+
+
+class ScriptedLM:
+    """The scripted backend (module docstring) for a tool LM directory."""
+
+    def __init__(self, directory: Path, stop_ids: Sequence[int] = ()) -> None:
+        from attnserve.model.text_tokenizer import TextTokenizer
+
+        self.tokenizer = TextTokenizer.load(directory)
+        self.vocab = self.tokenizer.vocab_size
+        self._spec = ModelSpec(
+            vocab_size=self.vocab,
+            pad_id=EOS,
+            eos_id=EOS,
+            start_id=1,
+            max_positions=1024,
+            decoder_only=True,
+            stop_ids=tuple(i for i in stop_ids if i != EOS),
+            banned_ids=(),
+            returns_logits=True,
+        )
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._spec
+
+    def encode(self, src_ids: IntArray, src_lengths: IntArray) -> list[_Row]:
+        return [
+            _Row([int(t) for t in ids[:n]], int(n) + 1)
+            for ids, n in zip(src_ids, src_lengths, strict=True)
+        ]
+
+    def step(self, tokens: IntArray, state: list[_Row]) -> tuple[FloatArray, list[_Row]]:
+        rows = [_Row([*row.fed, int(t)], row.prompt) for row, t in zip(state, tokens, strict=True)]
+        logits = np.full((len(rows), self.vocab), -20.0, dtype=np.float32)
+        for i, row in enumerate(rows):
+            logits[i, self._next(row)] = 20.0
+        return logits, rows
+
+    def _next(self, row: _Row) -> int:
+        prompt = self.tokenizer.decode(row.fed[: row.prompt], skip_special_tokens=False)
+        start = prompt.rfind(SCRIPT_START)
+        script = ""
+        if start >= 0:
+            start += len(SCRIPT_START)
+            end = prompt.find(SCRIPT_END, start)
+            script = prompt[start : end if end >= 0 else len(prompt)]
+        ids = self.tokenizer.encode(script, add_special_tokens=False)
+        done = len(row.fed) - row.prompt
+        return ids[done] if done < len(ids) else EOS
+
+    def select(self, state: list[_Row], rows: IntArray) -> list[_Row]:
+        return [state[int(r)] for r in rows]
+
+    def concat(self, states: Sequence[list[_Row]]) -> list[_Row]:
+        return [row for state in states for row in state]
+
+
+def scripted_factory(directory: Path, settings: Any, stop_ids: Sequence[int] = ()) -> ScriptedLM:
+    return ScriptedLM(directory, stop_ids)
+
+
+def say(text: str) -> str:
+    """A message that makes the scripted model answer `text`."""
+    return f"{SCRIPT_START}{text}{SCRIPT_END}"
