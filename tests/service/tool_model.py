@@ -24,6 +24,7 @@ from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS = 2
+CONTEXT = 4096  # the generic tool prompt alone is ~800 byte tokens
 SCRIPT_START, SCRIPT_END = "SAY«", "»"
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 
@@ -54,7 +55,7 @@ def write_tool_lm(out: Path, template: str, **tokens: Sequence[str]) -> Path:
     from tests.conftest import write_tiny_lm
 
     tokenizer = byte_tokenizer(**tokens)
-    write_tiny_lm(out, vocab_size=tokenizer.get_vocab_size(), max_positions=1024)
+    write_tiny_lm(out, vocab_size=tokenizer.get_vocab_size(), max_positions=CONTEXT)
     config = {
         "bos_token": "<|im_start|>",
         "eos_token": "<|im_end|>",
@@ -94,7 +95,7 @@ class ScriptedLM:
             pad_id=EOS,
             eos_id=EOS,
             start_id=1,
-            max_positions=1024,
+            max_positions=CONTEXT,
             decoder_only=True,
             stop_ids=tuple(i for i in stop_ids if i != EOS),
             banned_ids=(),
