@@ -8,7 +8,10 @@ treats every added token as special, and its bytes would never match a text lite
 is not (SmolLM2 writes `<tool_call>` as text) is a text literal. The JSON is written as
 `json.dumps` writes it (`", "` and `": "`, no other whitespace: the shape the templates show
 the model, and no room for a small model to emit spaces forever). Schema keywords llguidance
-cannot enforce are ignored (`lenient`), never refused.
+cannot enforce are ignored (`lenient`), never refused. An object schema that does not say
+whether other properties are allowed allows none (`additionalProperties: false`, as OpenAI's
+strict mode and xgrammar's strict mode, vLLM's default, read it): a model held to a schema
+would otherwise be free to invent keys without end.
 """
 
 from __future__ import annotations
@@ -29,11 +32,40 @@ JSON_STYLE = {
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
+# Where a schema holds schemas: a dict of them, a list of them, or one.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_OPEN = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object schema that leaves other properties open closed
+    (`additionalProperties: false`); `allOf` branches are left as they are (closing each
+    would refuse the properties of the others)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and not any(key in out for key in _OPEN):
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in _SCHEMAS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = closed(out[key])
+    return out
+
+
 def call_schema(function: Mapping[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
     """The JSON schema of one call of `function` ({"name", "parameters", ...}): its name,
-    then arguments that follow its parameters schema. The parameters' `$defs` move to the
-    root so that their `#/$defs/...` references still resolve."""
-    parameters = dict(function.get("parameters") or NO_ARGUMENTS)
+    then arguments that follow its parameters schema (closed). The parameters' `$defs` move
+    to the root so that their `#/$defs/...` references still resolve."""
+    parameters = closed(function.get("parameters") or NO_ARGUMENTS)
     hoisted = {key: parameters.pop(key) for key in ("$defs", "definitions") if key in parameters}
     return {
         "x-guidance": JSON_STYLE,

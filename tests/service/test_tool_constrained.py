@@ -96,8 +96,14 @@ def test_a_named_call_is_that_function(oa: openai.OpenAI) -> None:
 
 
 def test_a_streamed_required_call_is_the_plain_one(oa: openai.OpenAI) -> None:
-    plain = ask(oa, tool_choice="required", temperature=0).choices[0].message
-    chunks = list(ask(oa, tool_choice="required", temperature=0, stream=True))
+    # one call: greedy decoding of a random model may repeat parallel calls to the limit
+    one: dict[str, Any] = {
+        "tool_choice": "required",
+        "temperature": 0,
+        "parallel_tool_calls": False,
+    }
+    plain = ask(oa, **one).choices[0].message
+    chunks = list(ask(oa, **one, stream=True))
     calls: dict[int, list[str]] = {}
     for chunk in chunks:
         for delta in chunk.choices[0].delta.tool_calls or []:
@@ -144,9 +150,12 @@ def test_agents_sdk_run_ends(server: LiveServer) -> None:
         name="weather",
         instructions="Answer questions about the weather.",
         model=agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
-        # the first turn must call the tool; after it the SDK resets tool_choice to auto
+        # the first turn must call the tool (once: greedy decoding of a random model would
+        # repeat parallel calls to the limit); after it the SDK resets tool_choice to auto
         # (reset_tool_choice), and the random model's text is the final answer
-        model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=200),
+        model_settings=agents.ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=200
+        ),
         tools=[get_weather],
     )
     result = asyncio.run(agents.Runner.run(agent, "Weather in Oslo?", max_turns=4))

@@ -194,3 +194,34 @@ def test_whatever_the_grammar_allows_parses_and_validates(
             for call in answer.calls:
                 parameters = functions[call.name].get("parameters", {"type": "object"})
                 jsonschema.validate(json.loads(call.arguments), parameters)
+
+
+def test_objects_that_do_not_say_allow_no_other_properties(plain: Vocab) -> None:
+    open_ = {
+        "name": "book",
+        "parameters": {
+            "type": "object",
+            "properties": {"guest": {"type": "object", "properties": {"age": {"type": "integer"}}}},
+            "anyOf": [{"required": ["guest"]}, {"properties": {"note": {"type": "string"}}}],
+        },
+    }
+    schema = call_schema(open_)
+    arguments = schema["properties"]["arguments"]
+    assert arguments["additionalProperties"] is False
+    assert arguments["properties"]["guest"]["additionalProperties"] is False
+    assert arguments["anyOf"][1]["additionalProperties"] is False
+    assert "additionalProperties" not in arguments["anyOf"][0]  # no object of its own
+    grammar = tool_grammar([open_], HERMES, plain.added, parallel=False)
+    good = '{"name": "book", "arguments": {"guest": {"age": 3}}}'
+    assert plain.accepts(grammar, hermes(good))
+    extra = '{"name": "book", "arguments": {"guest": {"age": 3}, "x": 1}}'
+    assert not plain.accepts(grammar, hermes(extra))
+    # a schema that says keeps what it says
+    said = {
+        "type": "object",
+        "additionalProperties": {"type": "integer"},
+        "allOf": [open_["parameters"]],
+    }
+    kept = call_schema({"name": "f", "parameters": said})["properties"]["arguments"]
+    assert kept["additionalProperties"] == {"type": "integer"}
+    assert kept["allOf"] == [open_["parameters"]]
