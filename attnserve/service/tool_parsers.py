@@ -317,7 +317,12 @@ class ToolCallParser:
             self._buffer = buffer[at + len(marker) :]
             self._start_region(marker)
             return
-        hold = 0 if final else _partial_marker(buffer, self.syntax.start)
+        hold = _partial_marker(buffer, self.syntax.start)
+        if final:  # the start of a marker that never came: text, or after calls the next
+            hold = hold if self.calls else 0  # call cut short (dropped)
+            self._emit_text(buffer[: len(buffer) - hold], before_call=False)
+            self._buffer = ""
+            return
         self._emit_text(buffer[: len(buffer) - hold], before_call=False)
         self._buffer = buffer[len(buffer) - hold :]
 

@@ -88,6 +88,8 @@ def test_hermes_parallel_calls() -> None:
     check(text, HERMES, None, [("get_weather", PARIS), ("get_time", {"zone": "Europe/Paris"})])
     check(f"<tool_call>{TIME}</tool_call>\n\nDone.", HERMES, "Done.", [("get_time", ANY_ZONE)])
     check(f"<tool_call>{TIME} tail", HERMES, "tail", [("get_time", ANY_ZONE)])  # no end marker
+    # the next call cut short by the length limit right in its marker
+    check(f"<tool_call>{TIME}</tool_call>\n<tool", HERMES, None, [("get_time", ANY_ZONE)])
 
 
 def test_hermes_one_call_when_parallel_calls_are_off() -> None:
