@@ -141,7 +141,26 @@ class ChatCompletionRequest(_Sampling):
                     "messages": [{"role": "user", "content": "What is the capital of France?"}],
                     "temperature": 0,
                     "max_tokens": 32,
-                }
+                },
+                {
+                    "model": "smollm2-135m-instruct",
+                    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                    "tools": [
+                        {
+                            "type": "function",
+                            "function": {
+                                "name": "get_weather",
+                                "description": "The current weather in a city.",
+                                "parameters": {
+                                    "type": "object",
+                                    "properties": {"city": {"type": "string"}},
+                                    "required": ["city"],
+                                },
+                            },
+                        }
+                    ],
+                    "tool_choice": "required",
+                },
             ]
         },
     )

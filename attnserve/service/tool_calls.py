@@ -227,7 +227,7 @@ def _arguments(arguments: str | dict[str, Any], where: str) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ApiError(
                 400, f"{where}.function.arguments is not JSON: {exc}", param="messages"
             ) from exc
@@ -250,6 +250,8 @@ def chat_prompt(plan: ToolPlan, messages: list[dict[str, Any]], model: ServedMod
         return list(tokenizer.encode_chat(generic_messages(messages, section)))
     except ValueError as exc:  # the template refused them
         raise ApiError(400, f"messages: {exc}", param="messages") from exc
+    except RecursionError as exc:  # arguments nested too deeply for the template's tojson
+        raise ApiError(400, "messages: nested too deeply", param="messages") from exc
     except TypeError as exc:  # text the tokenizer cannot take (a lone surrogate)
         raise ApiError(400, "messages: text is not valid Unicode", param="messages") from exc
 
@@ -261,9 +263,12 @@ def grammar(plan: ToolPlan, model: ServedModel) -> str | None:
     functions = plan.functions
     if plan.function is not None:
         functions = [f for f in functions if f["name"] == plan.function]
-    text = tool_grammar(
-        functions, plan.syntax, model.tokenizer.added_tokens(), parallel=plan.max_calls is None
-    )
+    try:
+        text = tool_grammar(
+            functions, plan.syntax, model.tokenizer.added_tokens(), parallel=plan.max_calls is None
+        )
+    except RecursionError as exc:
+        raise ApiError(400, "tools: a schema is nested too deeply", param="tools") from exc
     error = check_grammar(text)
     if error is not None:
         raise ApiError(400, f"tools: the call cannot be constrained: {error}", param="tools")
