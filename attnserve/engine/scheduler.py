@@ -44,6 +44,7 @@ import numpy as np
 
 from attnserve.engine.backend import Backend, IntArray, left_padded, pad_batch
 from attnserve.engine.batch import RunningBatch
+from attnserve.engine.constraints import Constraint
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.search import GreedySearch, Hypothesis, Search, Stopper, make_search
 from attnserve.engine.waiting import FairQueue
@@ -82,6 +83,7 @@ class Request:
     start: int | None = None
     prefix: Sequence[int] = ()
     stopper: Stopper | None = None
+    constraint: Constraint | None = None  # a grammar the output follows (structured outputs)
     # Filled in by the scheduler.
     arrived: float = 0.0
     admitted: float | None = None
@@ -114,6 +116,7 @@ def lm_request(
     deadline: float | None = None,
     stream: bool = False,
     stopper: Stopper | None = None,
+    constraint: Constraint | None = None,
 ) -> Request:
     """A language model's request for a (non-empty) prompt."""
     if not prompt:
@@ -127,6 +130,7 @@ def lm_request(
         start=int(prompt[-1]),
         prefix=list(prompt),
         stopper=stopper,
+        constraint=constraint,
     )
 
 
@@ -419,6 +423,7 @@ class Scheduler:
                     start=r.start,
                     prefix=r.prefix,
                     stopper=r.stopper,
+                    constraint=r.constraint,
                 )
                 for r in admitted
             ]

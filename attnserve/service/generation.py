@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from starlette.concurrency import run_in_threadpool
 
+from attnserve.engine.constraints import Constraint
 from attnserve.engine.generator import (
     PromptTooLong,
     StopStrings,
@@ -35,6 +36,7 @@ from attnserve.service.decoding import (
     text_name,
 )
 from attnserve.service.errors import ApiError
+from attnserve.service.guided import constraint_for, requested
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import (
@@ -70,6 +72,13 @@ def check_kind(body: TranslateRequest, model: ServedModel) -> None:
                 )
         if body.text is None:
             raise ApiError(422, "text: give a text or a non-empty list of texts", param="text")
+        asked = requested(body)
+        if asked is not None:
+            raise ApiError(
+                422,
+                f"{asked[1]}: structured outputs need a language model; {model.name} translates",
+                param=asked[1],
+            )
 
 
 def stop_strings(body: GenerateRequest) -> list[str]:
@@ -173,6 +182,7 @@ def lm_requests(
     *,
     stream: bool,
     stopper: StopStrings | None,
+    constraint: Constraint | None = None,
 ) -> list[Request]:
     deadline = time.monotonic() + timeout
     serial = next_serial()
@@ -190,6 +200,7 @@ def lm_requests(
                 deadline=deadline,
                 stream=stream,
                 stopper=stopper,
+                constraint=constraint,
             )
         )
     return requests
@@ -221,11 +232,19 @@ async def start_lm(
     else:
         prompts = [list(prompt)]
         check_lengths(["messages"], prompts, model)
+    constraint = await constraint_for(body, model)
     stops = stop_strings(body)
     stopper = StopStrings(model.tokenizer, stops) if stops else None
     request_id = request_id_var.get() or "request"
     requests = lm_requests(
-        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
+        request_id,
+        prompts,
+        options,
+        model,
+        timeout,
+        stream=body.stream,
+        stopper=stopper,
+        constraint=constraint,
     )
     return EngineRun(model, requests, submit_all(service, model, requests), stopper, timeout)
 

@@ -33,6 +33,7 @@ from attnserve.service.documents import TranslationRun, start_translation
 from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
 from attnserve.service.generation import (
     EngineRun,
+    check_kind,
     prompt_tokens,
     start_lm,
     text_of,
@@ -65,21 +66,24 @@ from attnserve.service.routes import (
     sse,
     token_deltas,
 )
-from attnserve.service.schemas import ChatMessage, GenerateRequest
+from attnserve.service.schemas import ChatMessage, GenerateRequest, Guided
 from attnserve.service.state import Service
 from attnserve.service.tool_calls import (
     ToolStream,
     answer_text,
     chat_prompt,
+    constrain,
     decoder,
-    grammar,
     plan_tools,
     template_messages,
     tool_answer,
 )
+from attnserve.service.tool_calls import start as start_tools
 
 router = APIRouter()
 
+# Structured outputs (service/guided.py): passed on to the native request.
+GUIDED = tuple(Guided.model_fields)
 # Language-model fields of /v1/completions a translation model refuses (400).
 LM_ONLY = ("stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo")
 # Fields that would change the answer and that attnserve does not implement: refused (400),
@@ -139,9 +143,6 @@ def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
         if value not in (None, {}, []):
             hint = ": use tools" if name in ("functions", "function_call") else ""
             raise ApiError(400, f"{name} is not supported by this server{hint}", param=name)
-    response_format = extra.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        raise ApiError(400, "response_format: only text is supported", param="response_format")
 
 
 def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel) -> dict[str, Any]:
@@ -165,6 +166,7 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
         "min_new_tokens": body.min_tokens,
         "length_penalty": body.length_penalty,
         "timeout_ms": body.timeout_ms,
+        **{name: getattr(body, name) for name in GUIDED},
     }
     n = body.n or 1
     if sampling:
@@ -348,15 +350,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
         fields["logprobs"] = body.top_logprobs or 0
     messages = _chat_messages(body.messages)
     plan = plan_tools(body, model, service.settings.tool_call_parser)
-    prompt = None
     if plan is None:
         fields["messages"] = messages
+        run = await start_lm(_generate_request(fields), service, model)
     else:
         prompt = chat_prompt(plan, template_messages(body.messages, messages, plan, model), model)
-        constraint = grammar(plan, model)
-        if constraint is not None:
-            fields["guided_grammar"] = constraint
-    run = await start_lm(_generate_request(fields), service, model, prompt)
+        constrain(plan, body, model, fields)
+        run = await start_tools(_generate_request(fields), service, model, plan, prompt)
     id_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     parses = plan is not None and plan.parses
     decode = decoder(model, plan.syntax) if plan is not None and parses else None
@@ -465,6 +465,7 @@ async def _translate(
     created: int,
 ) -> Any:
     """/v1/completions on a translation model: each prompt a document, `n` its n-best."""
+    check_kind(native, model)
     run = await start_translation(native, service, model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -3,10 +3,10 @@
 
 Unlike the native API's, these request bodies ignore fields they do not know: OpenAI clients
 and the tools built on them send fields a server may not use (`user`, `store`, `metadata`,
-...). Fields that would change the answer and are not supported (`logit_bias`, a JSON
-`response_format`, the deprecated `functions`, ...) are refused with a 400 naming them
-(openai_api.py). Tools (`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls`
-and `tool` results in the chat) are checked further by service/tool_calls.py.
+...). Fields that would change the answer and are not supported (`logit_bias`, `suffix`, the
+deprecated `functions`, ...) are refused with a 400 naming them (openai_api.py). Tools
+(`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `tool` results in
+the chat) are checked further by service/tool_calls.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from attnserve.service.schemas import Guided
 
 # Types are strict, as OpenAI's are (an int for a float is fine; "4", or false for a number,
 # is a 400); unknown fields are allowed (and ignored unless refused by name).
@@ -101,7 +103,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(Guided):
     """Options both endpoints take (OpenAI's, then the extras clients send in `extra_body`)."""
 
     model_config = _REQUEST_CONFIG

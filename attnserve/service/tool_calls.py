@@ -29,6 +29,8 @@ from typing import Any, Literal
 from attnserve.engine.generator import StopStrings
 from attnserve.engine.search import Hypothesis as EngineHypothesis
 from attnserve.service.errors import ApiError
+from attnserve.service.generation import EngineRun, start_lm
+from attnserve.service.guided import requested
 from attnserve.service.models import ServedModel
 from attnserve.service.openai_schemas import (
     ChatCompletionMessage,
@@ -37,8 +39,9 @@ from attnserve.service.openai_schemas import (
     ToolCall,
     ToolCallFunction,
 )
-from attnserve.service.schemas import ChatMessage
-from attnserve.service.tool_grammar import check_grammar, tool_grammar
+from attnserve.service.schemas import ChatMessage, GenerateRequest
+from attnserve.service.state import ServiceState
+from attnserve.service.tool_grammar import tool_grammar
 from attnserve.service.tool_parsers import (
     HERMES,
     SYNTAXES,
@@ -256,10 +259,16 @@ def chat_prompt(plan: ToolPlan, messages: list[dict[str, Any]], model: ServedMod
         raise ApiError(400, "messages: text is not valid Unicode", param="messages") from exc
 
 
-def grammar(plan: ToolPlan, model: ServedModel) -> str | None:
-    """The grammar a required or named call is decoded under (None: unconstrained)."""
+def constrain(
+    plan: ToolPlan, body: ChatCompletionRequest, model: ServedModel, fields: dict[str, Any]
+) -> None:
+    """For a required or named call, the native request's `guided_grammar` (service/guided.py
+    compiles it for the engine); 400 when the request asks for a structured output too."""
     if not plan.constrained:
-        return None
+        return
+    if requested(body) is not None:
+        message = "a required or named tool call cannot follow response_format or guided_* too"
+        raise ApiError(400, message, param="tool_choice")
     functions = plan.functions
     if plan.function is not None:
         functions = [f for f in functions if f["name"] == plan.function]
@@ -269,10 +278,26 @@ def grammar(plan: ToolPlan, model: ServedModel) -> str | None:
         )
     except RecursionError as exc:
         raise ApiError(400, "tools: a schema is nested too deeply", param="tools") from exc
-    error = check_grammar(text)
-    if error is not None:
-        raise ApiError(400, f"tools: the call cannot be constrained: {error}", param="tools")
-    return text
+    fields["guided_grammar"] = text
+
+
+async def start(
+    native: GenerateRequest,
+    service: ServiceState,
+    model: ServedModel,
+    plan: ToolPlan,
+    prompt: Sequence[int],
+) -> EngineRun:
+    """start_lm for a chat with tools; a call grammar the model cannot follow is the tools'
+    400 (the client sent no guided_grammar)."""
+    try:
+        return await start_lm(native, service, model, prompt)
+    except ApiError as exc:
+        if not plan.constrained or exc.param != "guided_grammar":
+            raise
+        reason = exc.message.removeprefix("guided_grammar: ")
+        message = f"tool_choice: the calls cannot be constrained for this model: {reason}"
+        raise ApiError(400, message, param="tool_choice") from exc
 
 
 # -- the answer -------------------------------------------------------------------------------

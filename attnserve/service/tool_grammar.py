@@ -109,12 +109,5 @@ def tool_grammar(
         opening, closing = (_marker(m, added_tokens) for m in syntax.markers)
         rules.insert(0, f'call: {opening} "\\n" body "\\n" {closing}')
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    return "\n".join([start, *rules]) + "\n"
-
-
-def check_grammar(grammar: str) -> str | None:
-    """llguidance's error for a grammar it cannot compile (None: it compiles)."""
-    import llguidance
-
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    return error or None
+    # `::=` (inside a schema's strings) would read as GBNF to service/guided.py: escaped
+    return "\n".join([start, *rules]).replace("::=", "\\u003a\\u003a=") + "\n"

@@ -14,7 +14,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from attnserve.service.tool_grammar import call_schema, check_grammar, tool_grammar
+from attnserve.service.tool_grammar import call_schema, tool_grammar
 from attnserve.service.tool_parsers import (
     HERMES,
     LLAMA3_JSON,
@@ -94,9 +94,23 @@ def test_the_grammars_compile(plain: Vocab, marked: Vocab) -> None:
                 grammar = tool_grammar(
                     [WEATHER, NOTE, PING], syntax, vocab.added, parallel=parallel
                 )
-                assert check_grammar(grammar) is None
                 assert llguidance.LLMatcher.validate_grammar(grammar, vocab.ll) == ""
-    assert check_grammar("start: nothing_defined") is not None
+    assert llguidance.LLMatcher.validate_grammar("start: nothing_defined", plain.ll) != ""
+
+
+def test_gbnf_rule_marks_in_schemas_are_escaped(plain: Vocab) -> None:
+    """service/guided.py reads a grammar holding `::=` as GBNF."""
+    odd = {
+        "name": "define",
+        "parameters": {
+            "type": "object",
+            "properties": {"rule": {"type": "string", "enum": ["a ::= b"]}},
+            "required": ["rule"],
+        },
+    }
+    grammar = tool_grammar([odd], HERMES, plain.added, parallel=False)
+    assert "::=" not in grammar
+    assert plain.accepts(grammar, hermes('{"name": "define", "arguments": {"rule": "a ::= b"}}'))
 
 
 def test_a_right_call_is_accepted_and_wrong_ones_refused(plain: Vocab) -> None:
@@ -159,14 +173,14 @@ def test_defs_move_to_the_root_of_a_call() -> None:
         jsonschema.validate({**call, "arguments": {"city": "Paris", "unit": "k"}}, schema)
 
 
-def walk(vocab: Vocab, grammar: str, rng: random.Random, limit: int = 600) -> str:
+def walk(vocab: Vocab, grammar: str, rng: random.Random, limit: int = 2000) -> str:
     """Tokens drawn at random among those the grammar allows until the end of the turn."""
     matcher = vocab.matcher(grammar)
     tokens: list[int] = []
     for _ in range(limit):
         allowed = np.flatnonzero(np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8))
         allowed = allowed[allowed < vocab.hf.get_vocab_size()]
-        if EOS in allowed and rng.random() < 0.5:
+        if EOS in allowed and rng.random() < 0.75:
             break
         token = int(rng.choice([t for t in allowed if t != EOS] or [EOS]))
         if token == EOS:

@@ -12,7 +12,6 @@ mask (constrained decoding) still picks among what it allows.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,6 @@ import numpy as np
 
 from attnserve.engine.backend import FloatArray, IntArray, ModelSpec
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS = 2
 CONTEXT = 4096  # the generic tool prompt alone is ~800 byte tokens
 SCRIPT_START, SCRIPT_END = "SAY«", "»"
@@ -30,17 +28,12 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 
 
 def byte_tokenizer(added: Sequence[str] = (), special: Sequence[str] = ()) -> Any:
-    """A byte-level BPE tokenizer without merges: the three ChatML special tokens (ids 0-2),
-    the 256 bytes (3-258), then `added` (plain added tokens, as Qwen's `<tool_call>`) and
-    `special` (special tokens, as Mistral's `[TOOL_CALLS]`)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """tests/conftest.py's byte-level tokenizer (the ChatML specials at ids 0-2, then the 256
+    bytes), then `added` (plain added tokens, as Qwen's `<tool_call>`) and `special` (special
+    tokens, as Mistral's `[TOOL_CALLS]`)."""
+    from tests.conftest import byte_tokenizer as plain_bytes
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: ord(c))
-    vocab = {token: i for i, token in enumerate([*SPECIAL, *alphabet])}
-    tokenizer = Tokenizer(models.BPE(vocab, [], unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(SPECIAL)
+    tokenizer = plain_bytes()
     if added:
         tokenizer.add_tokens(list(added))
     if special:
@@ -51,24 +44,9 @@ def byte_tokenizer(added: Sequence[str] = (), special: Sequence[str] = ()) -> An
 def write_tool_lm(out: Path, template: str, **tokens: Sequence[str]) -> Path:
     """A tiny random Llama directory with the byte-level tokenizer and `template` (a file
     name under tests/fixtures/chat_templates)."""
-    from attnserve.model.text_tokenizer import TextTokenizer
     from tests.conftest import write_tiny_lm
 
-    tokenizer = byte_tokenizer(**tokens)
-    write_tiny_lm(out, vocab_size=tokenizer.get_vocab_size(), max_positions=CONTEXT)
-    config = {
-        "bos_token": "<|im_start|>",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|im_end|>",
-        "chat_template": (TEMPLATES / template).read_text(encoding="utf-8"),
-    }
-    TextTokenizer(tokenizer, config).save(out)
-    return out
-
-
-def copy_with_template(source: Path, out: Path, template: str) -> Path:
-    """`source` (a tool LM directory) with another chat template."""
-    shutil.copytree(source, out)
+    write_tiny_lm(out, tokenizer=byte_tokenizer(**tokens), max_positions=CONTEXT)
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["chat_template"] = (TEMPLATES / template).read_text(encoding="utf-8")
