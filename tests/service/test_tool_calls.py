@@ -43,6 +43,11 @@ TIME = {
     },
 }
 PARIS = '{"city": "Paris"}'
+IMPOSSIBLE = {
+    "type": "object",
+    "properties": {"a": {"type": "string", "minLength": 5, "maxLength": 2}},
+    "required": ["a"],
+}
 
 
 def hermes(name: str, arguments: str) -> str:
@@ -313,6 +318,25 @@ def test_bad_tool_input_is_a_bad_request(server: LiveServer) -> None:
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [WEATHER], "functions": [{"name": "f"}]}, "functions"),
+        # a required call already constrains the answer: no other structured output beside it
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "tool_choice",
+        ),
+        # a schema no call can satisfy (the grammar allows no text)
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": IMPOSSIBLE}}
+                ],
+                "tool_choice": "required",
+            },
+            "tool_choice",
+        ),
         (
             {
                 "messages": [
