@@ -52,9 +52,12 @@ class Vocabulary:
         if not self.stop_ids:
             raise GrammarError("the model has no stop token: a grammar could never end")
         llg = _llguidance()
-        self.tokenizer = llg.LLTokenizer(
-            tokenizer_json, n_vocab=vocab_size, eos_token=self.stop_ids
-        )
+        try:
+            self.tokenizer = llg.LLTokenizer(
+                tokenizer_json, n_vocab=vocab_size, eos_token=self.stop_ids
+            )
+        except ValueError as exc:  # a tokenizer llguidance cannot read (a WordPiece decoder)
+            raise GrammarError(f"the model's tokenizer cannot be constrained: {exc}") from exc
 
     def compile(self, grammar: str) -> Constraint:
         """A constraint for llguidance's grammar text (`LLMatcher.grammar_from_*`); raises

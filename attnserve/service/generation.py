@@ -115,6 +115,21 @@ def lm_options(body: GenerateRequest, model: ServedModel, service: ServiceState)
     return options
 
 
+def check_lengths(
+    where: Sequence[str], prompts: Sequence[Sequence[int]], model: ServedModel
+) -> None:
+    """422 for a prompt without tokens or over the model's input limit."""
+    for name, ids in zip(where, prompts, strict=True):
+        if not ids:
+            raise ApiError(422, f"{name} has no tokens", param=where[0].split("[")[0])
+        if len(ids) > model.max_input_tokens:
+            raise ApiError(
+                422,
+                f"{name} has {len(ids)} tokens; the limit is {model.max_input_tokens}",
+                param=name.split("[")[0],
+            )
+
+
 async def prompts_of(
     body: GenerateRequest, model: ServedModel, service: ServiceState
 ) -> list[list[int]]:
@@ -154,15 +169,7 @@ async def prompts_of(
         chars = sum(len(t) for t in texts)
         prompts = await run_in_threadpool(encode_all) if chars > INLINE_CHARS else encode_all()
         where = [text_name(body, i) for i in range(len(texts))]
-    for name, ids in zip(where, prompts, strict=True):
-        if not ids:
-            raise ApiError(422, f"{name} has no tokens", param=where[0].split("[")[0])
-        if len(ids) > model.max_input_tokens:
-            raise ApiError(
-                422,
-                f"{name} has {len(ids)} tokens; the limit is {model.max_input_tokens}",
-                param=name.split("[")[0],
-            )
+    check_lengths(where, prompts, model)
     return prompts
 
 
@@ -210,11 +217,21 @@ class EngineRun:
     timeout: float
 
 
-async def start_lm(body: GenerateRequest, service: ServiceState, model: ServedModel) -> EngineRun:
-    """Validate, tokenize and submit a language-model request (4xx before anything queues)."""
+async def start_lm(
+    body: GenerateRequest,
+    service: ServiceState,
+    model: ServedModel,
+    prompt: Sequence[int] | None = None,
+) -> EngineRun:
+    """Validate, tokenize and submit a language-model request (4xx before anything queues);
+    `prompt`: a chat the caller rendered itself (the OpenAI route's chats with tools)."""
     options = lm_options(body, model, service)
     timeout = deadline_seconds(body, service)
-    prompts = await prompts_of(body, model, service)
+    if prompt is None:
+        prompts = await prompts_of(body, model, service)
+    else:
+        prompts = [list(prompt)]
+        check_lengths(["messages"], prompts, model)
     constraint = await constraint_for(body, model)
     stops = stop_strings(body)
     stopper = StopStrings(model.tokenizer, stops) if stops else None

@@ -201,3 +201,12 @@ def test_bad_grammars_are_refused_before_decoding(
 ) -> None:
     with pytest.raises(GrammarError, match=re.escape(message)):
         vocabulary.compile(grammar)
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_a_grammar_error() -> None:
+    from tokenizers import Tokenizer, decoders, models
+
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    words.decoder = decoders.WordPiece(prefix="##")
+    with pytest.raises(GrammarError, match="tokenizer"):
+        Vocabulary(words.to_str(), [0], 2)
