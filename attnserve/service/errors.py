@@ -38,7 +38,11 @@ ERROR_TYPES: dict[int, str] = {
 # The OpenAI-compatible routes (service/openai_api.py).
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+# vLLM's tokenizer routes (service/tokenization.py), answered as the OpenAI routes are.
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
+TOKENIZER_PATHS = frozenset({TOKENIZE_PATH, DETOKENIZE_PATH})
+OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH}) | TOKENIZER_PATHS
 # The LibreTranslate-compatible routes (service/libretranslate.py): errors `{"error": "..."}`,
 # 400 for an invalid request, the API key checked by the route (it may come in the body).
 LIBRETRANSLATE_PATHS = frozenset({"/translate", "/detect", "/languages"})
