@@ -115,9 +115,13 @@ OPENAI_PARAMS = {
 
 
 def _param(loc: Sequence[Any]) -> str | None:
-    """("body", "beam_size") -> "beam_size"; ("body", "text", "list[str]", 3) -> "text"."""
+    """("body", "beam_size") -> "beam_size"; ("body", "text", "list[str]", 3) -> "text";
+    a body that may be one of several models: ("body", "TokenizeChatRequest", "messages") ->
+    "messages" (field names are snake_case, the union's members are named by class)."""
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    while parts and isinstance(parts[0], str) and parts[0][:1].isupper():
         parts = parts[1:]
     if not parts or not isinstance(parts[0], str):
         return "body" if loc and loc[0] == "body" else None

@@ -13,10 +13,10 @@ its source vocabulary. Errors are 400s, as on the OpenAI routes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from attnserve.service.decoding import INLINE_CHARS, resolve_model
@@ -93,6 +93,22 @@ class TokenizeChatRequest(BaseModel):
         return _exclusive(data, "messages", "prompt")
 
 
+def _kind(data: Any) -> str:
+    """Which request a body is: chat messages, or a prompt."""
+    if isinstance(data, dict):
+        return "messages" if "messages" in data else "prompt"
+    return "messages" if isinstance(data, TokenizeChatRequest) else "prompt"
+
+
+# vLLM's TokenizeRequest: a prompt or a chat, told apart by its field (so that a bad body's
+# errors are those of the request it meant).
+TokenizeRequest = Annotated[
+    Annotated[TokenizeCompletionRequest, Tag("prompt")]
+    | Annotated[TokenizeChatRequest, Tag("messages")],
+    Discriminator(_kind),
+]
+
+
 class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int = Field(description="The model's context (translation: input limit).")
@@ -118,9 +134,7 @@ class DetokenizeResponse(BaseModel):
     responses=_RESPONSES,
     summary="Token ids of a prompt or of chat messages (vLLM's /tokenize)",
 )
-async def tokenize(
-    body: TokenizeCompletionRequest | TokenizeChatRequest, service: Service
-) -> TokenizeResponse:
+async def tokenize(body: TokenizeRequest, service: Service) -> TokenizeResponse:
     model = resolve_model(service, body.model)
     if isinstance(body, TokenizeChatRequest):
         if not model.generates:
