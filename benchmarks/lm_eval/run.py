@@ -96,7 +96,9 @@ def main() -> None:
     parser.add_argument("--hf-dir", type=Path, required=True, help="a transformers copy of it")
     parser.add_argument("--server-python", help="the Python that runs attnserve")
     parser.add_argument("--base-url", help="a running attnserve instead (its root URL)")
-    parser.add_argument("--variant", default="int8", help="the ONNX variant served")
+    parser.add_argument(
+        "--variants", default="int8", help="the ONNX variants served, one run each (a,b)"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--limit", type=int, default=None, help="questions (default: all)")
     parser.add_argument("--output", type=Path, default=None, help="results JSON")
@@ -108,43 +110,9 @@ def main() -> None:
         tasks_dir = Path(tmp)
         data = HERE / "questions.jsonl"
         (tasks_dir / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=data))
-        server = None
-        url = args.base_url
-        if url is None:
-            if not args.server_python:
-                parser.error("give --server-python (to start attnserve) or --base-url")
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            command = [
-                args.server_python, "-m", "attnserve", "serve", "--model", str(args.model),
-                "--variant", args.variant, "--port", str(port),
-            ]  # fmt: skip
-            if args.threads:
-                command += ["--threads", str(args.threads)]
-            server = subprocess.Popen(command)
-        try:
-            if server is not None:
-                wait_ready(url, server)
-            started = time.perf_counter()
-            served = evaluate(
-                "local-completions",
-                {
-                    "base_url": f"{url}/v1/completions",
-                    "model": args.model.name,
-                    "tokenizer": str(args.hf_dir),
-                    "tokenizer_backend": "huggingface",
-                    "tokenized_requests": True,
-                    "num_concurrent": 1,
-                    "max_retries": 1,
-                },
-                tasks_dir,
-                args.limit,
-            )
-            served_seconds = time.perf_counter() - started
-        finally:
-            if server is not None:
-                server.terminate()
-                server.wait(60)
+        runs = {}
+        for variant in args.variants.split(","):
+            runs[variant] = served_run(args, parser, variant, tasks_dir)
         started = time.perf_counter()
         hf = evaluate(
             "hf",
@@ -154,35 +122,80 @@ def main() -> None:
         )
         hf_seconds = time.perf_counter() - started
 
-    ours, theirs = loglikelihoods(served), loglikelihoods(hf)
-    difference = max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y))
-    same = sum(
-        max(range(len(x)), key=x.__getitem__) == max(range(len(y)), key=y.__getitem__)
-        for x, y in zip(ours, theirs)
-    )
-    report = {
+    theirs = loglikelihoods(hf)
+    report: dict[str, Any] = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "task": TASK,
-        "questions": len(ours),
-        "attnserve": {
-            "variant": args.variant,
-            "acc": served["results"][TASK]["acc,none"],
-            "acc_norm": served["results"][TASK]["acc_norm,none"],
-            "seconds": round(served_seconds, 1),
-        },
+        "questions": len(theirs),
         "hf": {
             "acc": hf["results"][TASK]["acc,none"],
             "acc_norm": hf["results"][TASK]["acc_norm,none"],
             "seconds": round(hf_seconds, 1),
         },
-        "max_abs_loglikelihood_diff": difference,
-        "same_best_choice": same,
         "command": " ".join(sys.argv),
     }
+    for variant, (served, seconds) in runs.items():
+        ours = loglikelihoods(served)
+        pairs = list(zip(ours, theirs, strict=True))
+        report[f"attnserve_{variant}"] = {
+            "acc": served["results"][TASK]["acc,none"],
+            "acc_norm": served["results"][TASK]["acc_norm,none"],
+            "seconds": round(seconds, 1),
+            "max_abs_loglikelihood_diff": max(
+                abs(a - b) for x, y in pairs for a, b in zip(x, y, strict=True)
+            ),
+            "same_best_choice": sum(
+                max(range(len(x)), key=x.__getitem__) == max(range(len(y)), key=y.__getitem__)
+                for x, y in pairs
+            ),
+        }
     print(json.dumps(report, indent=2))
     if args.output is not None:
         args.output.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def served_run(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, variant: str, tasks_dir: Path
+) -> tuple[Any, float]:
+    """The task through attnserve serving `variant` (started here unless --base-url)."""
+    server = None
+    url = args.base_url
+    if url is None:
+        if not args.server_python:
+            parser.error("give --server-python (to start attnserve) or --base-url")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        command = [
+            args.server_python, "-m", "attnserve", "serve", "--model", str(args.model),
+            "--variant", variant, "--port", str(port),
+        ]  # fmt: skip
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        server = subprocess.Popen(command)
+    try:
+        if server is not None:
+            wait_ready(url, server)
+        started = time.perf_counter()
+        served = evaluate(
+            "local-completions",
+            {
+                "base_url": f"{url}/v1/completions",
+                "model": args.model.name,
+                "tokenizer": str(args.hf_dir),
+                "tokenizer_backend": "huggingface",
+                "tokenized_requests": True,
+                "num_concurrent": 1,
+                "max_retries": 1,
+            },
+            tasks_dir,
+            args.limit,
+        )
+        return served, time.perf_counter() - started
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
 
 
 if __name__ == "__main__":
