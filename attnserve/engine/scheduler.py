@@ -8,7 +8,9 @@ Each `step()` is schedule -> execute -> update:
   the batch stays within `max_batch_rows` rows and `max_batch_tokens` tokens (no request skips
   the head of the queue, so none starves; the queue takes requests round-robin across their
   groups, the sentences of one document: engine/waiting.py), and encode all admitted requests
-  together (in length buckets, RunningBatch.encode);
+  together (in length buckets, RunningBatch.encode); a request that asks for its prompt's
+  scores (prompt logprobs, engine/scoring.py) is admitted alone and prefilled alone, so they
+  are what it gets alone;
 - execute: one decoder step for every running row (RunningBatch.step of every cohort);
 - update: report new tokens (for streaming) and finished, failed or expired requests.
 

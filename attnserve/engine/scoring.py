@@ -38,7 +38,7 @@ def score_positions(logits: FloatArray, targets: Sequence[int], top: int) -> lis
     Log-probs are the logits less each row's log-sum-exp (log_softmax's float32 arithmetic),
     without writing the (T, V) log-probs; ranks and the best tokens compare logits, which
     order a row as its log-probs do; the best tokens are found with `top_indices` (a
-    threshold from chunk maxima: an argpartition of every row cost 5x the rest together)."""
+    threshold from chunk maxima; an argpartition of every row is far slower: BENCHMARKS)."""
     count = logits.shape[0]
     if count == 0:
         return []
