@@ -353,7 +353,7 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     if not model.generates:
         return await _translate(native, body, request, service, model, id_, created)
     run = await start_lm(native, service, model, token_ids)
-    texts = _prompt_texts(body.prompt, run, model)
+    texts = _prompt_texts(body.prompt, run, model) if body.echo else [""] * len(run.requests)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         echo = texts[0] if body.echo else ""
