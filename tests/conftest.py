@@ -247,12 +247,53 @@ LM_TEMPLATE = (
 )
 
 
-def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25, **overrides: Any) -> Path:
+def byte_chars() -> list[str]:
+    """GPT-2's byte-level alphabet in byte order: printable bytes stand for themselves, the
+    others for the characters from U+0100 on."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    chars, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+BYTE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_tokenizer() -> Any:
+    """A byte-level BPE tokenizer without merges: the three specials (ids 0-2, as LM_WORDS'),
+    then one token per byte, so that any text (JSON, code) has tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(BYTE_SPECIALS)}
+    for char in byte_chars():
+        vocab[char] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(BYTE_SPECIALS)
+    return tok
+
+
+def write_tiny_byte_lm(out: Path, seed: int = 0, std: float = 0.25) -> Path:
+    """`write_tiny_lm` with `byte_tokenizer()`: a random tiny language model that can write
+    any text, for structured outputs and tool calls."""
+    return write_tiny_lm(out, seed, std, tokenizer=byte_tokenizer())
+
+
+def write_tiny_lm(
+    out: Path, seed: int = 0, std: float = 0.25, tokenizer: Any = None, **overrides: Any
+) -> Path:
     """A random tiny Llama model directory with a word-level tokenizer over LM_WORDS (words
-    separated by spaces), a chat template with <|im_start|>/<|im_end|>, and generation
-    defaults: what `attnserve import` writes for a real model. Weights are N(0, std): at 0.3
-    int8 (with int8 embeddings) falls just under the export gate (top-1 agreement 0.898).
-    `overrides` change the "tiny" preset's DecoderConfig fields."""
+    separated by spaces; or `tokenizer`, whose ids 0-2 are the same specials), a chat template
+    with <|im_start|>/<|im_end|>, and generation defaults: what `attnserve import` writes for a
+    real model. Weights are N(0, std): at 0.3 int8 (with int8 embeddings) falls just under the
+    export gate (top-1 agreement 0.898). `overrides` change the "tiny" preset's DecoderConfig
+    fields."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -264,7 +305,7 @@ def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25, **overrides: Any)
     config = DecoderConfig.preset(
         "tiny",
         **{
-            "vocab_size": len(LM_WORDS),
+            "vocab_size": len(LM_WORDS) if tokenizer is None else tokenizer.get_vocab_size(),
             "eos_ids": (2,),
             "pad_id": 2,
             "bos_id": 1,
@@ -281,12 +322,14 @@ def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25, **overrides: Any)
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=generator) * std)
     save_decoder_dir(model, out, {"source": "tests", "format": "random"})
-    vocab = {w: i for i, w in enumerate(LM_WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
-    tok.decoder = decoders.WordPiece(prefix="##")
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok.add_tokens(["\n"])
+    tok = tokenizer
+    if tok is None:
+        vocab = {w: i for i, w in enumerate(LM_WORDS)}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
+        tok.decoder = decoders.WordPiece(prefix="##")
+        tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        tok.add_tokens(["\n"])
     config_json = {
         "bos_token": "<|im_start|>",
         "eos_token": "<|im_end|>",
@@ -301,3 +344,8 @@ def write_tiny_lm(out: Path, seed: int = 0, std: float = 0.25, **overrides: Any)
 @pytest.fixture(scope="session")
 def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_lm(tmp_path_factory.mktemp("tiny-lm") / "tiny-lm")
+
+
+@pytest.fixture(scope="session")
+def tiny_byte_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_byte_lm(tmp_path_factory.mktemp("tiny-byte-lm") / "tiny-byte-lm")

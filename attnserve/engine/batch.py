@@ -149,6 +149,9 @@ class RunningBatch(Generic[State]):
             ]
         )
         wanted = self._wanted()
+        for entry in self.entries:  # a grammar's masks are computed while the step runs
+            if not isinstance(entry, _Dead):
+                entry.prefetch()
         scores: FloatArray | Candidates
         if wanted:
             scores, state = self.backend.step_candidates(tokens, self.state, wanted)  # type: ignore[attr-defined]

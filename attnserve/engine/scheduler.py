@@ -46,6 +46,7 @@ import numpy as np
 
 from attnserve.engine.backend import Backend, IntArray, left_padded, pad_batch
 from attnserve.engine.batch import RunningBatch
+from attnserve.engine.constraints import Constraint
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scoring import score_positions, score_tokens
 from attnserve.engine.search import (
@@ -92,6 +93,7 @@ class Request:
     start: int | None = None
     prefix: Sequence[int] = ()
     stopper: Stopper | None = None
+    constraint: Constraint | None = None  # a grammar the output follows (structured outputs)
     # Filled in by the scheduler.
     arrived: float = 0.0
     admitted: float | None = None
@@ -127,6 +129,7 @@ def lm_request(
     deadline: float | None = None,
     stream: bool = False,
     stopper: Stopper | None = None,
+    constraint: Constraint | None = None,
 ) -> Request:
     """A language model's request for a (non-empty) prompt."""
     if not prompt:
@@ -140,6 +143,7 @@ def lm_request(
         start=int(prompt[-1]),
         prefix=list(prompt),
         stopper=stopper,
+        constraint=constraint,
     )
 
 
@@ -435,6 +439,7 @@ class Scheduler:
                     start=r.start,
                     prefix=r.prefix,
                     stopper=r.stopper,
+                    constraint=r.constraint,
                 )
                 for r in admitted
             ]

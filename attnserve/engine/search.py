@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from attnserve.engine.backend import Candidates, FloatArray, IntArray, ModelSpec
+from attnserve.engine.constraints import Constraint
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.processors import (
     NEG_INF,
@@ -169,11 +170,15 @@ class Search(ABC):
         start: int | None = None,
         prefix: Sequence[int] = (),
         stopper: Stopper | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         """`start`: the first decoder input (default spec.start_id; a language model's is the
         last prompt token); `prefix`: the prompt tokens the processors see (decoder-only);
-        `stopper`: a stop-string check over the generated tokens (greedy and sampling)."""
+        `stopper`: a stop-string check over the generated tokens (greedy and sampling);
+        `constraint`: a grammar the output must follow (engine/constraints.py), each row
+        with its own matcher."""
         self.options = options
+        self.grammar = None if constraint is None else constraint.rows()
         self.spec = spec
         self.stops = spec.stops
         self.process = LogProbProcessor(options, spec, prefix)
@@ -197,6 +202,12 @@ class Search(ABC):
         """How many of each row's best tokens this step needs when the backend offers them
         instead of whole rows (`step_candidates`); 0: whole rows of log-probs."""
         return 0
+
+    def prefetch(self) -> None:
+        """Start what the next step needs besides the log-probs (a grammar's masks), before
+        the decoder step runs."""
+        if self.grammar is not None and not self.done:
+            self.grammar.prefetch()
 
     def step_candidates(self, candidates: Candidates) -> IntArray:
         """`step` from each row's best tokens (at least `wanted()` of them): the same choice
@@ -237,7 +248,10 @@ class GreedySearch(Search):
         raw = None
         if self.logprobs is not None:  # the model's own distribution, before the processors
             raw = log_softmax(log_probs[0]) if logits else log_probs[0].copy()
-        row = self.process(log_probs, [self.tokens])[0]
+        processed = self.process(log_probs, [self.tokens])
+        if self.grammar is not None:
+            self.grammar.apply(processed)
+        row = processed[0]
         token = self.choose(row)
         # the chosen token's log-prob, as log_softmax(row)[token] (the same float32 arithmetic)
         # without writing the whole row
@@ -248,6 +262,7 @@ class GreedySearch(Search):
         # a subclass that chooses otherwise (sampling) reads whole rows
         if (
             self.logprobs is not None
+            or self.grammar is not None
             or self.spec.returns_logits
             or type(self).choose is not GreedySearch.choose
         ):
@@ -274,6 +289,8 @@ class GreedySearch(Search):
             self.stop_logprob = logprob
             return self._finish()
         self.tokens.append(token)
+        if self.grammar is not None:
+            self.grammar.advance([0], [token])
         if logprob is not None and self.logprobs is not None:
             self.logprobs.append(logprob)
         if self.stopper is not None and self.stopper(self.tokens):
@@ -354,6 +371,8 @@ class BeamSearch(Search):
         if self.spec.returns_logits:  # beam search processes log-probs (as Hugging Face's)
             log_probs = log_softmax(log_probs)
         processed = self.process(log_probs, self.sequences)
+        if self.grammar is not None:
+            self.grammar.apply(processed)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
         # the 2k best continuations, best first
         top = top_indices(candidates, 2 * k, self.rank, processed.ravel())
@@ -367,7 +386,7 @@ class BeamSearch(Search):
         return self._advance(parents, tokens, scores)
 
     def wanted(self) -> int:
-        if self.spec.returns_logits:
+        if self.spec.returns_logits or self.grammar is not None:
             return 0
         banned = self.process.bans(self.steps)
         return 0 if banned is None else 2 * self.k + len(banned)
@@ -389,6 +408,10 @@ class BeamSearch(Search):
         opts, k, stops = self.options, self.k, self.stops
         self.steps += 1
         at_limit = self.steps >= opts.max_new_tokens
+        if self.grammar is not None:  # fewer than 2k tokens may be allowed: never keep -inf
+            finite = [i for i, score in enumerate(scores) if score > -np.inf]
+            parents, tokens = [parents[i] for i in finite], [tokens[i] for i in finite]
+            scores = [scores[i] for i in finite]
         ends = [at_limit or token in stops for token in tokens]
 
         if self.improvable and not (opts.early_stopping is True and len(self.finished) >= k):
@@ -405,6 +428,8 @@ class BeamSearch(Search):
         order = stay_in_place([parents[rank] for rank in keep])  # row j <- keep[order[j]]
         self.rank = np.array(order, dtype=np.int64)
         keep = [keep[j] for j in order]
+        if self.grammar is not None:
+            self.grammar.advance([parents[r] for r in keep], [tokens[r] for r in keep])
         self.sequences = [self.sequences[parents[r]] + [tokens[r]] for r in keep]
         self.scores = np.array([scores[r] for r in keep], dtype=np.float32)
         self.last_tokens = np.array([tokens[r] for r in keep], dtype=np.int64)
@@ -471,6 +496,10 @@ class ParallelSampling(Search):
         self.last_tokens = np.concatenate([self.samples[i].last_tokens for i in active])
         return np.array(parents, dtype=np.int64)
 
+    def prefetch(self) -> None:
+        for sample in self.samples:
+            sample.prefetch()
+
     def fail(self, error: Exception) -> None:
         for sample in self.samples:
             if not sample.done:
@@ -489,6 +518,7 @@ def make_search(
     start: int | None = None,
     prefix: Sequence[int] = (),
     stopper: Stopper | None = None,
+    constraint: Constraint | None = None,
 ) -> Search:
     """The search for these options (validated by the caller); see `Search` for the rest."""
     kind: type[Search] = GreedySearch
@@ -498,4 +528,4 @@ def make_search(
         kind = ParallelSampling
     elif options.sampling:
         kind = SamplingSearch
-    return kind(options, spec, start=start, prefix=prefix, stopper=stopper)
+    return kind(options, spec, start=start, prefix=prefix, stopper=stopper, constraint=constraint)

@@ -12,6 +12,13 @@ inputs), `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, `raise
 `strftime_now` and transformers' `tojson`. Bad messages and templates that refuse them raise
 `ChatTemplateError` (a ValueError: the service answers 422).
 
+Tools are passed as transformers passes them (`apply_chat_template(tools=...)`: a list of
+`{"type": "function", "function": {...}}`, `tools=None` without), with assistant messages that
+carry `tool_calls` (`function.arguments` a dict, as vLLM hands them to Hugging Face templates)
+and `role: "tool"` results. `renders_tools` says whether the template has a tools section at
+all (it reads the `tools` variable); the service writes its own tool prompt for one that does
+not (service/tool_prompt.py).
+
 Imports no torch: the service runs it.
 """
 
@@ -46,9 +53,9 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-@lru_cache(maxsize=16)
-def _compile(template: str) -> Any:
-    """The template compiled in transformers' sandboxed environment."""
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    """transformers' sandboxed environment for chat templates."""
     from jinja2.exceptions import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -77,14 +84,37 @@ def _compile(template: str) -> Any:
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
+    return env
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> Any:
+    """The template compiled in transformers' sandboxed environment."""
+    from jinja2.exceptions import TemplateError
+
     try:
-        return env.from_string(template)
+        return _environment().from_string(template)
     except TemplateError as exc:
         raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
 
 
+@lru_cache(maxsize=16)
+def template_reads(template: str, name: str) -> bool:
+    """Whether the template reads the variable `name` from its context (not one it only sets
+    itself; comments and strings do not count). False for a template that does not compile."""
+    from jinja2 import meta
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return name in meta.find_undeclared_variables(_environment().parse(template))
+    except TemplateError:
+        return False
+
+
 def check_messages(messages: Any) -> list[dict[str, Any]]:
-    """A list of {"role": str, "content": str} dicts (other keys kept), or ChatTemplateError."""
+    """A list of {"role": str, "content": str} dicts (other keys kept), or ChatTemplateError.
+    An assistant's `tool_calls`: a non-empty list of {"function": {"name": str, "arguments":
+    dict or str}}; a tool result's `tool_call_id` (where given): a string."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise ChatTemplateError("messages must be a non-empty list of {role, content} objects")
     checked = []
@@ -95,7 +125,36 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
             raise ChatTemplateError(f"messages[{i}].role must be a non-empty string")
         if not isinstance(message.get("content"), str):
             raise ChatTemplateError(f"messages[{i}].content must be a string")
+        if "tool_calls" in message:
+            _check_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+        if "tool_call_id" in message and not isinstance(message["tool_call_id"], str):
+            raise ChatTemplateError(f"messages[{i}].tool_call_id must be a string")
         checked.append(dict(message))
+    return checked
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, Sequence) or isinstance(calls, str) or not calls:
+        raise ChatTemplateError(f"{where} must be a non-empty list")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError(f"{where}[{j}].function must be an object with a name")
+        if not isinstance(function.get("arguments"), (Mapping, str)):
+            raise ChatTemplateError(f"{where}[{j}].function.arguments must be an object")
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """A list of {"type": "function", "function": {"name": str, ...}} dicts, or
+    ChatTemplateError."""
+    if not isinstance(tools, Sequence) or isinstance(tools, str):
+        raise ChatTemplateError("tools must be a list of objects")
+    checked = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError(f"tools[{i}].function must be an object with a name")
+        checked.append(dict(tool))
     return checked
 
 
@@ -190,15 +249,22 @@ class TextTokenizer:
 
     # -- chat --------------------------------------------------------------------------------
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template has a tools section (it reads `tools`)."""
+        return bool(self.chat_template) and template_reads(self.chat_template or "", "tools")
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         continue_final_message: bool = False,
     ) -> str:
-        """The chat rendered as the model's template writes it (transformers' rendering);
-        `continue_final_message`: cut after the last message's content, so the model goes on
-        with it (transformers' rule, and its refusal of a template that does not show it)."""
+        """The chat rendered as the model's template writes it (transformers' rendering:
+        `tools` and `documents` are None unless given); `continue_final_message`: cut after
+        the last message's content, so the model goes on with it (transformers' rule, and its
+        refusal of a template that does not show it)."""
         from jinja2.exceptions import TemplateError
 
         if not self.chat_template:
@@ -208,11 +274,16 @@ class TextTokenizer:
                 "continue_final_message and add_generation_prompt exclude each other"
             )
         checked = check_messages(messages)
+        tool_list = None if tools is None else check_tools(tools)
         variables = {name: value for name, value in self.special.items() if value is not None}
         try:
             rendered = str(
                 _compile(self.chat_template).render(
-                    messages=checked, add_generation_prompt=add_generation_prompt, **variables
+                    messages=checked,
+                    tools=tool_list,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **variables,
                 )
             )
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -220,7 +291,8 @@ class TextTokenizer:
             raise ChatTemplateError(f"the chat template refused the messages: {exc}") from exc
         if not continue_final_message:
             return rendered
-        final = str(checked[-1]["content"])
+        content = checked[-1].get("content")
+        final = content if isinstance(content, str) else ""
         at = rendered.rfind(final.strip())
         if at < 0:
             raise ChatTemplateError(
@@ -234,13 +306,24 @@ class TextTokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
     ) -> list[int]:
         """Token ids of the rendered chat; the template writes its own special tokens, so none
         are added unless asked (as transformers' apply_chat_template(tokenize=True))."""
-        rendered = self.apply_chat_template(messages, add_generation_prompt, continue_final_message)
+        rendered = self.apply_chat_template(
+            messages, add_generation_prompt, tools, continue_final_message
+        )
         return self.encode(rendered, add_special_tokens=add_special_tokens)
+
+    def added_tokens(self, special_only: bool = False) -> dict[str, int]:
+        """Added tokens (the vocabulary's control and marker tokens): text -> id."""
+        return {
+            added.content: int(i)
+            for i, added in self.tokenizer.get_added_tokens_decoder().items()
+            if added.special or not special_only
+        }
 
     def __repr__(self) -> str:
         return f"TextTokenizer(vocab={self.vocab_size}, chat_template={bool(self.chat_template)})"

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from starlette.concurrency import run_in_threadpool
 
+from attnserve.engine.constraints import Constraint
 from attnserve.engine.generator import (
     PromptTooLong,
     StopStrings,
@@ -35,6 +36,7 @@ from attnserve.service.decoding import (
     text_name,
 )
 from attnserve.service.errors import ApiError
+from attnserve.service.guided import constraint_for, requested
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import (
@@ -77,6 +79,13 @@ def check_kind(body: TranslateRequest, model: ServedModel) -> None:
                 )
         if body.text is None:
             raise ApiError(422, "text: give a text or a non-empty list of texts", param="text")
+        asked = requested(body)
+        if asked is not None:
+            raise ApiError(
+                422,
+                f"{asked[1]}: structured outputs need a language model; {model.name} translates",
+                param=asked[1],
+            )
 
 
 def stop_strings(body: GenerateRequest) -> list[str]:
@@ -121,6 +130,21 @@ def lm_options(body: GenerateRequest, model: ServedModel, service: ServiceState)
     except InvalidOption as exc:
         raise ApiError(422, f"{exc.param} {exc.message}", param=exc.param) from exc
     return options
+
+
+def check_lengths(
+    where: Sequence[str], prompts: Sequence[Sequence[int]], model: ServedModel
+) -> None:
+    """422 for a prompt without tokens or over the model's input limit."""
+    for name, ids in zip(where, prompts, strict=True):
+        if not ids:
+            raise ApiError(422, f"{name} has no tokens", param=where[0].split("[")[0])
+        if len(ids) > model.max_input_tokens:
+            raise ApiError(
+                422,
+                f"{name} has {len(ids)} tokens; the limit is {model.max_input_tokens}",
+                param=name.split("[")[0],
+            )
 
 
 def token_prompts(
@@ -194,15 +218,7 @@ async def prompts_of(
         chars = sum(len(t) for t in texts)
         prompts = await run_in_threadpool(encode_all) if chars > INLINE_CHARS else encode_all()
         where = [text_name(body, i) for i in range(len(texts))]
-    for name, ids in zip(where, prompts, strict=True):
-        if not ids:
-            raise ApiError(422, f"{name} has no tokens", param=where[0].split("[")[0])
-        if len(ids) > model.max_input_tokens:
-            raise ApiError(
-                422,
-                f"{name} has {len(ids)} tokens; the limit is {model.max_input_tokens}",
-                param=name.split("[")[0],
-            )
+    check_lengths(where, prompts, model)
     return prompts
 
 
@@ -215,6 +231,7 @@ def lm_requests(
     *,
     stream: bool,
     stopper: StopStrings | None,
+    constraint: Constraint | None = None,
 ) -> list[Request]:
     deadline = time.monotonic() + timeout
     serial = next_serial()
@@ -232,6 +249,7 @@ def lm_requests(
                 deadline=deadline,
                 stream=stream,
                 stopper=stopper,
+                constraint=constraint,
             )
         )
     return requests
@@ -252,18 +270,32 @@ async def start_lm(
     body: GenerateRequest,
     service: ServiceState,
     model: ServedModel,
+    prompt: Sequence[int] | None = None,
     token_ids: Sequence[Sequence[int]] | None = None,
 ) -> EngineRun:
     """Validate, tokenize and submit a language-model request (4xx before anything queues);
+    `prompt`: a chat the caller rendered itself (the OpenAI route's chats with tools);
     `token_ids`: prompts given as token ids instead of `text`."""
     options = lm_options(body, model, service)
     timeout = deadline_seconds(body, service)
-    prompts = await prompts_of(body, model, service, token_ids)
+    if prompt is None:
+        prompts = await prompts_of(body, model, service, token_ids)
+    else:
+        prompts = [list(prompt)]
+        check_lengths(["messages"], prompts, model)
+    constraint = await constraint_for(body, model)
     stops = stop_strings(body)
     stopper = StopStrings(model.tokenizer, stops) if stops else None
     request_id = request_id_var.get() or "request"
     requests = lm_requests(
-        request_id, prompts, options, model, timeout, stream=body.stream, stopper=stopper
+        request_id,
+        prompts,
+        options,
+        model,
+        timeout,
+        stream=body.stream,
+        stopper=stopper,
+        constraint=constraint,
     )
     return EngineRun(model, requests, submit_all(service, model, requests), stopper, timeout)
 

@@ -49,6 +49,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--drain-seconds": ("drain_seconds", float),
     "--trim-seconds": ("trim_seconds", float),
     "--log-level": ("log_level", str),
+    "--tool-call-parser": ("tool_call_parser", str),
 }
 
 

@@ -8,14 +8,15 @@ metrics); only the shapes in and out differ. OpenAI's defaults apply: `temperatu
 search) unless a temperature above 0 asks for sampling, and `n` is then its n-best list.
 Errors are OpenAI's: `{"error": {"message", "type", "param", "code"}}`, 400 for an invalid
 request (the native API's 422), and `x-should-retry: false` on 500 and 504, so that the client
-does not run a request that failed or timed out a second time.
+does not run a request that failed or timed out a second time. Tool calling (`tools`,
+`tool_choice`, calls and results in the chat) is tool_calls.py's.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -32,6 +33,7 @@ from attnserve.service.documents import TranslationRun, start_translation
 from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
 from attnserve.service.generation import (
     EngineRun,
+    check_kind,
     prompt_tokens,
     start_lm,
     text_of,
@@ -61,18 +63,33 @@ from attnserve.service.routes import (
     sse,
     token_deltas,
 )
-from attnserve.service.schemas import ChatMessage, GenerateRequest
+from attnserve.service.schemas import ChatMessage, GenerateRequest, Guided
 from attnserve.service.state import Service
+from attnserve.service.tool_calls import (
+    ToolStream,
+    answer_text,
+    chat_prompt,
+    constrain,
+    decoder,
+    plan_tools,
+    template_messages,
+    tool_answer,
+)
+from attnserve.service.tool_calls import start as start_tools
 
 router = APIRouter()
 
+# Structured outputs (service/guided.py): passed on to the native request.
+GUIDED = tuple(Guided.model_fields)
 # Language-model fields of /v1/completions a translation model refuses (400).
 LM_ONLY = (
     "stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo", "prompt_logprobs"
 )  # fmt: skip
 # Fields that would change the answer and that attnserve does not implement: refused (400),
-# never silently ignored.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "suffix")
+# never silently ignored. `functions` and `function_call` are OpenAI's deprecated names of
+# `tools` and `tool_choice`.
+UNSUPPORTED = ("functions", "function_call", "logit_bias", "suffix")
+COMPLETION_UNSUPPORTED = ("tools", "tool_choice", "parallel_tool_calls")
 _RESPONSES = {k: v for k, v in ERROR_RESPONSES.items() if k != 422}
 _RESPONSES[400] = {**ERROR_RESPONSES[422], "description": "Invalid request (`param` names it)"}
 
@@ -117,13 +134,14 @@ _COMPLETION_RESPONSES = _streamed(
 
 def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
     extra = body.model_extra or {}
-    for name in UNSUPPORTED:
+    names: tuple[str, ...] = UNSUPPORTED
+    if isinstance(body, CompletionRequest):
+        names += COMPLETION_UNSUPPORTED
+    for name in names:
         value = extra.get(name) if name in extra else getattr(body, name, None)
         if value not in (None, {}, []):
-            raise ApiError(400, f"{name} is not supported by this server", param=name)
-    response_format = extra.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        raise ApiError(400, "response_format: only text is supported", param="response_format")
+            hint = ": use tools" if name in ("functions", "function_call") else ""
+            raise ApiError(400, f"{name} is not supported by this server{hint}", param=name)
 
 
 def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel) -> dict[str, Any]:
@@ -147,6 +165,7 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
         "min_new_tokens": body.min_tokens,
         "length_penalty": body.length_penalty,
         "timeout_ms": body.timeout_ms,
+        **{name: getattr(body, name) for name in GUIDED},
     }
     n = body.n or 1
     if sampling:
@@ -268,27 +287,44 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
         fields["logprobs"] = body.top_logprobs or 0
     if body.prompt_logprobs is not None:
         fields["prompt_logprobs"] = body.prompt_logprobs
-    fields["messages"] = _chat_messages(body.messages)
-    run = await start_lm(_generate_request(fields), service, model)
+    messages = _chat_messages(body.messages)
+    plan = plan_tools(body, model, service.settings.tool_call_parser)
+    if plan is None:
+        fields["messages"] = messages
+        run = await start_lm(_generate_request(fields), service, model)
+    else:
+        prompt = chat_prompt(plan, template_messages(body.messages, messages, plan, model), model)
+        constrain(plan, body, model, fields)
+        run = await start_tools(_generate_request(fields), service, model, plan, prompt)
     id_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    parses = plan is not None and plan.parses
+    decode = decoder(model, plan.syntax) if plan is not None and parses else None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return _stream(run, "chat.completion.chunk", id_, created, include_usage)
+        tools = ToolStream(plan) if plan is not None and parses else None
+        return _stream(
+            run, "chat.completion.chunk", id_, created, include_usage, tools=tools, decode=decode
+        )
     done = await _finish(run, request)
     if isinstance(done, Response):
         return done
     (engine_request,) = done
 
+    def choice(i: int, hyp: EngineHypothesis) -> ChatChoice:
+        finish = _finish_reason(hyp, engine_request)
+        message = AssistantMessage(content=text_of(model, hyp, run.stopper))
+        if plan is not None and decode is not None:
+            content, calls = tool_answer(plan, answer_text(decode, hyp, run.stopper))
+            message = AssistantMessage(content=content, tool_calls=calls or None)
+        return ChatChoice(
+            index=i,
+            message=message,
+            finish_reason="tool_calls" if message.tool_calls and finish == "stop" else finish,
+            logprobs=chat_logprobs(model, hyp),
+        )
+
     def build() -> list[ChatChoice]:
-        return [
-            ChatChoice(
-                index=i,
-                message=AssistantMessage(content=text_of(model, hyp, run.stopper)),
-                finish_reason=_finish_reason(hyp, engine_request),
-                logprobs=chat_logprobs(model, hyp),
-            )
-            for i, hyp in enumerate(engine_request.hypotheses)
-        ]
+        return [choice(i, hyp) for i, hyp in enumerate(engine_request.hypotheses)]
 
     # logprobs decode every token and its alternatives: off the event loop
     scored = body.prompt_logprobs is not None
@@ -352,7 +388,7 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     id_, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if not model.generates:
         return await _translate(native, body, request, service, model, id_, created)
-    run = await start_lm(native, service, model, token_ids)
+    run = await start_lm(native, service, model, token_ids=token_ids)
     texts = _prompt_texts(body.prompt, run, model) if body.echo else [""] * len(run.requests)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -444,6 +480,7 @@ async def _translate(
     created: int,
 ) -> Any:
     """/v1/completions on a translation model: each prompt a document, `n` its n-best."""
+    check_kind(native, model)
     run = await start_translation(native, service, model)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -472,6 +509,8 @@ def _stream(
     created: int,
     include_usage: bool,
     echo: str = "",
+    tools: ToolStream | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
     *,
     generated: bool = True,
 ) -> EventStream:
@@ -482,9 +521,9 @@ def _stream(
             cleanup=run.cancel,
         )
     (engine_request,), (future,) = run.requests, run.futures
-    deltas = token_deltas(run.model, engine_request, future, run.timeout, run.stopper)
+    deltas = token_deltas(run.model, engine_request, future, run.timeout, run.stopper, decode)
     return EventStream(
-        _chunks(run, deltas, kind, id_, created, include_usage, echo, generated),
+        _chunks(run, deltas, kind, id_, created, include_usage, echo, tools, generated),
         cleanup=lambda: run.model.engine.cancel(engine_request.id),
     )
 
@@ -515,11 +554,13 @@ async def _chunks(
     created: int,
     include_usage: bool,
     echo: str,
+    tools: ToolStream | None = None,
     generated: bool = True,
 ) -> AsyncIterator[bytes]:
     """OpenAI's stream: (chat) a role delta first, a chunk per new text, the finish_reason
     in a last choice chunk, a usage chunk when asked, then [DONE]; an error mid-stream is an
-    `error` event (as OpenAI's), then [DONE]."""
+    `error` event (as OpenAI's), then [DONE]. `tools`: the text goes through a tool call
+    parser, whose content and tool call deltas are the chunks."""
     name = run.model.name
     chat = kind == "chat.completion.chunk"
 
@@ -531,6 +572,9 @@ async def _chunks(
 
     def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
         return sse(chunk_json(kind, id_, created, name, choices, usage))
+
+    def tool_event(delta: dict[str, Any]) -> bytes:
+        return event([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     if chat:
         first = choice("", None)
@@ -546,10 +590,17 @@ async def _chunks(
             if item.request is None and not item.done:
                 return  # the client is gone
             finish, usage = await _ending(run, item.request, generated)
+            if tools is not None:
+                for delta in tools.finish():
+                    yield tool_event(delta)
+                finish = "tool_calls" if tools.called and finish == "stop" else finish
             yield event([choice(None if chat else "", finish)])
             if include_usage:
                 yield event([], usage.model_dump())
             break
-        if item.text and generated:
+        if item.text and tools is not None:
+            for delta in tools.feed(item.text):
+                yield tool_event(delta)
+        elif item.text and generated:
             yield event([choice(item.text, None)])
     yield sse("[DONE]")

@@ -3,8 +3,10 @@
 
 Unlike the native API's, these request bodies ignore fields they do not know: OpenAI clients
 and the tools built on them send fields a server may not use (`user`, `store`, `metadata`,
-...). Fields that would change the answer and are not supported (`tools`, `logit_bias`, a JSON
-`response_format`, ...) are refused with a 400 naming them (openai_api.py).
+...). Fields that would change the answer and are not supported (`logit_bias`, `suffix`, the
+deprecated `functions`, ...) are refused with a 400 naming them (openai_api.py). Tools
+(`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `tool` results in
+the chat) are checked further by service/tool_calls.py.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from attnserve.service.schemas import Guided
 
 # Types are strict, as OpenAI's are (an int for a float is fine; "4", or false for a number,
 # is a 400); unknown fields are allowed (and ignored unless refused by name).
@@ -27,14 +31,71 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+# A function's name as OpenAI allows it.
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionCall(BaseModel):
+    """A past call in the chat: `arguments` is JSON text (an object)."""
+
+    model_config = _REQUEST_CONFIG
+
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str | dict[str, Any] = "{}"
+
+
+class MessageToolCall(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    id: str | None = Field(default=None, max_length=256)
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatCompletionMessage(BaseModel):
-    """A message of the chat: text content (a string or text parts)."""
+    """A message of the chat: text content (a string or text parts); an assistant's tool
+    calls; a tool's result (`role: "tool"`, the call's `tool_call_id`)."""
 
     model_config = _REQUEST_CONFIG
 
     role: str = Field(min_length=1, max_length=64)
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    name: str = Field(pattern=FUNCTION_NAME, description="letters, digits, _ and -, up to 64")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="A JSON schema of an object (default: no arguments)."
+    )
+    strict: bool | None = Field(
+        default=None, description="Accepted; required and named calls are always constrained."
+    )
+
+
+class ToolDefinition(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    type: str = Field(description='"function" (the only type)')
+    function: FunctionDefinition | None = None
+
+
+class NamedFunction(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -43,7 +104,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(Guided):
     """Options both endpoints take (OpenAI's, then the extras clients send in `extra_body`)."""
 
     model_config = _REQUEST_CONFIG
@@ -93,7 +154,26 @@ class ChatCompletionRequest(_Sampling):
                     "messages": [{"role": "user", "content": "What is the capital of France?"}],
                     "temperature": 0,
                     "max_tokens": 32,
-                }
+                },
+                {
+                    "model": "smollm2-135m-instruct",
+                    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                    "tools": [
+                        {
+                            "type": "function",
+                            "function": {
+                                "name": "get_weather",
+                                "description": "The current weather in a city.",
+                                "parameters": {
+                                    "type": "object",
+                                    "properties": {"city": {"type": "string"}},
+                                    "required": ["city"],
+                                },
+                            },
+                        }
+                    ],
+                    "tool_choice": "required",
+                },
             ]
         },
     )
@@ -103,6 +183,11 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     prompt_logprobs: int | None = _prompt_logprobs()
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description='default "auto" with tools, "none" without'
+    )
+    parallel_tool_calls: bool | None = Field(default=None, description="default true")
 
 
 class CompletionRequest(_Sampling):
@@ -152,15 +237,27 @@ class ChoiceLogprobs(BaseModel):
     content: list[LogprobEntry] | None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text of the arguments (an object)")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="null when the answer is only tool calls")
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: ChoiceLogprobs | None = None
 
 

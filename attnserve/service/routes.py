@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,9 +252,12 @@ async def token_deltas(
     future: asyncio.Future[EngineRequest],
     timeout: float,
     stopper: StopStrings | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
 ) -> AsyncIterator[Delta | StreamEnd]:
     """One Delta per token, then a StreamEnd. With stop strings, text that may turn out to
-    start one is held back until it does not."""
+    start one is held back until it does not. `decode`: token ids -> text (default: the
+    tokenizer's, special tokens left out)."""
+    decode = decode or model.tokenizer.decode
     loop = asyncio.get_running_loop()
     # The scheduler ends the request at its deadline; this later one only guards against an
     # engine that stopped stepping.
@@ -274,7 +277,7 @@ async def token_deltas(
             return
         for token in chunk:
             tokens.append(token)
-            delta, emitted = _delta(visible(model.tokenizer.decode(tokens), stopper), emitted)
+            delta, emitted = _delta(visible(decode(tokens), stopper), emitted)
             yield Delta(len(tokens) - 1, token, delta)
     done = await future
     if done.outcome is Outcome.DONE and done.hypotheses:

@@ -9,7 +9,7 @@ work); limits that depend on the server's configuration or the model (beam_size 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,7 +90,68 @@ class ChatMessage(BaseModel):
     content: str
 
 
-class GenerateRequest(TranslateRequest):
+_FORMAT_CONFIG = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=True)
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema the answer follows."""
+
+    model_config = _FORMAT_CONFIG
+
+    name: str = Field(default="response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(
+        default=None, alias="schema", description="A JSON schema (default: any JSON object)."
+    )
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON following a schema."""
+
+    model_config = _FORMAT_CONFIG
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one of a JSON schema, a regex, a choice or a grammar."""
+
+    model_config = _FORMAT_CONFIG
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class Guided(BaseModel):
+    """Structured outputs (language models): the answer follows a JSON schema, a regex, one
+    of a list of strings or a grammar; at most one of these fields per request. Tokens the
+    grammar does not allow are never chosen (greedy, sampling and beam search alike)."""
+
+    response_format: ResponseFormat | None = Field(
+        default=None, description="OpenAI's: text, json_object or json_schema."
+    )
+    guided_json: dict[str, Any] | str | None = Field(
+        default=None, description="A JSON schema the answer follows (vLLM's name)."
+    )
+    guided_regex: str | None = Field(default=None, description="A regex the answer matches.")
+    guided_choice: list[str] | None = Field(
+        default=None, description="The answer is exactly one of these strings."
+    )
+    guided_grammar: str | None = Field(
+        default=None,
+        description="A grammar the answer follows: Lark (llguidance's dialect) or GBNF.",
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None, description="vLLM's newer form of the guided_* fields."
+    )
+
+
+class GenerateRequest(TranslateRequest, Guided):
     """Full decoding control. `stream: true` needs a single text and beam_size 1.
 
     A language model takes a prompt (`text`) or chat `messages` (rendered by its chat

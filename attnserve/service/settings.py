@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     drain_seconds: float = Field(default=30.0, ge=0)
     log_json: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The syntax language models write tool calls in (service/tool_parsers.py): "auto" reads
+    # it from the chat template's markers; a template without a tools section gets the
+    # generic tool prompt and its Hermes syntax whatever this says.
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod

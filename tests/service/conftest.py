@@ -55,3 +55,19 @@ def both(lm_model: Path, model_dir: Path) -> Iterator[LiveServer]:
     check_models(settings)  # exports the language model's int8 graphs (as `attnserve serve`)
     with LiveServer(settings) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def byte_lm(
+    tiny_byte_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """The tiny language model whose tokens are bytes (it can write any text: JSON, tool
+    calls), fp32: structured outputs and tool calls."""
+    from attnserve.service.launch import check_models
+
+    out = tmp_path_factory.mktemp("served") / "tiny-byte-lm"
+    shutil.copytree(tiny_byte_lm_dir, out)
+    settings = make_settings(out, variant="fp32", max_beam_size=MAX_BEAM)
+    check_models(settings)
+    with LiveServer(settings) as server:
+        yield server

@@ -228,7 +228,8 @@ def test_invalid_requests_are_bad_request_errors(oa: openai.OpenAI, model_dir: P
         {"temperature": 5},  # out of range (schema)
         {"max_tokens": 10**6},  # over the model's limit (options)
         {"n": 2, "temperature": 0},  # several answers of greedy decoding
-        {"extra_body": {"tools": [{"type": "function", "function": {"name": "f"}}]}},
+        {"extra_body": {"tools": [{"type": "function", "function": {"name": "f g"}}]}},
+        {"extra_body": {"functions": [{"name": "f"}]}},  # deprecated: use tools
         {"logprobs": True, "stream": True},
     ]
     cases += [

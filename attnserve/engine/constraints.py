@@ -1,0 +1,184 @@
+"""Grammar-constrained decoding: which tokens a request's grammar allows at each step.
+
+A request with structured output (a JSON schema, a regex, a choice list, a Lark grammar) carries
+a `Constraint`: llguidance's matcher for its grammar, compiled against the model's tokenizer
+(`Vocabulary`, built once per model). Each of the request's rows has its own matcher (`Rows`);
+at every step a row's mask is the set of tokens that keep its text a prefix of the grammar's
+language, and the row's other tokens are set to -inf after the processors (penalties) and
+before the search chooses, so greedy, sampling and beam search all pick allowed tokens only.
+The end of the grammar allows the model's stop tokens (all of them, as llguidance's EOS list),
+and nothing else once it can go no further.
+
+A mask depends only on the row's own tokens, so a row's output never depends on its
+neighbours in the batch. Masks are computed off the critical path: `Rows.prefetch` starts the
+next step's masks on a worker thread as soon as the tokens of this step are chosen, and the
+backend's decoder step runs meanwhile (llguidance and ONNX Runtime both release the GIL);
+`Rows.masks` waits for them when the step's log-probs arrive.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+BoolArray = npt.NDArray[np.bool_]
+
+
+class GrammarError(ValueError):
+    """A grammar, schema or regex llguidance cannot use (the service answers 400)."""
+
+
+def _llguidance() -> Any:
+    import llguidance  # imported when a model first needs a constraint
+
+    return llguidance
+
+
+class Vocabulary:
+    """A model's tokens as llguidance sees them: built once per model from its tokenizer.json
+    (a third of a second for a 49k vocabulary), with the model's stop tokens as the grammar's
+    end and the logits' width (which may exceed the tokenizer's) as the mask's width."""
+
+    def __init__(self, tokenizer_json: str, stop_ids: Sequence[int], vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.stop_ids = sorted(set(stop_ids))
+        if not self.stop_ids:
+            raise GrammarError("the model has no stop token: a grammar could never end")
+        llg = _llguidance()
+        try:
+            self.tokenizer = llg.LLTokenizer(
+                tokenizer_json, n_vocab=vocab_size, eos_token=self.stop_ids
+            )
+        except ValueError as exc:  # a tokenizer llguidance cannot read (a WordPiece decoder)
+            raise GrammarError(f"the model's tokenizer cannot be constrained: {exc}") from exc
+
+    def compile(self, grammar: str) -> Constraint:
+        """A constraint for llguidance's grammar text (`LLMatcher.grammar_from_*`); raises
+        GrammarError naming what is wrong, also for a grammar that allows no text at all."""
+        llg = _llguidance()
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if failed:
+            raise GrammarError(_first_line(messages[0]) if messages else "invalid grammar")
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(_first_line(matcher.get_error()))
+        constraint = Constraint(self, matcher)
+        allowed = constraint.allowed(matcher)
+        allowed[self.stop_ids] = False
+        if not allowed.any() and not matcher.is_accepting():  # nothing to write, nor to end
+            raise GrammarError("the grammar matches no text")
+        return constraint
+
+
+def _first_line(message: str) -> str:
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[0] if lines else message
+
+
+@dataclass
+class MaskTimes:
+    """Seconds spent computing masks (a bounded sample, for the benchmarks' p50 / p99)."""
+
+    samples: list[float] = field(default_factory=list)
+    limit: int = 100_000
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            if len(self.samples) < self.limit:
+                self.samples.append(seconds)
+
+    def take(self) -> list[float]:
+        with self.lock:
+            samples, self.samples = self.samples, []
+        return samples
+
+
+MASK_TIMES = MaskTimes()
+# One worker: masks of all constrained rows are computed on it while the decoder step runs.
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnserve-masks")
+
+
+class Constraint:
+    """A compiled grammar and its matcher at the start of the output (never advanced itself:
+    each search row takes a copy)."""
+
+    def __init__(self, vocabulary: Vocabulary, matcher: Any) -> None:
+        self.vocabulary = vocabulary
+        self.initial = matcher
+
+    def rows(self) -> Rows:
+        """The per-row matchers of one search, starting with one row."""
+        return Rows(self, [self.initial.deep_copy()])
+
+    def allowed(self, matcher: Any) -> BoolArray:
+        """The tokens `matcher` allows next, (V,) booleans; a stop token stands for all."""
+        start = time.perf_counter()
+        bits = matcher.compute_bitmask()
+        MASK_TIMES.add(time.perf_counter() - start)
+        vocab = self.vocabulary.vocab_size
+        mask = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")
+        allowed = np.zeros(vocab, dtype=bool)
+        width = min(vocab, mask.shape[0])
+        allowed[:width] = mask[:width].astype(bool)
+        stops = self.vocabulary.stop_ids
+        if allowed[stops].any():
+            allowed[stops] = True
+        return allowed
+
+
+class ConstraintViolated(RuntimeError):
+    """A row took a token its grammar does not allow (a bug: masks forbid them)."""
+
+
+class Rows:
+    """The matchers of one search's rows, in row order, and their next masks."""
+
+    def __init__(self, constraint: Constraint, matchers: list[Any]) -> None:
+        self.constraint = constraint
+        self.matchers = matchers
+        self._pending: Future[list[BoolArray]] | None = None
+
+    def prefetch(self) -> None:
+        """Start computing the rows' next masks on the worker thread."""
+        if self._pending is None and self.matchers:
+            self._pending = _POOL.submit(self._compute)
+
+    def _compute(self) -> list[BoolArray]:
+        return [self.constraint.allowed(m) for m in self.matchers]
+
+    def masks(self) -> list[BoolArray]:
+        """The rows' masks for this step (computed now unless prefetched)."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else self._compute()
+
+    def apply(self, log_probs: npt.NDArray[np.float32]) -> None:
+        """Set the tokens each row's grammar forbids to -inf, in place; (R, V)."""
+        for row, allowed in zip(log_probs, self.masks(), strict=True):
+            if not allowed.any():
+                raise ConstraintViolated("the grammar allows no token here")
+            row[~allowed[: row.shape[0]]] = -np.inf
+
+    def advance(self, parents: Sequence[int], tokens: Sequence[int]) -> None:
+        """The next rows: row i continues parents[i] with tokens[i] (a parent's matcher is
+        copied when more than one row continues it)."""
+        used: set[int] = set()
+        matchers = []
+        for parent in parents:
+            source = self.matchers[parent]
+            matcher = source if parent not in used else source.deep_copy()
+            used.add(parent)
+            matchers.append(matcher)
+        # the copies first (above), then the tokens: a copy is taken before its source moves
+        for matcher, token in zip(matchers, tokens, strict=True):
+            if not matcher.consume_token(int(token)):
+                raise ConstraintViolated(f"token {token} is outside the grammar")
+        self.matchers = matchers
+        self._pending = None
