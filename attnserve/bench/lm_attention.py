@@ -29,7 +29,9 @@ from attnserve.engine.onnx.layout import (
     LM_INPUTS,
     LM_PLAIN,
     LM_STEP_NAME,
+    LOGIT_POSITIONS,
     LOGITS,
+    last_positions,
     lm_new_names,
     lm_past_names,
     lm_present_names,
@@ -48,6 +50,7 @@ class GqaStep:
         self.session = session
         self.past = lm_past_names(config.num_layers)
         self.present = lm_present_names(config.num_layers)
+        self.positions = LOGIT_POSITIONS in {i.name for i in session.get_inputs()}
 
     def __call__(
         self, ids: np.ndarray, seqlens_k: np.ndarray, total: int, buffers: Sequence[np.ndarray]
@@ -58,6 +61,10 @@ class GqaStep:
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", np.ascontiguousarray(seqlens_k, dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        if self.positions:  # each row's last real token (a first prompt is right-padded)
+            rows, width = ids.shape
+            last = np.minimum(np.asarray(seqlens_k, dtype=np.int64), width - 1)
+            binding.bind_cpu_input(LOGIT_POSITIONS, np.arange(rows) * width + last)
         for past, present, buffer in zip(self.past, self.present, buffers, strict=True):
             shape = list(buffer.shape)
             binding.bind_input(past, "cpu", 0, buffer.dtype, shape, buffer.ctypes.data)
@@ -98,6 +105,8 @@ def _plain_call(session: Any, config: DecoderConfig, rows: int, cached: int, t: 
         mask: np.ones((rows, t), dtype=np.int64),
         past: past_mask,
     }
+    if LOGIT_POSITIONS in {i.name for i in session.get_inputs()}:
+        feeds[LOGIT_POSITIONS] = last_positions(rows, t)
     for name in lm_past_names(config.num_layers):
         feeds[name] = np.zeros((rows, kv, width, d), dtype=np.float32)
     outputs = [LOGITS, *lm_new_names(config.num_layers)]

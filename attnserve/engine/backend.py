@@ -108,7 +108,9 @@ class Backend(Protocol[State]):
     # (`Search.wanted`).
     # Optional, language models: `empty(rows) -> State` and `extend(state, ids, mask) ->
     # (logits, State)`, which prefills a left-padded chunk of prompt tokens (B, T) after the
-    # rows' cached ones: the scheduler prefills long prompts a chunk per step with them.
+    # rows' cached ones: the scheduler prefills long prompts a chunk per step with them. With
+    # `all_positions=True` it returns every position's logits (B, T, V), for prompt logprobs,
+    # where the attribute `scores_prompts` is true.
     # Optional: `reorder(state, rows) -> State`, `select` for a caller that gives `state` up
     # (RunningBatch after a step) and keeps the number of rows: the backend may move rows in
     # place, so `state` and every state sharing its tensors must not be used again.

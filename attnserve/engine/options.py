@@ -48,6 +48,9 @@ class DecodingOptions:
     frequency_penalty: float = 0.0
     # Report the log-prob of every chosen token, with this many top alternatives; None = off.
     logprobs: int | None = None
+    # Language models: score the prompt (each token's log-prob given the ones before it, its
+    # rank and this many top alternatives; engine/scoring.py); None = off.
+    prompt_logprobs: int | None = None
     # Independent samples of one prompt (sampling only); they share its prefill.
     num_samples: int = 1
     # Model-level generation settings (Marian's generation config): log-softmax again after the
@@ -114,6 +117,8 @@ class DecodingOptions:
                 raise InvalidOption(name, "must be between -2 and 2")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidOption("logprobs", f"must be between 0 and {MAX_LOGPROBS}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise InvalidOption("prompt_logprobs", f"must be between 0 and {MAX_LOGPROBS}")
         if not 1 <= self.num_samples <= max_beam_size:
             raise InvalidOption("n", f"must be between 1 and {max_beam_size}")
         if self.num_samples > 1 and not self.sampling:

@@ -8,7 +8,9 @@ Each `step()` is schedule -> execute -> update:
   the batch stays within `max_batch_rows` rows and `max_batch_tokens` tokens (no request skips
   the head of the queue, so none starves; the queue takes requests round-robin across their
   groups, the sentences of one document: engine/waiting.py), and encode all admitted requests
-  together (in length buckets, RunningBatch.encode);
+  together (in length buckets, RunningBatch.encode); a request that asks for its prompt's
+  scores (prompt logprobs, engine/scoring.py) is admitted alone and prefilled alone, so they
+  are what it gets alone;
 - execute: one decoder step for every running row (RunningBatch.step of every cohort);
 - update: report new tokens (for streaming) and finished, failed or expired requests.
 
@@ -46,7 +48,15 @@ from attnserve.engine.backend import Backend, IntArray, left_padded, pad_batch
 from attnserve.engine.batch import RunningBatch
 from attnserve.engine.constraints import Constraint
 from attnserve.engine.options import DecodingOptions
-from attnserve.engine.search import GreedySearch, Hypothesis, Search, Stopper, make_search
+from attnserve.engine.scoring import score_positions, score_tokens
+from attnserve.engine.search import (
+    GreedySearch,
+    Hypothesis,
+    Search,
+    Stopper,
+    TokenLogprob,
+    make_search,
+)
 from attnserve.engine.waiting import FairQueue
 
 log = logging.getLogger(__name__)
@@ -94,6 +104,9 @@ class Request:
     error: Exception | None = None
     search: Search | None = None
     streamed: int = 0  # tokens already reported as StepEvent.new_tokens
+    # With options.prompt_logprobs: one per prompt token once prefilled (None for the first,
+    # which nothing precedes).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def rows(self) -> int:
@@ -192,6 +205,8 @@ class _Prefill:
     mask: IntArray  # (B, S) 1 = a real token
     done: int  # columns of ids prefilled so far
     state: Any
+    # A request whose prompt is scored (alone): its tokens' scores so far.
+    scores: list[TokenLogprob] | None = None
 
     @property
     def rows(self) -> int:
@@ -396,19 +411,20 @@ class Scheduler:
             return True
         if self.limits.batching != "continuous":
             return False
-        if n == len(self.waiting):  # everything waiting fits: no reason to make anyone wait
-            return True
+        if n == len(self.waiting) or _scored(self.waiting[0]):
+            return True  # everything waiting fits (or a prefill of its own): no reason to wait
         rows = sum(self.waiting[i].rows for i in range(n))
         return rows >= self.limits.join_rows or self._since_admit >= self.limits.max_join_steps
 
     def _admit(self, events: StepEvents, now: float) -> int:
         """Move waiting requests (FIFO) into the batch while they fit; one `encode` for all."""
         self._since_admit += 1
-        n = self._fitting()
+        n = self._alone(self._fitting())
         if not self._should_admit(n):
             return 0
         rows = sum(self.waiting[i].rows for i in range(n))
-        chunked = self._chunked([self.waiting[i] for i in range(n)])
+        scored = _scored(self.waiting[0])
+        chunked = scored or self._chunked([self.waiting[i] for i in range(n)])
         cohort = None if chunked else self._cohort_to_join(rows)
         if cohort is None and not chunked:
             return 0
@@ -427,13 +443,16 @@ class Scheduler:
                 )
                 for r in admitted
             ]
-            if cohort is None:  # long prompts: a chunk per step from now on
+            if scored and not getattr(self.backend, "scores_prompts", False):
+                raise ValueError("this model's backend cannot score prompts (prompt_logprobs)")
+            if cohort is None:  # long prompts, or a prompt to score: a chunk per step
                 ids, lengths = pad_batch([r.source for r in admitted], self.backend.spec.pad_id)
                 ids, mask = left_padded(ids, lengths, self.backend.spec.pad_id)
                 state = self.backend.empty(len(admitted))  # type: ignore[attr-defined]
                 used = mask.any(axis=0)
                 start = int(used.argmax()) if used.any() else mask.shape[1]
-                self.prefilling = _Prefill(admitted, searches, ids, mask, start, state)
+                scores: list[TokenLogprob] | None = [] if scored else None
+                self.prefilling = _Prefill(admitted, searches, ids, mask, start, state, scores)
                 self._register(admitted, searches, now)
                 return len(admitted)
             state = cohort.encode([r.source for r in admitted])
@@ -462,6 +481,15 @@ class Scheduler:
             request.admitted = now
             self.running[id(search)] = request
 
+    def _alone(self, n: int) -> int:
+        """Of the `n` requests at the head of the queue that fit, how many to admit together:
+        a request whose prompt is scored is prefilled alone (its scores are then what it gets
+        alone, whatever else runs), so the requests before it go first, then it."""
+        for i in range(n):
+            if _scored(self.waiting[i]):
+                return i or 1
+        return n
+
     def _chunked(self, requests: Sequence[Request]) -> bool:
         """Whether these requests' prompts are prefilled a chunk per step (language models
         whose backend can, when the longest prompt is over `prefill_chunk`)."""
@@ -479,14 +507,24 @@ class Scheduler:
         prefill = self.prefilling
         if prefill is None:
             return
-        end = min(prefill.done + self.limits.prefill_chunk, prefill.ids.shape[1])
+        width = prefill.ids.shape[1]
+        chunk = self.limits.prefill_chunk or width
+        if prefill.scores is not None:  # every position's logits: a chunk they fit
+            chunk = score_tokens(self.backend.spec.vocab_size, chunk)
+        end = min(prefill.done + chunk, width)
         try:
             if end > prefill.done:
-                _, prefill.state = self.backend.extend(  # type: ignore[attr-defined]
-                    prefill.state,
-                    prefill.ids[:, prefill.done : end],
-                    prefill.mask[:, prefill.done : end],
-                )
+                ids = prefill.ids[:, prefill.done : end]
+                mask = prefill.mask[:, prefill.done : end]
+                extend = self.backend.extend  # type: ignore[attr-defined]
+                if prefill.scores is None:
+                    _, prefill.state = extend(prefill.state, ids, mask)
+                else:  # one request, no padding: column c holds prompt token c
+                    logits, prefill.state = extend(prefill.state, ids, mask, all_positions=True)
+                    (request,) = prefill.requests
+                    targets = request.prefix[prefill.done + 1 : end + 1]
+                    top = request.options.prompt_logprobs or 0
+                    prefill.scores += score_positions(logits[0], targets, top)
         except Exception as exc:
             log.exception("prefill failed for %d requests", len(prefill.requests))
             self.prefilling = None
@@ -494,8 +532,10 @@ class Scheduler:
                 self._end(request, Outcome.FAILED, events, error=exc)
             return
         prefill.done = end
-        if end < prefill.ids.shape[1]:
+        if end < width:
             return
+        if prefill.scores is not None:
+            prefill.requests[0].prompt_logprobs = [None, *prefill.scores]
         self.prefilling = None
         cohort = self._cohort_to_join(prefill.rows, new_anyway=True)
         assert cohort is not None
@@ -578,3 +618,8 @@ class Scheduler:
         request.error = error
         request.finished = self.clock()
         events.ended.append(request)
+
+
+def _scored(request: Request) -> bool:
+    """Whether the request asks for its prompt's scores (prompt logprobs)."""
+    return request.options.prompt_logprobs is not None

@@ -109,11 +109,13 @@ def stay_in_place(parents: Sequence[int]) -> list[int]:
 @dataclass(frozen=True)
 class TokenLogprob:
     """A chosen token's log-prob under the model (before penalties and temperature) and the
-    `top` most likely tokens of that step, best first."""
+    `top` most likely tokens of that step, best first; `rank`: 1 + the tokens more likely
+    than it (prompt tokens' scores carry it, engine/scoring.py)."""
 
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,9 @@ class Hypothesis:
     ended_with_eos: bool  # ended with a stop token (EOS, or the model's end of turn)
     stopped: bool = False  # ended with a stop string (tokens include the one completing it)
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when asked for
+    # The stop token's (EOS, end of turn) when the output ended with one and logprobs were
+    # asked for: generated, though not in `tokens` (OpenAI's routes list it, as vLLM does).
+    stop_logprob: TokenLogprob | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -231,6 +236,7 @@ class GreedySearch(Search):
         self.ended_with_eos = False
         self.stopped = False
         self.logprobs: list[TokenLogprob] | None = None if options.logprobs is None else []
+        self.stop_logprob: TokenLogprob | None = None
 
     def choose(self, log_probs: FloatArray) -> int:
         """log_probs (V,) (or logits) -> token id"""
@@ -275,14 +281,18 @@ class GreedySearch(Search):
         logprobs the request asked for."""
         self.log_prob += log_prob
         self.steps += 1
+        logprob = None
+        if raw is not None and self.logprobs is not None:
+            logprob = token_logprob(raw, token, self.options.logprobs or 0)
         if token in self.stops:
             self.ended_with_eos = True
+            self.stop_logprob = logprob
             return self._finish()
         self.tokens.append(token)
         if self.grammar is not None:
             self.grammar.advance([0], [token])
-        if raw is not None and self.logprobs is not None:
-            self.logprobs.append(token_logprob(raw, token, self.options.logprobs or 0))
+        if logprob is not None and self.logprobs is not None:
+            self.logprobs.append(logprob)
         if self.stopper is not None and self.stopper(self.tokens):
             self.stopped = True
             return self._finish()
@@ -302,6 +312,7 @@ class GreedySearch(Search):
                 self.ended_with_eos,
                 self.stopped,
                 logprobs,
+                self.stop_logprob,
             )
         ]
 

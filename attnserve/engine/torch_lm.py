@@ -60,6 +60,7 @@ class TorchLMBackend:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self._spec = lm_spec(model.config, stop_ids)
+        self.scores_prompts = True  # `extend` returns every position's logits when asked
 
     @classmethod
     def from_dir(
@@ -82,15 +83,19 @@ class TorchLMBackend:
         """A state of `rows` rows with nothing cached."""
         return LMState(self.model.empty_cache(rows))
 
-    def extend(self, state: LMState, ids: IntArray, mask: IntArray) -> tuple[FloatArray, LMState]:
+    def extend(
+        self, state: LMState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
+    ) -> tuple[FloatArray, LMState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
-        returns the logits of each row's last position (B, V) and the grown state."""
+        returns the logits of each row's last position (B, V), or with `all_positions` of
+        every position (B, T, V; padding positions hold garbage), and the grown state."""
         import torch
 
         with torch.inference_mode():
             logits, cache = self.model.prefill(self._tensor(ids), self._tensor(mask), state.cache)
         assert logits is not None
-        return logits[:, -1].float().cpu().numpy(), LMState(cache)
+        kept = logits if all_positions else logits[:, -1]
+        return kept.float().cpu().numpy(), LMState(cache)
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
         import torch

@@ -2,9 +2,9 @@
 
 T new tokens per row after a past of W cache columns, T dynamic, so one graph prefills prompt
 chunks and decodes (T = 1): `input_ids`, `attention_mask` (B, T), `past_mask` (B, W),
-`past.{i}.key` / `.value` (B, Hkv, W, D) -> `logits` (B, V) of each row's last position and
-`new.{i}.key` / `.value` (B, Hkv, T, D). It computes `DecoderOnly.prefill`'s function (fp32
-parity is checked at export), written for serving:
+`past.{i}.key` / `.value` (B, Hkv, W, D), `logit_positions` (R,) -> `logits` (R, V) of the
+positions asked for and `new.{i}.key` / `.value` (B, Hkv, T, D). It computes
+`DecoderOnly.prefill`'s function (fp32 parity is checked at export), written for serving:
 
 * The cache is an input and only the T new keys/values are outputs: scores over the past
   (B, Hkv, G, T, W) and over the new tokens (B, Hkv, G, T, T) share one softmax, and the output
@@ -16,8 +16,12 @@ parity is checked at export), written for serving:
 * Positions come from the masks (real past columns plus real tokens before, in the chunk), so
   left padding, rows that joined later and reordered beams need nothing else. A padding token
   sees itself, so no query row is fully masked (its output is unused).
-* Only the last position reaches the head: a prompt chunk's next-token scores are those of its
-  last token (chunks are left-padded), and a step has one position.
+* Only the positions in `logit_positions` (flat indices b * T + t) reach the head: a step's or
+  a prompt chunk's next-token scores are those of each row's last token (chunks are
+  left-padded), while a prompt that is scored asks for every position. The head is a
+  vocabulary-wide product per position, so a graph that computed it for every position would
+  slow every prefill (ONNX Runtime runs a node whether or not an output that needs it is
+  fetched); the index is the runtime's choice at each call.
 
 It is written with as few nodes as ONNX Runtime runs well, because a decoding step of a small
 model on the CPU pays a few microseconds per node whatever its size (torch's export of the same
@@ -46,6 +50,7 @@ from attnserve.engine.onnx.layout import (
     LM_GQA_INPUTS,
     LM_INPUTS,
     LM_PLAIN,
+    LOGIT_POSITIONS,
     LOGITS,
     lm_new_names,
     lm_past_names,
@@ -53,7 +58,6 @@ from attnserve.engine.onnx.layout import (
 )
 from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer
 
-INT64_MAX = np.iinfo(np.int64).max
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
 LM_IR_VERSION = 11
@@ -130,20 +134,27 @@ def _mlp(g: _Graph, layer: DecoderOnlyLayer, p: str, x: str, eps: float, split: 
     return g.op("Add", [x, down])
 
 
-def _head(g: _Graph, model: DecoderOnly, last: str, eps: float, *, squeeze: bool) -> None:
-    """The final norm and output projection of `last` into the graph output `logits` (B, V);
-    `squeeze`: `last` is (B, 1, C). A tied head reads the embedding table through a Transpose
-    that ONNX Runtime folds when it loads the graph (the table is stored once)."""
-    normed = _rms_norm(g, last, "norm", model.norm.weight, eps)
+def _head(g: _Graph, model: DecoderOnly, x: str) -> None:
+    """The final norm and output projection of the positions `logit_positions` of `x`
+    (B, T, C) into the graph output `logits` (R, V). A tied head reads the embedding table
+    through a Transpose that ONNX Runtime folds when it loads the graph (the table is stored
+    once)."""
+    flat = g.op("Reshape", [x, g.const("rows_shape", [-1, model.config.hidden_size], np.int64)])
+    kept = g.op("Gather", [flat, LOGIT_POSITIONS], axis=0, name="logit_rows")  # (R, C)
+    normed = _rms_norm(g, kept, "norm", model.norm.weight, model.config.rms_norm_eps)
     if model.lm_head.weight is model.embed_tokens.weight:  # tied (a smoothed copy unties it)
         head = g.op("Transpose", ["embed_tokens.weight"], perm=[1, 0], name="lm_head.t")
     else:
         head = g.const("lm_head.weight", _weight(model.lm_head))
-    if squeeze:
-        logits = g.op("MatMul", [normed, head], name="lm_head")  # (B, 1, V)
-        g.op("Squeeze", [logits, g.const("squeeze_axis_1", [1], np.int64)], outputs=[LOGITS])
-    else:
-        g.op("MatMul", [normed, head], name="lm_head", outputs=[LOGITS])
+    g.op("MatMul", [normed, head], name="lm_head", outputs=[LOGITS])
+
+
+def _positions_input() -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(LOGIT_POSITIONS, TensorProto.INT64, ["logit_rows"])
+
+
+def _logits_output(vocab_size: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["logit_rows", vocab_size])
 
 
 def build_lm_graph(
@@ -269,9 +280,7 @@ def build_lm_graph(
         x = g.op("Add", [x, attended])
         x = _mlp(g, layer, p, x, eps, split_mlp)
 
-    last = g.op("Slice", [x, g.const("last_start", [-1], np.int64),
-                          g.const("last_end", [INT64_MAX], np.int64), one_axis])  # fmt: skip
-    _head(g, model, last, eps, squeeze=True)
+    _head(g, model, x)
 
     past_shape: list[str | int | None] = ["batch", kv, "past", d]
     new_shape: list[str | int | None] = ["batch", kv, "chunk", d]
@@ -280,9 +289,10 @@ def build_lm_graph(
         helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "chunk"]),
         helper.make_tensor_value_info(past_mask, TensorProto.INT64, ["batch", "past"]),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
+        _positions_input(),
     ]
     outputs = [
-        helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", cfg.vocab_size]),
+        _logits_output(cfg.vocab_size),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, new_shape) for nm in new_names),
     ]
     graph = helper.make_graph(g.nodes, "attnserve_lm_step", inputs, outputs, g.initializers)
@@ -308,9 +318,10 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
     prompt (batch 1, all T tokens real).
 
     Inputs `input_ids` (B, T), `seqlens_k` (B,) int32 (each row's length after this step,
-    minus 1), `total_sequence_length` () int32, `past.{i}.key/value` (B, Hkv, P, D); outputs
-    `logits` (B, V) of each row's last real token and `present.{i}.key/value` (B, Hkv,
-    max(P, total), D).
+    minus 1), `total_sequence_length` () int32, `past.{i}.key/value` (B, Hkv, P, D),
+    `logit_positions` (R,) int64 (flat indices b * T + t; a first prompt's rows are
+    right-padded, so a row's last real token is at t = its length - 1); outputs `logits`
+    (R, V) and `present.{i}.key/value` (B, Hkv, max(P, total), D).
     """
     cfg = model.config
     heads, kv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
@@ -349,17 +360,7 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
         x = g.op("Add", [x, attended])
         x = _mlp(g, layer, p, x, eps, split_mlp)
 
-    # each row's last real token: min(seqlens_k, T - 1) (a first prompt is right-padded)
-    shape_ids = g.op("Shape", [ids])
-    batch = g.op("Gather", [shape_ids, g.const("index_0", 0, np.int64)], axis=0)
-    t = g.op("Gather", [shape_ids, g.const("index_1", 1, np.int64)], axis=0)
-    lengths = g.op("Cast", [seqlens], to=TensorProto.INT64)
-    last_index = g.op("Min", [lengths, g.op("Sub", [t, g.const("one", 1, np.int64)])])
-    rows = g.op("Range", [g.const("start_0", 0, np.int64), batch, g.const("delta_1", 1, np.int64)])
-    starts = g.op("Mul", [rows, t])
-    flat = g.op("Reshape", [x, g.const("rows_shape", [-1, cfg.hidden_size], np.int64)])
-    last = g.op("Gather", [flat, g.op("Add", [starts, last_index])], axis=0)  # (B, C)
-    _head(g, model, last, eps, squeeze=False)
+    _head(g, model, x)
 
     past_shape: list[str | int | None] = ["batch", kv, "past", d]
     present_shape: list[str | int | None] = ["batch", kv, "present", d]
@@ -368,9 +369,10 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
         helper.make_tensor_value_info(seqlens, TensorProto.INT32, ["batch"]),
         helper.make_tensor_value_info(total, TensorProto.INT32, []),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
+        _positions_input(),
     ]
     outputs = [
-        helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", cfg.vocab_size]),
+        _logits_output(cfg.vocab_size),
         *(
             helper.make_tensor_value_info(nm, TensorProto.FLOAT, present_shape)
             for nm in present_names

@@ -307,7 +307,7 @@ def use_kernels(path: Path, *, decoder: bool = True) -> int:
 # The int8 variant's KV cache and cross K/V (export --int8-cache): float16 by default. A decoding
 # step reads every cached key and value once, and at beam 4 x 32 rows the cache, not the
 # weights, is most of the bytes a step reads; beam search's reorder copies are halved too.
-# Measured in docs/BENCHMARKS.md ("The int8 cache in half precision").
+# Measured in docs/BENCHMARKS.md ("attnserve's kernels and the other changes kept").
 INT8_CACHES = ("float16", "float32")
 INT8_CACHE = "float16"
 HALF_MAX = 65504.0  # float16's largest finite value

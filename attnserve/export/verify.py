@@ -7,7 +7,9 @@ default model's dev verses), random token ids otherwise. fp32 must match within
 along the reference's greedy path (teacher forced, up to each source's end), the share of steps
 whose most likely token is the reference's, and the mean KL divergence of its next-token
 distribution from the reference's. Sequence agreement is reported, not gated: on near-ties a
-small difference picks another, equally good continuation. fp16 is reported.
+small difference picks another, equally good continuation. fp16 is reported. A language
+model's prompts are scored too, each alone in one call with every position's logits (what
+prompt logprobs read), against the torch model's: fp32 within the same bound.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,8 @@ class Reference:
     step_tokens: list[IntArray]  # fed at every step (the reference's greedy choices)
     step_log_probs: list[FloatArray]  # (B, V) per step
     outputs: dict[str, list[tuple[int, ...]]]  # best hypothesis per source, per search
+    # A language model's prompts scored (teacher-forced log-probs (T - 1, V) each)
+    prompt_log_probs: list[FloatArray] = field(default_factory=list)
 
 
 def _options(beam_size: int, max_new_tokens: int) -> DecodingOptions:
@@ -264,6 +268,11 @@ def check_fp32(parity: dict[str, Any], where: Path) -> None:
             f"{parity['log_prob_diff_ratio']:.1f}x what float32 rounding allows "
             f"(max({FP32_MAX_ABS_DIFF}, {FP32_RELATIVE_DIFF} x the row's largest |log-prob|))"
         )
+    if not parity.get("prompt_log_prob_diff_ratio", 0.0) <= 1.0:  # scored prompts, where any
+        problems.append(
+            f"prompt scores differ by {parity['prompt_max_abs_log_prob_diff']:.2e}, "
+            f"{parity['prompt_log_prob_diff_ratio']:.1f}x what float32 rounding allows"
+        )
     for name in ("greedy", "beam4"):
         if parity[f"{name}_exact_match"] != 1.0:
             problems.append(f"{name} outputs differ ({parity[f'{name}_exact_match']:.3f} exact)")
@@ -340,7 +349,44 @@ def lm_reference(
     """The torch language model's reference run on `prompts` (default: random ones)."""
     if prompts is None:
         prompts = random_prompts(model.config, n)
-    return run_reference(TorchLMBackend(model), prompts)
+    backend = TorchLMBackend(model)
+    reference = run_reference(backend, prompts)
+    reference.prompt_log_probs = prompt_scores(backend, prompts)
+    return reference
+
+
+def prompt_scores(backend: Any, prompts: Sequence[Sequence[int]]) -> list[FloatArray]:
+    """Each prompt's teacher-forced log-probs (T - 1, V), the prompt alone in one call with
+    every position's logits (a language model backend's `extend`)."""
+    scores = []
+    for prompt in prompts:
+        ids = np.asarray([prompt[:-1]], dtype=np.int64)
+        if ids.shape[1] == 0:
+            scores.append(np.zeros((0, backend.spec.vocab_size), dtype=np.float32))
+            continue
+        logits, _ = backend.extend(backend.empty(1), ids, np.ones_like(ids), all_positions=True)
+        scores.append(log_softmax(logits[0]))
+    return scores
+
+
+def compare_prompts(candidate: Any, reference: Reference) -> dict[str, Any]:
+    """The prompt scores' max abs log-prob difference, its ratio to what float32 rounding
+    allows (fp32's gate) and their top-1 agreement with the reference's."""
+    worst, ratio, agree, rows = 0.0, 0.0, 0, 0
+    got = prompt_scores(candidate, reference.sources)
+    for log_probs, expected in zip(got, reference.prompt_log_probs, strict=True):
+        if not expected.size:
+            continue
+        difference = float(np.abs(log_probs - expected).max())
+        worst = max(worst, difference if np.isfinite(difference) else math.inf)
+        ratio = max(ratio, _difference_ratio(log_probs, expected))
+        agree += int((log_probs.argmax(-1) == expected.argmax(-1)).sum())
+        rows += expected.shape[0]
+    return {
+        "prompt_max_abs_log_prob_diff": worst,
+        "prompt_log_prob_diff_ratio": ratio,
+        "prompt_top1_agreement": agree / max(rows, 1),
+    }
 
 
 def random_prompts(config: DecoderConfig, n: int = 8, seed: int = 0) -> list[list[int]]:
@@ -362,6 +408,8 @@ def lm_parity(
     try:
         candidate = open_lm_backend(config, directory, provider=parity_provider(variant))
         report = compare(candidate, reference)
+        if reference.prompt_log_probs:
+            report.update(compare_prompts(candidate, reference))
     except Exception as exc:
         if variant in ("fp32", "int8", "int4"):
             raise ParityError(f"{directory}: {variant} graphs do not run: {exc}") from exc

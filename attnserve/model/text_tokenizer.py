@@ -211,6 +211,11 @@ class TextTokenizer:
         """The text a token id stands for (decoded, special tokens included)."""
         return str(self.tokenizer.decode([int(token_id)], skip_special_tokens=False))
 
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary's token string of each id, as stored (transformers'
+        convert_ids_to_tokens: byte-level BPE's "Ġthe"); "" outside the vocabulary."""
+        return [self.tokenizer.id_to_token(int(i)) or "" for i in ids]
+
     @property
     def bos_id(self) -> int | None:
         return self.token_to_id(self.special["bos_token"])
@@ -254,18 +259,25 @@ class TextTokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The chat rendered as the model's template writes it (transformers' rendering:
-        `tools` and `documents` are None unless given)."""
+        `tools` and `documents` are None unless given); `continue_final_message`: cut after
+        the last message's content, so the model goes on with it (transformers' rule, and its
+        refusal of a template that does not show it)."""
         from jinja2.exceptions import TemplateError
 
         if not self.chat_template:
             raise ChatTemplateError("the model has no chat template: send a prompt (text)")
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt exclude each other"
+            )
         checked = check_messages(messages)
         tool_list = None if tools is None else check_tools(tools)
         variables = {name: value for name, value in self.special.items() if value is not None}
         try:
-            return str(
+            rendered = str(
                 _compile(self.chat_template).render(
                     messages=checked,
                     tools=tool_list,
@@ -277,17 +289,33 @@ class TextTokenizer:
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             # raise_exception(...) in the template, a sandbox stop, or the template's own error
             raise ChatTemplateError(f"the chat template refused the messages: {exc}") from exc
+        if not continue_final_message:
+            return rendered
+        content = checked[-1].get("content")
+        final = content if isinstance(content, str) else ""
+        at = rendered.rfind(final.strip())
+        if at < 0:
+            raise ChatTemplateError(
+                "continue_final_message: the chat template does not show the last message"
+            )
+        if rendered[at : at + len(final.lstrip())] == final:  # the template kept its spacing
+            return rendered[: at + len(final.lstrip())]
+        return rendered[: at + len(final.strip())]
 
     def encode_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """Token ids of the rendered chat; the template writes its own special tokens, so none
-        are added (as transformers' apply_chat_template(tokenize=True))."""
-        rendered = self.apply_chat_template(messages, add_generation_prompt, tools)
-        return self.encode(rendered, add_special_tokens=False)
+        are added unless asked (as transformers' apply_chat_template(tokenize=True))."""
+        rendered = self.apply_chat_template(
+            messages, add_generation_prompt, tools, continue_final_message
+        )
+        return self.encode(rendered, add_special_tokens=add_special_tokens)
 
     def added_tokens(self, special_only: bool = False) -> dict[str, int]:
         """Added tokens (the vocabulary's control and marker tokens): text -> id."""

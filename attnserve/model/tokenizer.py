@@ -576,7 +576,27 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Target ids -> text, skipping special ids (HF's ``skip_special_tokens=True``)."""
-        segmenter = self._target.segmenter
+        return self._decode(self._target, ids)
+
+    def added_ids(self) -> frozenset[int]:
+        """The source ids `encode_source` adds around a text: end of sentence, language tags
+        and codes, BOS (not unk, which stands for text)."""
+        tags = {self._source.vocab[t] for t in self.language_tags if t in self._source.vocab}
+        return frozenset((self.special_ids | tags) - {self.unk_id})
+
+    def decode_source(self, ids: Iterable[int]) -> str:
+        """Source ids -> text, skipping special ids and language tags: what `encode_source`
+        read (the same as `decode` where the vocabulary is shared)."""
+        added = self.added_ids()
+        return self._decode(self._source, [i for i in ids if int(i) not in added])
+
+    def source_pieces(self, ids: Iterable[int]) -> list[str]:
+        """The source vocabulary's piece of each id (the unk token outside it)."""
+        unk = self.special_tokens["unk"]
+        return [self._source.pieces.get(int(i), unk) for i in ids]
+
+    def _decode(self, side: _Side, ids: Iterable[int]) -> str:
+        segmenter = side.segmenter
         if segmenter is not None:
             kept = [int(i) for i in ids if int(i) not in self.special_ids]
             return str(segmenter.decode(kept, skip_special_tokens=True))
@@ -585,18 +605,18 @@ class Tokenizer:
             token_id = int(token_id)
             if token_id in self.special_ids:
                 continue
-            piece = self._target.pieces.get(token_id)
+            piece = side.pieces.get(token_id)
             if piece is None:
-                logger.debug("skipping id %d outside the target vocabulary", token_id)
+                logger.debug("skipping id %d outside the vocabulary", token_id)
                 continue
             pieces.append(piece)
-        return self.decode_pieces(pieces)
+        return self.decode_pieces(pieces, side)
 
-    def decode_pieces(self, pieces: Sequence[str]) -> str:
-        """Target pieces -> text (as MarianTokenizer.convert_tokens_to_string)."""
+    def decode_pieces(self, pieces: Sequence[str], side: _Side | None = None) -> str:
+        """Target (or `side`'s) pieces -> text (as MarianTokenizer.convert_tokens_to_string)."""
         if not pieces:
             return ""
-        text: str = self._target.spm.decode_pieces(list(pieces))
+        text: str = (side or self._target).spm.decode_pieces(list(pieces))
         return text.replace(SPIECE_UNDERLINE, " ").strip()
 
     # -- persistence ------------------------------------------------------------------------

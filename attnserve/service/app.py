@@ -31,6 +31,7 @@ from attnserve.service.routes import router
 from attnserve.service.schemas import FinalEvent, TokenEvent
 from attnserve.service.settings import Settings
 from attnserve.service.state import ServiceState
+from attnserve.service.tokenization import router as tokenization_router
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def create_app(
     app.include_router(router)
     app.include_router(openai_router)
     app.include_router(libretranslate_router)
+    app.include_router(tokenization_router)
     known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
     app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
     if settings.cors_origins:

@@ -38,7 +38,11 @@ ERROR_TYPES: dict[int, str] = {
 # The OpenAI-compatible routes (service/openai_api.py).
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+# vLLM's tokenizer routes (service/tokenization.py), answered as the OpenAI routes are.
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
+TOKENIZER_PATHS = frozenset({TOKENIZE_PATH, DETOKENIZE_PATH})
+OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH}) | TOKENIZER_PATHS
 # The LibreTranslate-compatible routes (service/libretranslate.py): errors `{"error": "..."}`,
 # 400 for an invalid request, the API key checked by the route (it may come in the body).
 LIBRETRANSLATE_PATHS = frozenset({"/translate", "/detect", "/languages"})
@@ -111,9 +115,13 @@ OPENAI_PARAMS = {
 
 
 def _param(loc: Sequence[Any]) -> str | None:
-    """("body", "beam_size") -> "beam_size"; ("body", "text", "list[str]", 3) -> "text"."""
+    """("body", "beam_size") -> "beam_size"; ("body", "text", "list[str]", 3) -> "text";
+    a body that may be one of several models: ("body", "TokenizeChatRequest", "messages") ->
+    "messages" (field names are snake_case, the union's members are named by class)."""
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    while parts and isinstance(parts[0], str) and parts[0][:1].isupper():
         parts = parts[1:]
     if not parts or not isinstance(parts[0], str):
         return "body" if loc and loc[0] == "body" else None

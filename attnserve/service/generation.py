@@ -42,6 +42,7 @@ from attnserve.service.models import ServedModel
 from attnserve.service.schemas import (
     GenerateRequest,
     Hypothesis,
+    PromptTokenLogprob,
     TokenLogprob,
     TopLogprob,
     TranslateRequest,
@@ -49,9 +50,15 @@ from attnserve.service.schemas import (
 )
 from attnserve.service.state import ServiceState
 
+# A log-prob JSON can carry (-inf is not JSON): vLLM's floor for the same answers.
+MIN_LOGPROB = -9999.0
+
 # Fields only a language model takes (a translation model answers 422 naming them).
-LM_ONLY = ("messages", "min_p", "presence_penalty", "frequency_penalty", "logprobs", "n", "stop")
-LM_OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "logprobs")
+LM_ONLY = (
+    "messages", "min_p", "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs",
+    "n", "stop",
+)  # fmt: skip
+LM_OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs")
 
 
 def check_kind(body: TranslateRequest, model: ServedModel) -> None:
@@ -105,6 +112,16 @@ def lm_options(body: GenerateRequest, model: ServedModel, service: ServiceState)
         raise ApiError(422, "stream needs beam_size 1 (greedy or sampling)", param="beam_size")
     if body.stream and options.num_samples != 1:
         raise ApiError(422, "stream needs n = 1", param="n")
+    if options.prompt_logprobs is not None:
+        if body.stream:
+            raise ApiError(422, "prompt_logprobs are not streamed", param="prompt_logprobs")
+        if not getattr(model.backend, "scores_prompts", False):
+            raise ApiError(
+                422,
+                f"model {model.name} cannot score prompts: its graphs were exported before "
+                f"prompt scoring (run `attnserve export {model.directory}` again)",
+                param="prompt_logprobs",
+            )
     try:
         options.validate(
             max_beam_size=service.settings.beam_limit, max_new_tokens_limit=model.max_new_tokens
@@ -130,15 +147,47 @@ def check_lengths(
             )
 
 
-async def prompts_of(
-    body: GenerateRequest, model: ServedModel, service: ServiceState
+def token_prompts(
+    prompts: Sequence[Sequence[int]], model: ServedModel, service: ServiceState, *, stream: bool
 ) -> list[list[int]]:
-    """Token ids of the prompt(s) or of the rendered chat; 422 for what cannot be decoded."""
-    if body.messages is not None and body.text is not None:
+    """Prompts given as token ids (OpenAI's token-array prompts), checked: 1 to the request
+    limit of them, none empty, every id in the model's vocabulary (422 naming `text`)."""
+    limit = min(service.settings.max_texts_per_request, service.settings.max_waiting)
+    if not prompts or len(prompts) > limit:
+        raise ApiError(422, f"text: give 1 to {limit} prompts", param="text")
+    if stream and len(prompts) != 1:
+        raise ApiError(422, "stream needs a single text, not a list", param="stream")
+    vocab = model.backend.spec.vocab_size
+    checked = []
+    for i, ids in enumerate(prompts):
+        where = "text" if len(prompts) == 1 else f"text[{i}]"
+        wrong = next((t for t in ids if not 0 <= t < vocab), None)
+        if wrong is not None:
+            raise ApiError(
+                422,
+                f"{where} holds token id {wrong}, outside the vocabulary (0 to {vocab - 1})",
+                param="text",
+            )
+        checked.append([int(t) for t in ids])
+    return checked
+
+
+async def prompts_of(
+    body: GenerateRequest,
+    model: ServedModel,
+    service: ServiceState,
+    token_ids: Sequence[Sequence[int]] | None = None,
+) -> list[list[int]]:
+    """Token ids of the prompt(s), of the rendered chat, or `token_ids` checked; 422 for what
+    cannot be decoded."""
+    if body.messages is not None and (body.text is not None or token_ids is not None):
         raise ApiError(422, "give text or messages, not both", param="messages")
-    if body.messages is None and body.text is None:
+    if body.messages is None and body.text is None and token_ids is None:
         raise ApiError(422, "give a prompt (text) or chat messages", param="text")
-    if body.messages is not None:
+    if token_ids is not None:
+        prompts = token_prompts(token_ids, model, service, stream=body.stream)
+        where = ["text" if len(prompts) == 1 else f"text[{i}]" for i in range(len(prompts))]
+    elif body.messages is not None:
         messages = [m.model_dump() for m in body.messages]
         try:
             prompts = [model.tokenizer.encode_chat(messages)]
@@ -222,13 +271,15 @@ async def start_lm(
     service: ServiceState,
     model: ServedModel,
     prompt: Sequence[int] | None = None,
+    token_ids: Sequence[Sequence[int]] | None = None,
 ) -> EngineRun:
     """Validate, tokenize and submit a language-model request (4xx before anything queues);
-    `prompt`: a chat the caller rendered itself (the OpenAI route's chats with tools)."""
+    `prompt`: a chat the caller rendered itself (the OpenAI route's chats with tools);
+    `token_ids`: prompts given as token ids instead of `text`."""
     options = lm_options(body, model, service)
     timeout = deadline_seconds(body, service)
     if prompt is None:
-        prompts = await prompts_of(body, model, service)
+        prompts = await prompts_of(body, model, service, token_ids)
     else:
         prompts = [list(prompt)]
         check_lengths(["messages"], prompts, model)
@@ -269,13 +320,40 @@ def _logprobs(model: ServedModel, hyp: EngineHypothesis) -> list[TokenLogprob] |
     ]
 
 
+def _prompt_logprobs(
+    model: ServedModel, request: Request
+) -> list[PromptTokenLogprob | None] | None:
+    if request.prompt_logprobs is None:
+        return None
+    piece = model.tokenizer.id_to_token
+    return [
+        None
+        if e is None
+        else PromptTokenLogprob(
+            token_id=e.token,
+            text=str(piece(e.token)),
+            logprob=max(e.logprob, MIN_LOGPROB),
+            rank=e.rank or 1,
+            top_logprobs=[TopLogprob(token_id=t, logprob=max(lp, MIN_LOGPROB)) for t, lp in e.top],
+        )
+        for e in request.prompt_logprobs
+    ]
+
+
 def completion(
     model: ServedModel, request: Request, stopper: StopStrings | None, *, return_scores: bool
 ) -> Translation:
     """The answer for one finished language-model request."""
     hyps = request.hypotheses
+    prompt_logprobs = _prompt_logprobs(model, request)
     if not hyps:
-        return Translation(text="", output_tokens=0, finish_reason="length", token_ids=[])
+        return Translation(
+            text="",
+            output_tokens=0,
+            finish_reason="length",
+            token_ids=[],
+            prompt_logprobs=prompt_logprobs,
+        )
     best = hyps[0]
     alternatives = None
     if len(hyps) > 1:  # the n-best list of a beam, or n samples
@@ -291,6 +369,7 @@ def completion(
         finish_reason=reason,
         token_ids=list(best.tokens),
         logprobs=_logprobs(model, best),
+        prompt_logprobs=prompt_logprobs,
     )
 
 

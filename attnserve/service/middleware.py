@@ -16,7 +16,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnserve.service.errors import LIBRETRANSLATE_PATHS, OPENAI_PATHS, error_body
+from attnserve.service.errors import (
+    LIBRETRANSLATE_PATHS,
+    OPENAI_PATHS,
+    TOKENIZER_PATHS,
+    error_body,
+)
 from attnserve.service.logs import new_request_id, request_id_var
 from attnserve.service.state import ServiceState
 
@@ -88,7 +93,7 @@ class ServiceMiddleware:
 
         path: str = scope["path"]
         libre = path in LIBRETRANSLATE_PATHS
-        api = path.startswith("/v1/") or libre
+        api = path.startswith("/v1/") or libre or path in TOKENIZER_PATHS
         lifecycle = self.service.lifecycle
         counted = False
         try:

@@ -40,20 +40,17 @@ from attnserve.service.generation import (
 )
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
+from attnserve.service.openai_logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from attnserve.service.openai_schemas import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionMessage,
     ChatCompletionRequest,
-    ChoiceLogprobs,
     Completion,
     CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionUsage,
-    LogprobEntry,
-    TopLogprobEntry,
     chunk_json,
 )
 from attnserve.service.routes import (
@@ -85,7 +82,9 @@ router = APIRouter()
 # Structured outputs (service/guided.py): passed on to the native request.
 GUIDED = tuple(Guided.model_fields)
 # Language-model fields of /v1/completions a translation model refuses (400).
-LM_ONLY = ("stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo")
+LM_ONLY = (
+    "stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo", "prompt_logprobs"
+)  # fmt: skip
 # Fields that would change the answer and that attnserve does not implement: refused (400),
 # never silently ignored. `functions` and `function_call` are OpenAI's deprecated names of
 # `tools` and `tool_choice`.
@@ -263,68 +262,6 @@ def _text(model: ServedModel, hyp: EngineHypothesis, stopper: StopStrings | None
     return str(model.tokenizer.decode(hyp.tokens))
 
 
-class _Pieces:
-    """The text each token adds after the tokens before it (decoded after a few tokens of
-    context, so word-level and SentencePiece tokenizers keep their spaces and a multi-byte
-    character split over tokens comes out whole), for logprobs."""
-
-    CONTEXT = 8  # tokens decoded before the one whose text is wanted
-
-    def __init__(self, model: ServedModel, tokens: Sequence[int]) -> None:
-        self.decode = model.tokenizer.decode
-        self.tokens = list(tokens)
-
-    def piece(self, i: int, token: int | None = None) -> str:
-        """What token i (or `token` in its place) adds to the text before it."""
-        context = self.tokens[max(0, i - self.CONTEXT) : i]
-        before = str(self.decode(context))
-        after = str(self.decode([*context, self.tokens[i] if token is None else token]))
-        if after.startswith(before):
-            return after[len(before) :]
-        return str(self.decode([token if token is not None else self.tokens[i]]))
-
-
-def _chat_logprobs(model: ServedModel, hyp: EngineHypothesis) -> ChoiceLogprobs | None:
-    if hyp.logprobs is None:
-        return None
-    pieces = _Pieces(model, [e.token for e in hyp.logprobs])
-    entries = []
-    for i, e in enumerate(hyp.logprobs):
-        text = pieces.piece(i)
-        top = [
-            TopLogprobEntry(token=alt, logprob=logprob, bytes=list(alt.encode("utf-8")))
-            for alt, logprob in ((pieces.piece(i, t), lp) for t, lp in e.top)
-        ]
-        entries.append(
-            LogprobEntry(
-                token=text, logprob=e.logprob, bytes=list(text.encode("utf-8")), top_logprobs=top
-            )
-        )
-    return ChoiceLogprobs(content=entries)
-
-
-def _completion_logprobs(
-    model: ServedModel, hyp: EngineHypothesis, offset: int
-) -> CompletionLogprobs | None:
-    if hyp.logprobs is None:
-        return None
-    pieces = _Pieces(model, [e.token for e in hyp.logprobs])
-    tokens: list[str] = []
-    offsets: list[int] = []
-    logprobs: list[float | None] = []
-    tops: list[dict[str, float]] = []
-    for i, e in enumerate(hyp.logprobs):
-        text = pieces.piece(i)
-        tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
-        logprobs.append(e.logprob)
-        tops.append({pieces.piece(i, t): lp for t, lp in e.top})
-    return CompletionLogprobs(
-        tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets
-    )
-
-
 @router.post(
     CHAT_PATH,
     response_model=ChatCompletion,
@@ -348,6 +285,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     fields = _native(body, model)
     if body.logprobs:
         fields["logprobs"] = body.top_logprobs or 0
+    if body.prompt_logprobs is not None:
+        fields["prompt_logprobs"] = body.prompt_logprobs
     messages = _chat_messages(body.messages)
     plan = plan_tools(body, model, service.settings.tool_call_parser)
     if plan is None:
@@ -381,16 +320,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
             index=i,
             message=message,
             finish_reason="tool_calls" if message.tool_calls and finish == "stop" else finish,
-            logprobs=_chat_logprobs(model, hyp),
+            logprobs=chat_logprobs(model, hyp),
         )
 
     def build() -> list[ChatChoice]:
         return [choice(i, hyp) for i, hyp in enumerate(engine_request.hypotheses)]
 
     # logprobs decode every token and its alternatives: off the event loop
-    choices = await run_in_threadpool(build) if body.logprobs else build()
+    scored = body.prompt_logprobs is not None
+    choices = await run_in_threadpool(build) if body.logprobs or scored else build()
+    prompt_scores = None
+    if scored:
+        prompt_scores = await run_in_threadpool(
+            prompt_logprobs, model, engine_request.prompt_logprobs, body.prompt_logprobs or 0
+        )
     return ChatCompletion(
-        id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
+        id=id_,
+        created=created,
+        model=model.name,
+        choices=choices,
+        usage=_usage(done),
+        prompt_logprobs=prompt_scores,
     )
 
 
@@ -403,8 +353,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
 async def completions(body: CompletionRequest, request: Request, service: Service) -> Any:
     _check_supported(body)
     model = resolve_model(service, body.model)
+    token_ids = _token_prompts(body.prompt)
+    echo_only = body.max_tokens == 0  # vLLM's: the prompt and its logprobs, nothing generated
+    if echo_only and not body.echo:
+        raise ApiError(400, "max_tokens 0 needs echo (the prompt alone)", param="max_tokens")
     fields = _native(body, model)
-    fields["text"] = body.prompt
+    if token_ids is None:
+        fields["text"] = body.prompt
     if model.generates:
         for name in ("source_lang", "target_lang"):
             if getattr(body, name) is not None:
@@ -413,7 +368,16 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
             fields["logprobs"] = body.logprobs
         if body.stream and body.logprobs is not None:
             raise ApiError(400, "logprobs are not streamed: use stream=false", param="logprobs")
+        if body.stream and body.prompt_logprobs is not None:
+            raise ApiError(400, "prompt_logprobs are not streamed", param="prompt_logprobs")
+        fields["prompt_logprobs"] = _prompt_scores(body)
+        if echo_only:
+            fields["max_new_tokens"] = 1  # decoded (as vLLM does), not answered
     else:
+        if token_ids is not None:
+            raise ApiError(400, "token ids are for language models: send text", param="prompt")
+        if echo_only:
+            raise ApiError(400, "max_tokens 0 is for language models", param="max_tokens")
         fields.update(source_lang=body.source_lang, target_lang=body.target_lang)
         for name in LM_ONLY:
             value = getattr(body, name)
@@ -424,35 +388,86 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     id_, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if not model.generates:
         return await _translate(native, body, request, service, model, id_, created)
-    run = await start_lm(native, service, model)
+    run = await start_lm(native, service, model, token_ids=token_ids)
+    texts = _prompt_texts(body.prompt, run, model) if body.echo else [""] * len(run.requests)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        echo = body.prompt if body.echo and isinstance(body.prompt, str) else ""
-        return _stream(run, "text_completion", id_, created, include_usage, echo=echo)
+        echo = texts[0] if body.echo else ""
+        return _stream(
+            run, "text_completion", id_, created, include_usage, echo, generated=not echo_only
+        )
     done = await _finish(run, request)
     if isinstance(done, Response):
         return done
-    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
 
     def build() -> list[CompletionChoice]:
         choices: list[CompletionChoice] = []
-        for engine_request, prompt in zip(done, prompts, strict=True):
+        for engine_request, prompt in zip(done, texts, strict=True):
             prefix = prompt if body.echo else ""
+            scores = engine_request.prompt_logprobs
+            echoed = None
+            if body.echo and scores is not None:
+                echoed = (engine_request.prefix, scores)
+            vllm_scores = None
+            if body.prompt_logprobs is not None:
+                vllm_scores = prompt_logprobs(model, scores, body.prompt_logprobs)
             for hyp in engine_request.hypotheses:
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = completion_logprobs(
+                        model, None if echo_only else hyp, body.logprobs, len(prefix), echoed
+                    )
                 choices.append(
                     CompletionChoice(
                         index=len(choices),
-                        text=prefix + _text(model, hyp, run.stopper),
-                        finish_reason=_finish_reason(hyp, engine_request),
-                        logprobs=_completion_logprobs(model, hyp, len(prefix)),
+                        text=prefix + ("" if echo_only else _text(model, hyp, run.stopper)),
+                        finish_reason="length"
+                        if echo_only
+                        else _finish_reason(hyp, engine_request),
+                        logprobs=logprobs,
+                        prompt_logprobs=vllm_scores,
                     )
                 )
         return choices
 
-    choices = await run_in_threadpool(build) if body.logprobs is not None else build()
-    return Completion(
-        id=id_, created=created, model=model.name, choices=choices, usage=_usage(done)
-    )
+    scored = body.logprobs is not None or body.prompt_logprobs is not None
+    choices = await run_in_threadpool(build) if scored else build()
+    usage = _usage(done)
+    if echo_only:  # the token decoded to finish the request is not answered
+        usage = CompletionUsage(
+            prompt_tokens=usage.prompt_tokens, completion_tokens=0, total_tokens=usage.prompt_tokens
+        )
+    return Completion(id=id_, created=created, model=model.name, choices=choices, usage=usage)
+
+
+def _token_prompts(prompt: str | list[Any]) -> list[list[int]] | None:
+    """OpenAI's token-array prompts (a list of ids, or a list of such lists) as lists of ids;
+    None for text prompts."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], str):
+        return None
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return [list(ids) for ids in prompt]
+
+
+def _prompt_scores(body: CompletionRequest) -> int | None:
+    """How many alternatives the prompt's scores need: vLLM's prompt_logprobs, and with echo
+    and logprobs, the legacy logprobs of the prompt tokens (as vLLM, which then scores the
+    prompt with `logprobs` alternatives)."""
+    wanted = [k for k in (body.prompt_logprobs,) if k is not None]
+    if body.echo and body.logprobs is not None:
+        wanted.append(body.logprobs)
+    return max(wanted) if wanted else None
+
+
+def _prompt_texts(prompt: str | list[Any], run: EngineRun, model: ServedModel) -> list[str]:
+    """Each prompt's text as echo returns it: as sent, or a token-array prompt decoded (its
+    special tokens included)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], str):
+        return [str(p) for p in prompt]
+    return [str(model.tokenizer.decode(r.prefix, skip_special_tokens=False)) for r in run.requests]
 
 
 async def _translate(
@@ -496,7 +511,10 @@ def _stream(
     echo: str = "",
     tools: ToolStream | None = None,
     decode: Callable[[Sequence[int]], str] | None = None,
+    *,
+    generated: bool = True,
 ) -> EventStream:
+    """`generated` False (echo with max_tokens 0): the echo, then the end, no generated text."""
     if isinstance(run, TranslationRun):
         return EventStream(
             _chunks(run, document_deltas(run), kind, id_, created, include_usage, echo),
@@ -505,13 +523,13 @@ def _stream(
     (engine_request,), (future,) = run.requests, run.futures
     deltas = token_deltas(run.model, engine_request, future, run.timeout, run.stopper, decode)
     return EventStream(
-        _chunks(run, deltas, kind, id_, created, include_usage, echo, tools),
+        _chunks(run, deltas, kind, id_, created, include_usage, echo, tools, generated),
         cleanup=lambda: run.model.engine.cancel(engine_request.id),
     )
 
 
 async def _ending(
-    run: EngineRun | TranslationRun, done: EngineRequest | None
+    run: EngineRun | TranslationRun, done: EngineRequest | None, generated: bool = True
 ) -> tuple[str, CompletionUsage]:
     """A finished stream's finish_reason and usage."""
     if isinstance(run, TranslationRun):
@@ -520,6 +538,11 @@ async def _ending(
         return answer.finish_reason, _usage(results)
     assert done is not None
     hyp = done.hypotheses[0] if done.hypotheses else None
+    if not generated:
+        prompt = prompt_tokens(done)
+        return "length", CompletionUsage(
+            prompt_tokens=prompt, completion_tokens=0, total_tokens=prompt
+        )
     return (_finish_reason(hyp, done) if hyp is not None else "length"), _usage([done])
 
 
@@ -532,6 +555,7 @@ async def _chunks(
     include_usage: bool,
     echo: str,
     tools: ToolStream | None = None,
+    generated: bool = True,
 ) -> AsyncIterator[bytes]:
     """OpenAI's stream: (chat) a role delta first, a chunk per new text, the finish_reason
     in a last choice chunk, a usage chunk when asked, then [DONE]; an error mid-stream is an
@@ -565,7 +589,7 @@ async def _chunks(
                 break
             if item.request is None and not item.done:
                 return  # the client is gone
-            finish, usage = await _ending(run, item.request)
+            finish, usage = await _ending(run, item.request, generated)
             if tools is not None:
                 for delta in tools.finish():
                     yield tool_event(delta)
@@ -577,6 +601,6 @@ async def _chunks(
         if item.text and tools is not None:
             for delta in tools.feed(item.text):
                 yield tool_event(delta)
-        elif item.text:
+        elif item.text and generated:
             yield event([choice(item.text, None)])
     yield sse("[DONE]")

@@ -11,7 +11,7 @@ the chat) are checked further by service/tool_calls.py.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,7 @@ from attnserve.service.schemas import Guided
 # is a 400); unknown fields are allowed (and ignored unless refused by name).
 _REQUEST_CONFIG = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 MAX_TOP_LOGPROBS = 20
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class ContentPart(BaseModel):
@@ -133,6 +134,16 @@ class _Sampling(Guided):
     timeout_ms: int | None = Field(default=None, ge=1, description="attnserve's deadline")
 
 
+def _prompt_logprobs() -> Any:
+    return Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="vLLM's: every prompt token's log-prob, rank and this many top "
+        "alternatives (language models; not with stream)",
+    )
+
+
 class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(
         **_REQUEST_CONFIG,
@@ -171,6 +182,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    prompt_logprobs: int | None = _prompt_logprobs()
     tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         default=None, description='default "auto" with tools, "none" without'
@@ -189,11 +201,19 @@ class CompletionRequest(_Sampling):
         },
     )
 
-    prompt: str | list[str] = Field(
-        description="A prompt or a list of prompts (translation: the source texts)"
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(
+        description="A prompt or a list of prompts (translation: the source texts); language "
+        "models also take token ids (a list, or a list of lists)"
     )
-    echo: bool | None = None
+    # 0 only with echo: the prompt (with its logprobs) and nothing generated, as vLLM's.
+    max_tokens: int | None = Field(default=None, ge=0)
+    echo: bool | None = Field(
+        default=None,
+        description="The prompt before the completion; with logprobs, the prompt tokens' "
+        "logprobs before the generated ones' (the first one null)",
+    )
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    prompt_logprobs: int | None = _prompt_logprobs()
     suffix: str | None = None
     # Translation models (through `extra_body`).
     source_lang: str | None = Field(default=None, max_length=32)
@@ -255,13 +275,27 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: CompletionUsage
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]] | None
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's log-prob of a token at a prompt position."""
+
+    logprob: float
+    rank: int | None = Field(description="1 + the tokens more likely there")
+    decoded_token: str | None
+
+
+# vLLM's prompt_logprobs: per prompt token, {token id: its log-prob} for the token and the
+# most likely ones there; null for the first token.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class CompletionChoice(BaseModel):
@@ -269,6 +303,7 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: Literal["stop", "length"]
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Completion(BaseModel):

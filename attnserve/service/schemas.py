@@ -208,6 +208,13 @@ class GenerateRequest(TranslateRequest, Guided):
         le=20,
         description="Log-prob of every generated token and this many top alternatives.",
     )
+    prompt_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="Language models: every prompt token's log-prob given the tokens before "
+        "it, its rank and this many top alternatives (not with stream).",
+    )
     n: int | None = Field(default=None, ge=1, description="Samples per prompt (sampling).")
     stop: str | list[str] | None = Field(
         default=None, description="Stop strings (up to 16); the output ends before the first."
@@ -231,6 +238,13 @@ class TokenLogprob(BaseModel):
     text: str
     logprob: float
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class PromptTokenLogprob(TokenLogprob):
+    """A prompt token's log-prob given the tokens before it, its rank (1 = the most likely
+    token there) and the most likely tokens there."""
+
+    rank: int
 
 
 class DetectedLanguage(BaseModel):
@@ -260,6 +274,11 @@ class Translation(BaseModel):
     )
     logprobs: list[TokenLogprob] | None = Field(
         default=None, description="/v1/generate with logprobs: one per generated token."
+    )
+    prompt_logprobs: list[PromptTokenLogprob | None] | None = Field(
+        default=None,
+        description="/v1/generate with prompt_logprobs: one per prompt token, null for the "
+        "first (nothing precedes it).",
     )
     detected_language: DetectedLanguage | None = Field(
         default=None, description='With source_lang "auto".'

@@ -82,6 +82,10 @@ def test_manifests_record_parity_and_the_gate(exported: tuple[DecoderOnly, Path]
     assert int8["parity"]["gate"] == {"top1_agreement": 0.9, "mean_kl": 0.02}
     assert int8["parity"]["top1_agreement"] >= 0.9
     assert int8["options"]["activation_scales"] == "row"
+    # the prompts scored each alone, every position's logits in one call (prompt logprobs)
+    assert fp32["parity"]["prompt_max_abs_log_prob_diff"] < 1e-4
+    assert fp32["parity"]["prompt_log_prob_diff_ratio"] <= 1.0
+    assert int8["parity"]["prompt_top1_agreement"] >= 0.9
     # each per-row quantization fused with the packed product that reads it (an unpacked
     # product, here the head of a vocabulary no multiple of 64, keeps its own)
     graph = onnx.load(str(root / "int8" / "step.onnx"), load_external_data=False).graph

@@ -81,6 +81,30 @@ def test_chat_rendering_equals_transformers(prompt: bool) -> None:
         assert tok.encode_chat(messages, prompt) == ids
 
 
+def test_continue_final_message_equals_transformers() -> None:
+    """The chat cut after the last message's content, as transformers cuts it (a message the
+    template trims, `| trim` here, is found by its stripped text)."""
+    expected = reference(LLAMA3_STYLE)
+    tok = tokenizer()
+    for last in ("the cat", "the cat  ", " a"):
+        messages = [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": last},
+        ]
+        rendered = expected.apply_chat_template(
+            messages, add_generation_prompt=False, continue_final_message=True, tokenize=False
+        )
+        assert tok.apply_chat_template(messages, False, continue_final_message=True) == rendered
+        assert rendered.endswith(last.strip())
+    with pytest.raises(ChatTemplateError, match="exclude each other"):
+        tok.apply_chat_template(messages, True, continue_final_message=True)
+    hidden = "{% for m in messages %}{{ m['role'] }}{% endfor %}"  # shows no content
+    with pytest.raises(ChatTemplateError, match="does not show"):
+        tokenizer(hidden).apply_chat_template(
+            [{"role": "user", "content": "the cat"}], False, continue_final_message=True
+        )
+
+
 def test_template_globals_and_filters() -> None:
     template = (
         "{{ messages | tojson }}|{{ strftime_now('%Y') | length }}|"

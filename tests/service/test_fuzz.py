@@ -50,11 +50,12 @@ def test_openapi_schema_fuzzing(live: LiveServer) -> None:
 
 @pytest.mark.slow
 def test_openai_routes_fuzzed_against_a_language_model(both: LiveServer) -> None:
-    """The OpenAI routes with a language model served (the shared server above has only the
-    translation model): valid and invalid bodies, no 5xx, answers as the schema says. The
-    model is pinned to the language model so that generation itself runs."""
+    """The OpenAI routes and vLLM's tokenizer routes with a language model served (the
+    shared server above has only the translation model): valid and invalid bodies, no 5xx,
+    answers as the schema says. The model is pinned to the language model so that generation
+    (and its tokenizer) runs."""
     schema = schemathesis.openapi.from_url(f"{both.url}/openapi.json").include(
-        path_regex=r"^/v1/(chat/)?completions$"
+        path_regex=r"^(/v1/(chat/)?completions|/(de)?tokenize)$"
     )
     cases = st.one_of(
         schema.as_strategy(GenerationMode.POSITIVE),

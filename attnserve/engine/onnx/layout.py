@@ -27,6 +27,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnserve.defaults import VARIANTS
 from attnserve.model.checkpoint import (
     ModelFileMissingError,
@@ -79,6 +81,16 @@ LM_INPUTS = ("input_ids", "attention_mask", "past_mask")
 LM_PLAIN, LM_GQA = "plain", "gqa"
 LM_GQA_INPUTS = ("input_ids", "seqlens_k", "total_sequence_length")
 LOGITS = "logits"
+# Which of a step's positions reach the output head, as flat indices b * T + t of its (B, T)
+# tokens: int64 (R,) -> `logits` (R, V). A decoding step or a prompt chunk asks for each row's
+# last token; a prompt that is scored asks for all of them (prompt logprobs). Graphs exported
+# before it was an input return each row's last token's logits, (B, V).
+LOGIT_POSITIONS = "logit_positions"
+
+
+def last_positions(rows: int, width: int) -> np.ndarray:
+    """`logit_positions` of each row's last position in a (rows, width) chunk."""
+    return np.arange(1, rows + 1, dtype=np.int64) * width - 1
 
 
 def lm_past_names(n_layers: int) -> list[str]:

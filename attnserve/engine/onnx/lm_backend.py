@@ -38,7 +38,9 @@ from attnserve.engine.onnx.layout import (
     LM_INPUTS,
     LM_PLAIN,
     LM_STEP_NAME,
+    LOGIT_POSITIONS,
     LOGITS,
+    last_positions,
     lm_new_names,
     lm_past_names,
     read_manifest,
@@ -75,6 +77,10 @@ LM_KEEP = 0.25
 # Prompt tokens per prefill call: longer prompts go in chunks (bounded activations: a chunk's
 # attention scores are T x (W + T) per head).
 PREFILL_CHUNK = 512
+
+
+class PromptScoringUnsupported(ValueError):
+    """The graph cannot return every position's logits (exported before it could)."""
 
 
 @dataclass
@@ -153,6 +159,10 @@ class OnnxLMBackend:
         self.session = open_session(
             require_graph(directory, LM_STEP_NAME), options, providers, inputs, outputs, disabled
         )
+        # Whether the graph returns the logits of any positions asked for (prompt scoring); a
+        # graph exported before that was an input returns each row's last position's only.
+        names = {i.name for i in self.session.get_inputs()}
+        self.scores_prompts = LOGIT_POSITIONS in names
         self.provider = self.session.get_providers()[0]
         kind = next(i.type for i in self.session.get_inputs() if i.name == self._past[0])
         self.kv_dtype = np.dtype(np.float16) if kind == "tensor(float16)" else np.dtype(np.float32)
@@ -187,14 +197,31 @@ class OnnxLMBackend:
     def spec(self) -> ModelSpec:
         return self._spec
 
+    def require_scoring(self) -> None:
+        """PromptScoringUnsupported unless the graph returns any positions' logits."""
+        if not self.scores_prompts:
+            raise PromptScoringUnsupported(
+                "this model's graph returns the last position's logits only: export it again "
+                "(attnserve export MODEL --variants VARIANT) to score prompts"
+            )
+
+    def _positions(self, rows: int, width: int, all_positions: bool) -> IntArray:
+        """`logit_positions` of a (rows, width) call: each row's last position, or all."""
+        if not all_positions:
+            return last_positions(rows, width)
+        self.require_scoring()
+        return np.arange(rows * width, dtype=np.int64)
+
     def _run(
-        self, session: Any, ids: IntArray, mask: IntArray, state: LMState
+        self, session: Any, ids: IntArray, mask: IntArray, state: LMState, positions: IntArray
     ) -> tuple[FloatArray, list[Tensor]]:
         feeds: dict[str, Any] = {
             "input_ids": np.ascontiguousarray(ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
             "past_mask": state.past_mask,
         }
+        if self.scores_prompts:
+            feeds[LOGIT_POSITIONS] = positions
         cache = dict(zip(self._past, state.past, strict=True))
         outputs = [LOGITS, *self._new]
         if self.io_binding:
@@ -219,10 +246,17 @@ class OnnxLMBackend:
         past_mask = np.zeros((rows, width_of(past[0])), dtype=np.int64)
         return LMState(past, past_mask, 0, Columns(0))
 
-    def extend(self, state: LMState, ids: IntArray, mask: IntArray) -> tuple[FloatArray, LMState]:
+    def extend(
+        self, state: LMState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
+    ) -> tuple[FloatArray, LMState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
-        returns the logits of each row's last position (B, V) and the grown state."""
-        logits, new = self._run(self.session, ids, mask, state)
+        returns the logits of each row's last position (B, V), or with `all_positions` of
+        every position (B, T, V; padding positions hold garbage), and the grown state."""
+        rows, width = ids.shape
+        positions = self._positions(rows, width, all_positions)
+        logits, new = self._run(self.session, ids, mask, state, positions)
+        if all_positions:
+            logits = logits.reshape(rows, width, -1)
         return logits, self._grow(state, new, mask)
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:

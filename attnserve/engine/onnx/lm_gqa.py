@@ -30,7 +30,14 @@ import numpy as np
 
 from attnserve.defaults import DEFAULT_PROVIDER
 from attnserve.engine.backend import FloatArray, IntArray
-from attnserve.engine.onnx.layout import LM_GQA, LM_GQA_INPUTS, LOGITS, lm_present_names
+from attnserve.engine.onnx.layout import (
+    LM_GQA,
+    LM_GQA_INPUTS,
+    LOGIT_POSITIONS,
+    LOGITS,
+    last_positions,
+    lm_present_names,
+)
 from attnserve.engine.onnx.lm_backend import OnnxLMBackend
 from attnserve.engine.onnx.rowops import HostRowOps, Tensor
 from attnserve.model.decoder_config import DecoderConfig
@@ -120,8 +127,15 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         return GqaState(past, state.lengths, _Owner(), 0)
 
     def _call(
-        self, ids: IntArray, seqlens: np.ndarray, total: int, past: Sequence[Tensor]
+        self,
+        ids: IntArray,
+        seqlens: np.ndarray,
+        total: int,
+        past: Sequence[Tensor],
+        positions: IntArray,
     ) -> FloatArray:
+        """The logits (R, V) of `positions` (flat indices into `ids`; a graph exported without
+        them: each row's last real token's, (B, V))."""
         binding = self._binding
         # A state's buffer list is replaced, never changed, when its buffers move: the same
         # list (kept referenced here) needs no check of its 2 x layers addresses.
@@ -139,7 +153,11 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         binding.bind_cpu_input(LM_GQA_INPUTS[0], np.ascontiguousarray(ids, dtype=np.int64))
         binding.bind_cpu_input(LM_GQA_INPUTS[1], np.ascontiguousarray(seqlens, dtype=np.int32))
         binding.bind_cpu_input(LM_GQA_INPUTS[2], np.array(total, dtype=np.int32))
-        logits = np.empty((ids.shape[0], self.spec.vocab_size), dtype=np.float32)
+        rows = ids.shape[0]
+        if self.scores_prompts:
+            binding.bind_cpu_input(LOGIT_POSITIONS, positions)
+            rows = positions.shape[0]
+        logits = np.empty((rows, self.spec.vocab_size), dtype=np.float32)
         binding.bind_output(LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(binding)
         return logits
@@ -164,17 +182,20 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         total = int(lengths.max(initial=0)) + 1
         state = self._writable(state, total)
         ids = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
-        logits = self._call(ids, lengths, total, state.past)
+        logits = self._call(ids, lengths, total, state.past, last_positions(ids.shape[0], 1))
         return logits, self._written(state, lengths + 1)
 
     def extend(  # type: ignore[override]
-        self, state: GqaState, ids: IntArray, mask: IntArray
+        self, state: GqaState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
     ) -> tuple[FloatArray, GqaState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
-        returns the logits of each row's last token (zeros for a row with none here)."""
+        returns the logits of each row's last token (zeros for a row with none here), or with
+        `all_positions` of every position (B, T, V; zeros at padding)."""
         counts = mask.sum(axis=1).astype(np.int64)
         width = ids.shape[1]
-        if mask.all() and width == 1:
+        if all_positions:
+            self.require_scoring()
+        if mask.all() and width == 1 and not all_positions:
             return self.step(ids[:, 0], state)
         lengths = state.lengths + counts
         if lengths.max(initial=0) > self.spec.max_positions:
@@ -183,25 +204,44 @@ class OnnxGqaLMBackend(OnnxLMBackend):
                 f"({self.spec.max_positions})"
             )
         state = self._writable(state, int(lengths.max(initial=0)))
-        logits = np.zeros((ids.shape[0], self.spec.vocab_size), dtype=np.float32)
+        rows, vocab = ids.shape[0], self.spec.vocab_size
+        shape = (rows, width, vocab) if all_positions else (rows, vocab)
+        logits = np.zeros(shape, dtype=np.float32)
         if not state.lengths.any():
             # a first prompt: the rows' tokens moved to column 0, right-padded; a row with none
             # runs pad tokens whose K/V its own tokens overwrite later (its length stays 0)
             chunk = int(counts.max(initial=0))
             if chunk == 0:
                 return logits, state
-            right = np.full((ids.shape[0], chunk), self.spec.pad_id, dtype=np.int64)
+            right = np.full((rows, chunk), self.spec.pad_id, dtype=np.int64)
             for row, n in enumerate(counts.tolist()):
                 right[row, :n] = ids[row, width - n :]
-            logits = self._call(right, np.maximum(counts, 1) - 1, chunk, state.past)
-            logits[counts == 0] = 0.0
+            last = np.arange(rows, dtype=np.int64) * chunk + np.maximum(counts, 1) - 1
+            positions = np.arange(rows * chunk, dtype=np.int64) if all_positions else last
+            out = self._call(right, np.maximum(counts, 1) - 1, chunk, state.past, positions)
+            if all_positions:  # back to the left-padded layout
+                out = out.reshape(rows, chunk, vocab)
+                for row, n in enumerate(counts.tolist()):
+                    logits[row, width - n :] = out[row, :n]
+            else:
+                logits = out
+                logits[counts == 0] = 0.0
         else:
             for row in np.flatnonzero(counts).tolist():
                 n, cached = int(counts[row]), int(state.lengths[row])
                 past = [t[row : row + 1] for t in state.past]  # contiguous: a row's slab
-                logits[row] = self._call(
-                    ids[row : row + 1, width - n :], np.array([cached + n - 1]), cached + n, past
-                )[0]
+                positions = np.arange(n, dtype=np.int64) if all_positions else last_positions(1, n)
+                out = self._call(
+                    ids[row : row + 1, width - n :],
+                    np.array([cached + n - 1]),
+                    cached + n,
+                    past,
+                    positions,
+                )
+                if all_positions:
+                    logits[row, width - n :] = out
+                else:
+                    logits[row] = out[0]
         return logits, self._written(state, lengths)
 
     def reorder(self, state: GqaState, rows: IntArray) -> GqaState:  # type: ignore[override]
