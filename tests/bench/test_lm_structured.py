@@ -51,6 +51,7 @@ def test_both_arms_generate_the_same_tokens(byte_lm_dir: Path) -> None:
         assert free.ms_per_step > 0 and constrained.ms_per_step > 0
     table = structured_markdown(results)
     assert "| 2 | constrained |" in table and table.count("\n") == 6
+    assert "| 1 | free | " in table and "| 1.00 |" in table
 
 
 def test_cli(byte_lm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
