@@ -107,10 +107,16 @@ def _add_bench_lm(sub: Any) -> None:
         help="instead: a mixed closed-loop workload through the scheduler per batching mode",
     )
     p.add_argument("--modes", default="static,continuous", help="--workload: batching modes")
-    p.add_argument("--clients", default="16,64", help="--workload: concurrent requests")
+    p.add_argument(
+        "--clients",
+        default=None,
+        help="--workload, --http: concurrent requests (default 16,64); --json-schema: 1,16",
+    )
     p.add_argument("--seconds", type=float, default=60.0, help="--workload: per setting")
     p.add_argument(
-        "--variant", default=DEFAULT_VARIANT, help="--workload, --http, --attention: ONNX variant"
+        "--variant",
+        default=DEFAULT_VARIANT,
+        help="--workload, --http, --attention, --json-schema: ONNX variant",
     )
     p.add_argument(
         "--http",
@@ -125,11 +131,25 @@ def _add_bench_lm(sub: Any) -> None:
     )
     p.add_argument("--rows", default="1,16,64", help="--attention: rows a step")
     p.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="instead: chat requests through the scheduler under this JSON schema's grammar "
+        "and, on the same prompts with as many tokens, free, at --clients (--max-tokens each)",
+    )
+    p.add_argument("--requests", type=int, default=None, help="--json-schema: requests per run")
+    p.add_argument(
         "--servers",
         default="attnserve,llama-server,llama-cpp-python",
         help="--http: servers to start in turn (llama.cpp's run the model's GGUF source)",
     )
-    p.add_argument("--max-tokens", type=int, default=128, help="--http: max_tokens per request")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="--http: max_tokens per request; --json-schema: max_new_tokens",
+    )
     p.add_argument("--server-bin", type=Path, default=None, help="--http: llama-server binary")
     p.add_argument(
         "--work-dir", type=Path, default=None,
@@ -153,6 +173,8 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
         return _chat_http(args)
     if args.attention:
         return _attention(args)
+    if args.json_schema is not None:
+        return _structured(args)
     results = bench_lm(
         args.model,
         [v.strip() for v in args.variants.split(",") if v.strip()],
@@ -175,6 +197,36 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clients(args: argparse.Namespace, default: str) -> list[int]:
+    return [int(c) for c in (args.clients or default).split(",") if c.strip()]
+
+
+def _structured(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnserve.bench.lm_structured import (
+        bench_structured,
+        read_schema,
+        structured_markdown,
+        write_structured_report,
+    )
+
+    results = bench_structured(
+        args.model,
+        read_schema(args.json_schema),
+        _clients(args, "1,16"),
+        requests=args.requests,
+        max_new_tokens=args.max_tokens,
+        repeats=args.repeats,
+        variant=args.variant,
+        threads=args.threads,
+    )
+    sys.stdout.write(structured_markdown(results))
+    if args.output_dir is not None:
+        write_structured_report(results, args.output_dir, args.name)
+    return 0
+
+
 def _chat_http(args: argparse.Namespace) -> int:
     import sys
 
@@ -183,7 +235,7 @@ def _chat_http(args: argparse.Namespace) -> int:
     results = bench_chat_http(
         args.model,
         [s.strip() for s in args.servers.split(",") if s.strip()],
-        [int(c) for c in args.clients.split(",") if c.strip()],
+        _clients(args, "16,64"),
         threads=args.threads,
         seconds=args.seconds,
         max_tokens=args.max_tokens,
@@ -238,7 +290,7 @@ def _workload(args: argparse.Namespace) -> int:
     from attnserve.bench.report import write_table
 
     results = []
-    for clients in (int(c) for c in args.clients.split(",") if c.strip()):
+    for clients in _clients(args, "16,64"):
         for mode in (m.strip() for m in args.modes.split(",") if m.strip()):
             result = mixed_workload(
                 args.model, mode, clients, variant=args.variant, seconds=args.seconds,

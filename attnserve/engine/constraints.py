@@ -13,11 +13,14 @@ A mask depends only on the row's own tokens, so a row's output never depends on 
 neighbours in the batch. Masks are computed off the critical path: `Rows.prefetch` starts the
 next step's masks on a worker thread as soon as the tokens of this step are chosen, and the
 backend's decoder step runs meanwhile (llguidance and ONNX Runtime both release the GIL);
-`Rows.masks` waits for them when the step's log-probs arrive.
+`Rows.masks` waits for them when the step's log-probs arrive. A process allowed one CPU
+(`taskset -c 0`) computes them when the log-probs arrive instead: the worker could only run by
+preempting the decoder step, and each hand-off is a context switch.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -106,6 +109,15 @@ MASK_TIMES = MaskTimes()
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnserve-masks")
 
 
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity where the platform has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+OVERLAP = _cpus() > 1  # a worker thread can run beside the decoder step
+
+
 class Constraint:
     """A compiled grammar and its matcher at the start of the output (never advanced itself:
     each search row takes a copy)."""
@@ -120,17 +132,25 @@ class Constraint:
 
     def allowed(self, matcher: Any) -> BoolArray:
         """The tokens `matcher` allows next, (V,) booleans; a stop token stands for all."""
-        start = time.perf_counter()
-        bits = matcher.compute_bitmask()
-        MASK_TIMES.add(time.perf_counter() - start)
+        return self.masks([matcher])[0]
+
+    def masks(self, matchers: Sequence[Any]) -> BoolArray:
+        """The tokens each matcher allows next, (R, V) booleans; a stop token stands for all.
+
+        llguidance writes each row's bits straight into one (R, ceil(V / 32)) int32 buffer
+        (little-endian words, bit i of the row is token i), unpacked once for all rows."""
         vocab = self.vocabulary.vocab_size
-        mask = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")
-        allowed = np.zeros(vocab, dtype=bool)
-        width = min(vocab, mask.shape[0])
-        allowed[:width] = mask[:width].astype(bool)
+        words = np.empty((len(matchers), (vocab + 31) // 32), dtype=np.int32)
+        for matcher, row in zip(matchers, words, strict=True):
+            start = time.perf_counter()
+            matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            MASK_TIMES.add(time.perf_counter() - start)
+        bits = np.unpackbits(words.view(np.uint8), axis=1, count=vocab, bitorder="little")
+        allowed = bits.view(np.bool_)  # (R, V) 0 / 1 bytes
         stops = self.vocabulary.stop_ids
-        if allowed[stops].any():
-            allowed[stops] = True
+        ending = allowed[:, stops].any(axis=1)
+        if ending.any():
+            allowed[np.ix_(np.flatnonzero(ending), np.asarray(stops))] = True
         return allowed
 
 
@@ -144,27 +164,25 @@ class Rows:
     def __init__(self, constraint: Constraint, matchers: list[Any]) -> None:
         self.constraint = constraint
         self.matchers = matchers
-        self._pending: Future[list[BoolArray]] | None = None
+        self._pending: Future[BoolArray] | None = None
 
     def prefetch(self) -> None:
-        """Start computing the rows' next masks on the worker thread."""
-        if self._pending is None and self.matchers:
-            self._pending = _POOL.submit(self._compute)
+        """Start computing the rows' next masks on the worker thread (with a CPU to spare)."""
+        if OVERLAP and self._pending is None and self.matchers:
+            self._pending = _POOL.submit(self.constraint.masks, self.matchers)
 
-    def _compute(self) -> list[BoolArray]:
-        return [self.constraint.allowed(m) for m in self.matchers]
-
-    def masks(self) -> list[BoolArray]:
-        """The rows' masks for this step (computed now unless prefetched)."""
+    def masks(self) -> BoolArray:
+        """The rows' masks for this step, (R, V) (computed now unless prefetched)."""
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else self._compute()
+        return pending.result() if pending is not None else self.constraint.masks(self.matchers)
 
     def apply(self, log_probs: npt.NDArray[np.float32]) -> None:
         """Set the tokens each row's grammar forbids to -inf, in place; (R, V)."""
-        for row, allowed in zip(log_probs, self.masks(), strict=True):
-            if not allowed.any():
-                raise ConstraintViolated("the grammar allows no token here")
-            row[~allowed[: row.shape[0]]] = -np.inf
+        allowed = self.masks()
+        if not allowed.any(axis=1).all():
+            raise ConstraintViolated("the grammar allows no token here")
+        forbidden = ~allowed[:, : log_probs.shape[1]]
+        np.copyto(log_probs, np.float32(-np.inf), where=forbidden)
 
     def advance(self, parents: Sequence[int], tokens: Sequence[int]) -> None:
         """The next rows: row i continues parents[i] with tokens[i] (a parent's matcher is

@@ -48,7 +48,7 @@ def requested(body: Guided) -> tuple[str, str] | None:
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         if fmt.type == "json_object":
-            forms.append((_json_grammar({"type": "object"}), "response_format"))
+            forms.append((json_grammar({"type": "object"}), "response_format"))
         else:
             spec = fmt.json_schema
             if spec is None:
@@ -58,9 +58,9 @@ def requested(body: Guided) -> tuple[str, str] | None:
                     param="response_format",
                 )
             schema = spec.schema_ if spec.schema_ is not None else {"type": "object"}
-            forms.append((_json_grammar(_checked(schema, "response_format")), "response_format"))
+            forms.append((json_grammar(_checked(schema, "response_format")), "response_format"))
     if body.guided_json is not None:
-        forms.append((_json_grammar(_checked(body.guided_json, "guided_json")), "guided_json"))
+        forms.append((json_grammar(_checked(body.guided_json, "guided_json")), "guided_json"))
     if body.guided_regex is not None:
         forms.append((llg.LLMatcher.grammar_from_regex(body.guided_regex), "guided_regex"))
     if body.guided_choice is not None:
@@ -71,9 +71,9 @@ def requested(body: Guided) -> tuple[str, str] | None:
     if outputs is not None:
         name = "structured_outputs"
         if outputs.json_ is not None:
-            forms.append((_json_grammar(_checked(outputs.json_, name)), name))
+            forms.append((json_grammar(_checked(outputs.json_, name)), name))
         if outputs.json_object:
-            forms.append((_json_grammar({"type": "object"}), name))
+            forms.append((json_grammar({"type": "object"}), name))
         if outputs.regex is not None:
             forms.append((llg.LLMatcher.grammar_from_regex(outputs.regex), name))
         if outputs.choice is not None:
@@ -109,7 +109,8 @@ def _checked(schema: dict[str, Any] | str, param: str) -> dict[str, Any]:
     return schema
 
 
-def _json_grammar(schema: dict[str, Any]) -> str:
+def json_grammar(schema: dict[str, Any]) -> str:
+    """llguidance grammar text for a JSON schema, written compactly (`JSON_OPTIONS`)."""
     return str(_llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
 
 

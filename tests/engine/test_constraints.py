@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnserve.engine import constraints
 from attnserve.engine.constraints import Constraint, GrammarError, Vocabulary
 from attnserve.engine.onnx.lm_open import open_lm_backend
 from attnserve.engine.options import DecodingOptions
@@ -164,8 +165,13 @@ def test_a_batch_of_different_grammars_gives_each_row_its_own_output(
         )
 
 
-def test_masks_are_the_matchers(vocabulary: Vocabulary) -> None:
-    """A row's mask allows exactly llguidance's tokens; the grammar's end allows the stops."""
+@pytest.mark.parametrize("overlap", [True, False])
+def test_masks_are_the_matchers(
+    vocabulary: Vocabulary, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row's mask allows exactly llguidance's tokens; the grammar's end allows the stops;
+    prefetched on the worker thread or computed when asked (one CPU), masks are the same."""
+    monkeypatch.setattr(constraints, "OVERLAP", overlap)
     constraint = vocabulary.compile('start: "ab" | "ac"')
     rows = constraint.rows()
     (allowed,) = rows.masks()
