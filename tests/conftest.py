@@ -2,18 +2,24 @@
 
 Everything is generated here in well under a second (plus the transformers import, once per
 session); nothing is downloaded. transformers is imported lazily, only by the HF fixtures.
+The model directories (and their ONNX exports, seconds each) are built once per run, also when
+pytest-xdist runs the tests in several worker processes: see `build_once`.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sentencepiece as spm
+from filelock import FileLock
 
 from attnserve.model.tokenizer import JOINT_SPM_SPECIAL_IDS
 
@@ -49,6 +55,28 @@ def train_spm(sentences: list[str], vocab_size: int, **kwargs: Any) -> bytes:
         **kwargs,
     )
     return out.getvalue()
+
+
+def build_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]
+) -> Path:
+    """What `build(folder)` returns, built once per test run into a new folder `name`.
+
+    Each pytest-xdist worker runs every session fixture it needs; the first to take the lock
+    builds into the run's shared temporary folder and the others wait and reuse it, so a
+    fixture using this must only read what it returns.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / "shared"  # the same for every worker
+    shared.mkdir(exist_ok=True)
+    folder, built = shared / name, shared / f"{name}.built"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed in another worker
+            folder.mkdir()
+            built.write_text(str(build(folder).relative_to(folder)))
+    return folder / built.read_text()
 
 
 @pytest.fixture(scope="session")
@@ -174,8 +202,12 @@ def hf_marian_dir(
     tmp_path_factory: pytest.TempPathFactory, marian_spm_models: dict[str, bytes]
 ) -> Path:
     """A tiny random HF Marian directory: shared vocab/embeddings, tied output, two tags."""
-    return build_hf_marian_dir(
-        tmp_path_factory.mktemp("hf") / "opus-mt-tiny", marian_spm_models, separate=False, seed=0
+    return build_once(
+        tmp_path_factory,
+        "hf",
+        lambda out: build_hf_marian_dir(
+            out / "opus-mt-tiny", marian_spm_models, separate=False, seed=0
+        ),
     )
 
 
@@ -184,8 +216,12 @@ def hf_marian_separate_dir(
     tmp_path_factory: pytest.TempPathFactory, marian_spm_models: dict[str, bytes]
 ) -> Path:
     """Separate source/target vocabularies and embeddings, untied output projection."""
-    return build_hf_marian_dir(
-        tmp_path_factory.mktemp("hf") / "opus-mt-tiny-sep", marian_spm_models, separate=True, seed=1
+    return build_once(
+        tmp_path_factory,
+        "hf-sep",
+        lambda out: build_hf_marian_dir(
+            out / "opus-mt-tiny-sep", marian_spm_models, separate=True, seed=1
+        ),
     )
 
 
@@ -194,7 +230,9 @@ def tiny_marian_import(tmp_path_factory: pytest.TempPathFactory, hf_marian_dir: 
     """`hf_marian_dir` imported into our model directory format."""
     from attnserve.convert.marian import import_marian
 
-    return import_marian(hf_marian_dir, tmp_path_factory.mktemp("imported") / "opus-mt-tiny")
+    return build_once(
+        tmp_path_factory, "imported", lambda out: import_marian(hf_marian_dir, out / "opus-mt-tiny")
+    )
 
 
 def _onnxruntime_has_cuda() -> bool:
@@ -205,8 +243,24 @@ def _onnxruntime_has_cuda() -> bool:
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the workers fill the cores: torch in each uses one thread (tests that
+    are about threads set their own)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu` tests unless onnxruntime has the CUDA provider (onnxruntime-gpu + a GPU)."""
+    """Skip `gpu` tests unless onnxruntime has the CUDA provider (onnxruntime-gpu + a GPU).
+
+    Under pytest-xdist, the files with `slow` tests go first: the workers take whole files in
+    this order, so the last files to start are short ones and the workers finish together.
+    """
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        slow_files = {item.path for item in items if "slow" in item.keywords}
+        items.sort(key=lambda item: item.path not in slow_files)  # stable: files stay whole
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or _onnxruntime_has_cuda():
         return
@@ -218,21 +272,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_onnx_import(tmp_path_factory: pytest.TempPathFactory, tiny_marian_import: Path) -> Path:
     """A copy of `tiny_marian_import` exported to ONNX (fp32 and int8, verified at export)."""
-    import shutil
-
     import torch
 
     from attnserve.export.onnx_export import export_model
 
-    out = tmp_path_factory.mktemp("onnx") / "opus-mt-tiny"
-    shutil.copytree(tiny_marian_import, out)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: threads only wait on each other on a busy machine
-    try:
-        export_model(out, ("fp32", "int8"), verify=True)
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    def build(folder: Path) -> Path:
+        out = folder / "opus-mt-tiny"
+        shutil.copytree(tiny_marian_import, out)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny ops: threads only wait on each other on a busy machine
+        try:
+            export_model(out, ("fp32", "int8"), verify=True)
+        finally:
+            torch.set_num_threads(threads)
+        return out
+
+    return build_once(tmp_path_factory, "onnx", build)
 
 
 # -- a tiny language model directory ---------------------------------------------------------
@@ -343,12 +398,14 @@ def write_tiny_lm(
 
 @pytest.fixture(scope="session")
 def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_lm(tmp_path_factory.mktemp("tiny-lm") / "tiny-lm")
+    return build_once(tmp_path_factory, "tiny-lm", lambda out: write_tiny_lm(out / "tiny-lm"))
 
 
 @pytest.fixture(scope="session")
 def tiny_byte_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_byte_lm(tmp_path_factory.mktemp("tiny-byte-lm") / "tiny-byte-lm")
+    return build_once(
+        tmp_path_factory, "tiny-byte-lm", lambda out: write_tiny_byte_lm(out / "tiny-byte-lm")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -361,6 +418,9 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         gguf = packaged_gguf()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    out = tmp_path_factory.mktemp("smollm2-dir") / "model"
-    import_model(gguf, out)
-    return out
+
+    def build(out: Path) -> Path:
+        import_model(gguf, out / "model")
+        return out / "model"
+
+    return build_once(tmp_path_factory, "smollm2", build)

@@ -294,6 +294,7 @@ def test_madlad_language_tokens_are_target_languages(tmp_path: Path) -> None:
     assert [t.text for t in translator.translate(texts, options)] == expected
 
 
+@pytest.mark.slow
 def test_large_logits_pass_the_fp32_gate(tmp_path: Path) -> None:
     """An untied head 50x larger than the test's (logits in the thousands, as real T5
     checkpoints reach): float32 rounding alone moves log-probs by more than 1e-4 there, and the

@@ -120,6 +120,7 @@ def test_search_matches_hf_generate(
         np.testing.assert_allclose(scores, out.sequences_scores.numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_import_and_translate_match_hf(
     hf: tuple[Any, Any], hf_dir: Path, sources: list[str], tmp_path: Path
 ) -> None:

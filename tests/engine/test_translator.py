@@ -118,6 +118,7 @@ def _translate_lines(model: Path, text: str, *flags: str) -> tuple[list[str], di
     return proc.stdout.split("\n")[:-1], json.loads(proc.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_line_of_sentences_is_its_sentences_alone(tiny_marian_import: Path) -> None:
     alone, _ = _translate_lines(tiny_marian_import, "Ka ro.\nZo re!\nTe ka?\n")
     (line,), summary = _translate_lines(tiny_marian_import, "  Ka ro. Zo re!\tTe ka?\n")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from attnserve import kernels
 from attnserve.engine.onnx.backend import OnnxBackend
@@ -22,6 +23,7 @@ from tests.kernels.helpers import (
 )
 
 
+@pytest.mark.slow
 def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
     tiny_onnx_import: Path, tmp_path: Path
 ) -> None:

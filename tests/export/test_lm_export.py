@@ -229,6 +229,7 @@ def test_a_broken_int8_graph_fails_the_gate(exported: tuple[DecoderOnly, Path]) 
         check_int8(parity, root / "int8")
 
 
+@pytest.mark.slow
 def test_weights_beside_the_graph_export_verify_and_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

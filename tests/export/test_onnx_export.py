@@ -123,6 +123,7 @@ def decoder_dim(model_dir: Path) -> int:
     return read_model_config(model_dir).d_model
 
 
+@pytest.mark.slow
 def test_int8_can_keep_the_output_projection_float(tiny_onnx_import: Path, tmp_path: Path) -> None:
     model, _ = load_model_dir(tiny_onnx_import)
     written = export_variants(
@@ -135,6 +136,7 @@ def test_int8_can_keep_the_output_projection_float(tiny_onnx_import: Path, tmp_p
     assert manifest["options"]["float_output_projection"] is True
 
 
+@pytest.mark.slow
 def test_other_architecture_exports_with_fp32_parity(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -166,6 +168,7 @@ def test_other_architecture_exports_with_fp32_parity(
     assert (written["fp32"] / "manifest.json").read_text() == before
 
 
+@pytest.mark.slow
 def test_the_fp32_gate_refuses_a_graph_a_little_off(tiny_onnx_import: Path, tmp_path: Path) -> None:
     """A graph whose weights differ from the model's by 0.1 % in one matrix decodes the same
     tokens on a tiny model, but its log-probs are off by far more than float32 rounding."""
@@ -184,6 +187,7 @@ def test_the_fp32_gate_refuses_a_graph_a_little_off(tiny_onnx_import: Path, tmp_
         check_fp32(parity, written["fp32"])
 
 
+@pytest.mark.slow
 def test_int8_keeps_its_cache_in_half_precision(tiny_onnx_import: Path, tmp_path: Path) -> None:
     """int8's cache and cross K/V are float16 (the manifest says so), log-probs float32; with
     --int8-cache float32 they stay float. Both decode alike on a tiny model, and the half
@@ -255,6 +259,7 @@ def test_a_half_cache_graph_reads_its_new_keys_as_the_cache_will_hold_them(tmp_p
     np.testing.assert_array_equal(used, want.astype(np.float32) + past.astype(np.float32))
 
 
+@pytest.mark.slow
 def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path) -> None:
     """fp16: cache and cross K/V in float16, log_probs float32; runs on CPU (slowly)."""
     model, _ = load_model_dir(tiny_onnx_import)
@@ -278,6 +283,7 @@ def test_fp16_graph_io_types_and_cpu_run(tiny_onnx_import: Path, tmp_path: Path)
     assert state.past[0].dtype == np.float16
 
 
+@pytest.mark.slow
 def test_parity_runs_fp32_on_the_cpu_and_fp16_on_cuda(
     tiny_onnx_import: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -313,6 +319,7 @@ def test_fp16_on_cuda_agrees_with_torch(tiny_onnx_import: Path, tmp_path: Path) 
     assert backend.io_binding and backend.device[0] == "cuda"
 
 
+@pytest.mark.slow
 def test_cli_export_and_translate(
     tiny_marian_import: Path,
     tmp_path: Path,
@@ -346,6 +353,7 @@ def test_cli_export_and_translate(
     assert code == 0 and onnx_out == torch_out and len(onnx_out.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_graphs_near_the_protobuf_limit_keep_their_weights_beside_them(
     tiny_onnx_import: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -121,6 +121,7 @@ def test_parity_sentences_come_from_the_model_directory(
     assert all(s[-1] == 0 for s in sources)  # eos-terminated token ids
 
 
+@pytest.mark.slow
 def test_the_export_gate_passes_int8_and_rejects_a_broken_graph(
     tiny_onnx_import: Path, tmp_path: Path
 ) -> None:
@@ -173,6 +174,7 @@ def test_the_gate_fails_nan_and_graphs_that_do_not_run(
         measure_parity(torch_reference(model), model.config, broken, "int8")
 
 
+@pytest.mark.slow
 def test_a_verified_export_warns_of_nothing(
     tiny_marian_import: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

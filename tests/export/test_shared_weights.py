@@ -93,6 +93,7 @@ MEMORY_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_shared_tensor_is_in_memory_once_for_both_sessions(tmp_path: Path) -> None:
     """Two ONNX Runtime sessions over a 32 MB table, every page of it read: with the table in
     shared.data both map the same file pages (ORT maps external data on the CPU), so the two
@@ -120,6 +121,7 @@ def test_a_shared_tensor_is_in_memory_once_for_both_sessions(tmp_path: Path) -> 
     assert grown["inline"] - grown["shared"] > 0.8, grown
 
 
+@pytest.mark.slow
 def test_exported_variants_share_their_token_embedding_and_decode_as_before(
     tiny_onnx_import: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

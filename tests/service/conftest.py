@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import build_once
 from tests.service.helpers import LiveServer, make_settings
 
 # Limits of the shared server, small enough to test each one.
@@ -40,10 +41,16 @@ def live(model_dir: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def lm_model(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny language model, exported to int8 by the server's first start."""
-    out = tmp_path_factory.mktemp("served") / "tiny-lm"
-    shutil.copytree(tiny_lm_dir, out)
-    return out
+    """The tiny language model, its int8 graphs exported as a server's first start does."""
+    from attnserve.service.launch import check_models
+
+    def build(folder: Path) -> Path:
+        out = folder / "tiny-lm"
+        shutil.copytree(tiny_lm_dir, out)
+        check_models(make_settings(out, variant="int8"))  # exports (as `attnserve serve`)
+        return out
+
+    return build_once(tmp_path_factory, "served-lm", build)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +59,7 @@ def both(lm_model: Path, model_dir: Path) -> Iterator[LiveServer]:
     from attnserve.service.launch import check_models
 
     settings = make_settings(model_dir, models=[str(model_dir), str(lm_model)], variant="int8")
-    check_models(settings)  # exports the language model's int8 graphs (as `attnserve serve`)
+    check_models(settings)  # both exported already: nothing to do
     with LiveServer(settings) as server:
         yield server
 
