@@ -25,7 +25,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGUF_MAGIC
 from gguf.quants import dequantize
 
-from attnserve.convert.llama import build_llama
+from attnserve.convert.hf_decoder import build_decoder
 from attnserve.model.checkpoint import ModelDirError, ModelFileInvalidError
 from attnserve.model.decoder_checkpoint import save_decoder_dir
 from attnserve.model.decoder_config import DecoderConfig
@@ -233,7 +233,7 @@ def convert_gguf(path: str | Path) -> DecoderOnly:
     """A DecoderOnly (eval mode) with the weights of a GGUF file."""
     config, state = read_gguf(path)
     try:
-        return build_llama(config, state)
+        return build_decoder(config, state)
     except ModelDirError as exc:
         raise GGUFImportError(f"{path}: {exc}") from exc
 
