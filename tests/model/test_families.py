@@ -67,7 +67,7 @@ FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
             "tie_embeddings": True,
             "sliding_window": None,
         },
-    ),  # fmt: skip
+    ),
     "qwen2-untied-window": (
         lambda: _qwen2(
             tie_word_embeddings=False,
@@ -77,7 +77,7 @@ FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
         ),
         "Qwen2ForCausalLM",
         {"tie_embeddings": False, "sliding_window": 4, "full_attention_layers": (0,)},
-    ),  # fmt: skip
+    ),
     "qwen3": (
         lambda: transformers.Qwen3Config(
             **{**SHAPE, "hidden_size": 48},
@@ -87,7 +87,7 @@ FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
         ),
         "Qwen3ForCausalLM",
         {"family": "qwen3", "qk_norm": True, "head_dim": 16, "attention_bias": False},
-    ),  # fmt: skip
+    ),
     "llama3": (
         lambda: _llama(LLAMA3_ROPE, tie_word_embeddings=True),
         "LlamaForCausalLM",
@@ -95,7 +95,7 @@ FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
             "rope_theta": 500000.0,
             "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"},
         },
-    ),  # fmt: skip
+    ),
     "llama-linear": (
         lambda: _llama({"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
         "LlamaForCausalLM",
@@ -113,7 +113,7 @@ FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
         ),
         "LlamaForCausalLM",
         {"attention_bias": True, "attention_out_bias": True},
-    ),  # fmt: skip
+    ),
     "mistral": (
         lambda: transformers.MistralConfig(**SHAPE, sliding_window=4),
         "MistralForCausalLM",
@@ -203,7 +203,7 @@ def test_a_batch_decodes_as_each_prompt_alone(generator: Generator) -> None:
 
 def test_a_window_hides_what_is_further_back() -> None:
     """With a window of 4, the logits at position 8 do not depend on tokens 0-4."""
-    make_config, class_name, _ = FAMILIES["mistral"]
+    make_config, _, _ = FAMILIES["mistral"]
     config = decoder_config_from_hf(json.loads(make_config().to_json_string()))
     model = DecoderOnly(config.replace(num_layers=1)).eval()
     randomize(model, seed=2)
