@@ -302,7 +302,7 @@ def build_lm_graph(
         [g.op("Where", [new_visible, zero, low]), g.const("axes_12", [1, 2], np.int64)],
         name="new_bias",
     )
-    biases = {None: (past_bias, new_bias)}
+    biases: dict[int | None, tuple[str, str]] = {None: (past_bias, new_bias)}
     if cfg.sliding_window is not None:  # the window's own pair, for the layers it covers
         biases[cfg.sliding_window] = _window_biases(
             g, cfg.sliding_window, positions, past_mask, past_visible, causal_real, itself
