@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from attnserve.convert.hf_decoder import (
 from attnserve.engine.generator import Generator
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_lm import TorchLMBackend
+from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
 from tests.model.test_decoder_only import randomize
 
@@ -214,3 +216,26 @@ def test_a_window_hides_what_is_further_back() -> None:
         la, lb = model(a, ones), model(b, ones)
     torch.testing.assert_close(la[0, 8], lb[0, 8])  # one layer: the window is all it sees
     assert not torch.allclose(la[0, 7], lb[0, 7])  # position 4 is in position 7's window
+
+
+def test_switches_round_trip_and_are_checked(tmp_path: Path) -> None:
+    config = DecoderConfig.preset(
+        "tiny", family="qwen3", attention_bias=True, qk_norm=True, sliding_window=4,
+        full_attention_layers=[0], rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )  # fmt: skip
+    assert config.full_attention_layers == (0,) and (config.window(0), config.window(1)) == (
+        None,
+        4,
+    )
+    config.save(tmp_path / "config.json")
+    assert DecoderConfig.load(tmp_path / "config.json") == config
+    for changes, message in [
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "lacks original_max"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "must be positive"),
+        ({"sliding_window": 0}, "sliding_window=0"),
+        ({"full_attention_layers": (5,)}, "no layer 5"),
+        ({"family": "gemma2"}, "unknown decoder family"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            DecoderConfig.preset("tiny", **changes)
