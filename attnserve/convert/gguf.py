@@ -53,8 +53,10 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm.weight",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-# Tables llama.cpp may store that we compute ourselves.
-_IGNORED = ("rope_freqs.weight",)
+# Per-frequency divisors llama.cpp stores for Llama 3's scaled rotary embeddings: all ones
+# change nothing; other values are refused.
+ROPE_FREQS = "rope_freqs.weight"
+_IGNORED = (ROPE_FREQS,)
 
 
 class GGUFImportError(ModelDirError, ValueError):
@@ -213,6 +215,12 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
     for tensor in reader.tensors:
         name = _our_name(tensor.name, config.num_layers)
         if name is None:
+            if tensor.name == ROPE_FREQS and not np.all(tensor_to_float32(tensor) == 1.0):
+                raise GGUFImportError(
+                    f"{path}: {ROPE_FREQS} scales the rotary frequencies (llama.cpp's form of "
+                    "Llama 3's rope scaling), which this importer does not read: import the "
+                    "model's Hugging Face directory instead"
+                )
             if tensor.name not in _IGNORED:
                 unexpected.append(tensor.name)
             continue
