@@ -55,26 +55,23 @@ def _require(module: str, extra: str) -> None:
 
 
 def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
-    """A Hugging Face `LlamaForCausalLM` directory holding the model's float32 weights:
-    config.json, model.safetensors (our names with HF's `model.` prefix), tokenizer files."""
+    """A Hugging Face directory of the model's family (`LlamaForCausalLM`, `Qwen2ForCausalLM`,
+    ...) holding its float32 weights: config.json, model.safetensors (our names with HF's
+    `model.` prefix), tokenizer files. ValueError for a model whose switches that config
+    cannot state (it is read back with attnserve's importer and must give the same config)."""
     from safetensors.torch import save_file
 
+    from attnserve.convert.hf_decoder import FAMILIES, decoder_config_from_hf
     from attnserve.model.decoder_checkpoint import load_decoder_dir
 
     model = load_decoder_dir(model_dir)
     cfg = model.config
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    aliases = model.alias_names()
-    state = {
-        (name if name.startswith("lm_head.") else f"model.{name}"): tensor.contiguous()
-        for name, tensor in model.state_dict().items()
-        if name not in aliases
-    }
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    hf_config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling is not None:
+        rope = {**cfg.rope_scaling, "rope_theta": cfg.rope_theta}
+    hf_config: dict[str, Any] = {
+        "architectures": [FAMILIES[cfg.family].architecture],
+        "model_type": cfg.family,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -85,15 +82,31 @@ def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_positions,
         "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
+        "rope_parameters": rope,
         "tie_word_embeddings": cfg.tie_embeddings,
         "bos_token_id": cfg.bos_id,
         "eos_token_id": list(cfg.eos_ids),
         "pad_token_id": cfg.pad_id,
-        "attention_bias": False,
+        "attention_bias": cfg.attention_bias,
         "mlp_bias": False,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": [
+            "full_attention" if cfg.window(i) is None else "sliding_attention"
+            for i in range(cfg.num_layers)
+        ],
         "torch_dtype": "float32",
     }
+    if decoder_config_from_hf(hf_config) != cfg:
+        raise ValueError(f"{model_dir}: a {cfg.family} config cannot state this model's switches")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    aliases = model.alias_names()
+    state = {
+        (name if name.startswith("lm_head.") else f"model.{name}"): tensor.contiguous()
+        for name, tensor in model.state_dict().items()
+        if name not in aliases
+    }
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (Path(model_dir) / name).is_file():

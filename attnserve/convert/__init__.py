@@ -15,7 +15,11 @@ from attnserve.model.checkpoint import ModelDirError, read_json_object
 # model_type -> (module, function) of its importer
 HF_IMPORTERS: dict[str, tuple[str, str]] = {
     "marian": ("attnserve.convert.marian", "import_marian"),
-    "llama": ("attnserve.convert.llama", "import_llama"),
+    # decoder-only: one importer, each model_type's switches in hf_decoder.FAMILIES
+    "llama": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "mistral": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "qwen2": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "qwen3": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
     "m2m_100": ("attnserve.convert.fairseq", "import_family"),  # M2M100 and NLLB
     "mbart": ("attnserve.convert.fairseq", "import_family"),
     "bart": ("attnserve.convert.fairseq", "import_family"),

@@ -25,7 +25,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGUF_MAGIC
 from gguf.quants import dequantize
 
-from attnserve.convert.llama import build_llama
+from attnserve.convert.hf_decoder import build_decoder
 from attnserve.model.checkpoint import ModelDirError, ModelFileInvalidError
 from attnserve.model.decoder_checkpoint import save_decoder_dir
 from attnserve.model.decoder_config import DecoderConfig
@@ -53,8 +53,10 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm.weight",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-# Tables llama.cpp may store that we compute ourselves.
-_IGNORED = ("rope_freqs.weight",)
+# Per-frequency divisors llama.cpp stores for Llama 3's scaled rotary embeddings: all ones
+# change nothing; other values are refused.
+ROPE_FREQS = "rope_freqs.weight"
+_IGNORED = (ROPE_FREQS,)
 
 
 class GGUFImportError(ModelDirError, ValueError):
@@ -213,6 +215,12 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
     for tensor in reader.tensors:
         name = _our_name(tensor.name, config.num_layers)
         if name is None:
+            if tensor.name == ROPE_FREQS and not np.all(tensor_to_float32(tensor) == 1.0):
+                raise GGUFImportError(
+                    f"{path}: {ROPE_FREQS} scales the rotary frequencies (llama.cpp's form of "
+                    "Llama 3's rope scaling), which this importer does not read: import the "
+                    "model's Hugging Face directory instead"
+                )
             if tensor.name not in _IGNORED:
                 unexpected.append(tensor.name)
             continue
@@ -233,7 +241,7 @@ def convert_gguf(path: str | Path) -> DecoderOnly:
     """A DecoderOnly (eval mode) with the weights of a GGUF file."""
     config, state = read_gguf(path)
     try:
-        return build_llama(config, state)
+        return build_decoder(config, state)
     except ModelDirError as exc:
         raise GGUFImportError(f"{path}: {exc}") from exc
 

@@ -71,6 +71,13 @@ INT8_BLOCK_DOWN = True
 DEFAULT_ATTENTION = LM_GQA
 
 
+# What the manifest says of a sliding-window model's GroupQueryAttention graph.
+WINDOW_FALLBACK = (
+    "sliding window: ONNX Runtime's GroupQueryAttention (local_window_size) in the layers it "
+    "covers; attnserve's CausalGroupAttention has no window"
+)
+
+
 def gqa_supported(config: DecoderConfig) -> bool:
     """Whether GroupQueryAttention can run this model: its rotary embedding needs heads of a
     multiple of 16 channels (ONNX Runtime's CPU kernel)."""
@@ -274,6 +281,8 @@ def export_lm_variants(
                 )
                 options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention
+            if attention == LM_GQA and model.config.sliding_window is not None:
+                options["attention_fallback"] = WINDOW_FALLBACK
             parity: dict[str, Any] = {}
             write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)
             if reference is not None:

@@ -33,6 +33,14 @@ one product with concatenated weights (the attention scale 1/sqrt(D) folded into
 is linear) and gate/up another, each split after; the masks' additive biases are built once per
 step; a tied head reads the embedding table through a Transpose that ONNX Runtime folds when
 it loads the graph (the table is stored once).
+
+The families' switches (`DecoderConfig`) are a few nodes each: projection biases one Add after
+their product (q/k/v's concatenated), per-head q/k norms a Reshape / RMSNormalization / Reshape
+per tensor before the rotation (the attention scale then folded into q's norm weight, since a
+norm would undo it in q's projection), scaled rotary frequencies and YaRN's attention factor
+only other constants (model/rope.py), and a sliding window its own pair of mask biases, built
+from the key and query positions, for the layers it covers. GroupQueryAttention takes the window
+as `local_window_size`, which attnserve's kernel does not run: such graphs keep ONNX Runtime's.
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ from attnserve.engine.onnx.layout import (
     lm_past_names,
     lm_present_names,
 )
-from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer
+from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer, GroupedQueryAttention
+from attnserve.model.rope import rope_frequencies
 
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
@@ -65,10 +75,11 @@ ATTENTIONS = (LM_PLAIN, LM_GQA)
 MS_DOMAIN = "com.microsoft"
 
 
-def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
-    """(D/2,) float32: `rotary_cos_sin`'s frequencies, computed as torch does."""
-    exponents = torch.arange(0, head_dim, 2).float() / head_dim
-    return (1.0 / (theta**exponents)).numpy()
+def inverse_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
+    """(D/2,) float32 frequencies and the cos/sin factor: `rotary_cos_sin`'s, computed by
+    torch as the model computes them."""
+    inv_freq, factor = rope_frequencies(config)
+    return inv_freq.numpy(), factor
 
 
 class _Graph:
@@ -117,6 +128,68 @@ def _rms_norm(g: _Graph, x: str, name: str, weight: torch.Tensor, eps: float) ->
     )  # fmt: skip
 
 
+def _bias(linear: torch.nn.Linear) -> np.ndarray | None:
+    return None if linear.bias is None else linear.bias.detach().float().numpy().copy()
+
+
+def _qkv(g: _Graph, attn: GroupedQueryAttention, p: str, h: str, *, q_scale: float = 1.0) -> str:
+    """The fused q/k/v product of `h` (B, T, C) -> (B, T, (H + 2 Hkv) D), with its biases;
+    `q_scale` multiplies q's weights and bias."""
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    scales = (q_scale, 1.0, 1.0)
+    w = np.concatenate([_weight(m) * s for m, s in zip(projections, scales, strict=True)], axis=1)
+    qkv = g.op("MatMul", [h, g.const(f"{p}.qkv_proj.weight", w)], name=f"{p}.qkv_proj")
+    biases = [_bias(m) for m in projections]
+    if all(b is None for b in biases):
+        return qkv
+    b = np.concatenate(
+        [
+            np.zeros(m.out_features, np.float32) if bias is None else bias * s
+            for m, bias, s in zip(projections, biases, scales, strict=True)
+        ]
+    )
+    return g.op("Add", [qkv, g.const(f"{p}.qkv_proj.bias", b)])
+
+
+def _out_proj(g: _Graph, attn: GroupedQueryAttention, p: str, x: str) -> str:
+    """The attention's output projection of `x`, with its bias."""
+    out = g.op(
+        "MatMul", [x, g.const(f"{p}.o_proj.weight", _weight(attn.o_proj))], name=f"{p}.o_proj"
+    )
+    bias = _bias(attn.o_proj)
+    return out if bias is None else g.op("Add", [out, g.const(f"{p}.o_proj.bias", bias)])
+
+
+def _head_norm(
+    g: _Graph, x: str, name: str, weight: np.ndarray, heads: int, d: int, eps: float
+) -> str:
+    """RMSNormalization of each head of x (B, T, heads * D), `weight` (D,)."""
+    shaped = g.op("Reshape", [x, g.const(f"{name}.heads", [0, 0, heads, d], np.int64)])
+    normed = g.op(
+        "RMSNormalization", [shaped, g.const(f"{name}.weight", weight.astype(np.float32))],
+        axis=-1, epsilon=eps, stash_type=1, name=name,
+    )  # fmt: skip
+    return g.op("Reshape", [normed, g.const(f"{name}.merged", [0, 0, heads * d], np.int64)])
+
+
+def _qk_norms(
+    g: _Graph,
+    attn: GroupedQueryAttention,
+    p: str,
+    q: str,
+    k: str,
+    cfg: DecoderConfig,
+    q_scale: float = 1.0,
+) -> tuple[str, str]:
+    """Qwen3's per-head norms of q and k (B, T, n * D); `q_scale` multiplies q's weight."""
+    assert attn.q_norm is not None and attn.k_norm is not None
+    d, eps = cfg.head_dim, cfg.rms_norm_eps
+    q_weight = attn.q_norm.weight.detach().float().numpy() * q_scale
+    q = _head_norm(g, q, f"{p}.q_norm", q_weight, cfg.num_heads, d, eps)
+    k_weight = attn.k_norm.weight.detach().float().numpy()
+    return q, _head_norm(g, k, f"{p}.k_norm", k_weight, cfg.num_kv_heads, d, eps)
+
+
 def _mlp(g: _Graph, layer: DecoderOnlyLayer, p: str, x: str, eps: float, split: str) -> str:
     """x + the layer's SwiGLU MLP of its normed x: gate and up one product, split after."""
     mlp = layer.mlp
@@ -155,6 +228,42 @@ def _positions_input() -> onnx.ValueInfoProto:
 
 def _logits_output(vocab_size: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["logit_rows", vocab_size])
+
+
+def _window_biases(
+    g: _Graph,
+    window: int,
+    positions: str,
+    past_mask: str,
+    past_visible: str,
+    causal_real: str,
+    itself: str,
+) -> tuple[str, str]:
+    """The additive biases of a sliding window: past (B, 1, 1, T, W) and new tokens (B, 1, 1,
+    T, T). A key is visible when it is visible without the window and fewer than `window`
+    positions separate it from the query (a past column's position: the real columns before it;
+    a padding query still sees itself)."""
+    zero, low = "zero", "lowest"
+    one = g.const("one_i64", 1, np.int64)
+    past_positions = g.op(
+        "Sub", [g.op("CumSum", [past_mask, "axis_1_scalar"]), one]
+    )  # (B, W): each real column's position
+    query = g.op("Unsqueeze", [positions, g.const("axis_2b", [2], np.int64)])  # (B, T, 1)
+    limit = g.const(f"window_{window}", window, np.int64)
+    axis_1 = "axis_1"
+    in_past = g.op(
+        "Less", [g.op("Sub", [query, g.op("Unsqueeze", [past_positions, axis_1])]), limit]
+    )  # (B, T, W)
+    past = g.op("And", [in_past, g.op("Unsqueeze", [past_visible, axis_1])])
+    in_new = g.op(
+        "Less", [g.op("Sub", [query, g.op("Unsqueeze", [positions, axis_1])]), limit]
+    )  # (B, T, T)
+    new = g.op("Or", [g.op("And", [causal_real, in_new]), itself])
+    axes = "axes_12"
+    return (
+        g.op("Unsqueeze", [g.op("Where", [past, zero, low]), axes], name=f"past_bias_w{window}"),
+        g.op("Unsqueeze", [g.op("Where", [new, zero, low]), axes], name=f"new_bias_w{window}"),
+    )
 
 
 def build_lm_graph(
@@ -197,18 +306,25 @@ def build_lm_graph(
     causal = g.op("LessOrEqual", [key_row, query_col])  # (T, T): key <= query
     itself = g.op("Equal", [key_row, query_col])
     real = g.op("Unsqueeze", [g.op("Cast", [mask], to=TensorProto.BOOL), one_axis])  # (B, 1, T)
-    new_visible = g.op("Or", [g.op("And", [causal, real]), itself])  # (B, T, T)
+    causal_real = g.op("And", [causal, real])  # (B, T, T)
+    new_visible = g.op("Or", [causal_real, itself])
     new_bias = g.op(
         "Unsqueeze",
         [g.op("Where", [new_visible, zero, low]), g.const("axes_12", [1, 2], np.int64)],
         name="new_bias",
     )
+    biases: dict[int | None, tuple[str, str]] = {None: (past_bias, new_bias)}
+    if cfg.sliding_window is not None:  # the window's own pair, for the layers it covers
+        biases[cfg.sliding_window] = _window_biases(
+            g, cfg.sliding_window, positions, past_mask, past_visible, causal_real, itself
+        )
     # the softmax's split: W past columns, then T new ones
     width = g.op("Slice", [g.op("Shape", [past_mask]), one_axis, g.const("end_2", [2], np.int64)])
     t_1d = g.op("Unsqueeze", [t, g.const("axis_0b", [0], np.int64)])
     split_wt = g.op("Concat", [width, t_1d], axis=0, name="split_past_new")
 
     # rotary angles (B, T, D/2) of this step's positions, as `rotary_cos_sin` computes them
+    inv_freq, rope_factor = inverse_frequencies(cfg)
     angles = g.op(
         "Mul",
         [
@@ -219,11 +335,14 @@ def build_lm_graph(
                     g.const("axis_last", [-1], np.int64),
                 ],
             ),
-            g.const("inv_freq", inverse_frequencies(d, cfg.rope_theta)),
+            g.const("inv_freq", inv_freq),
         ],
     )
     cos_name = g.op("Cos", [angles], name="rotary_cos")
     sin_name = g.op("Sin", [angles], name="rotary_sin")
+    if rope_factor != 1.0:  # YaRN's attention factor
+        factor = g.const("rotary_factor", np.float32(rope_factor))
+        cos_name, sin_name = g.op("Mul", [cos_name, factor]), g.op("Mul", [sin_name, factor])
     q_shape = g.const("q_shape", [0, 0, kv, groups, d], np.int64)
     kv_shape = g.const("kv_shape", [0, 0, kv, d], np.int64)
     merged_shape = g.const("merged_shape", [0, 0, heads * d], np.int64)
@@ -238,12 +357,13 @@ def build_lm_graph(
         attn = layer.self_attn
         p = f"layers.{i}"
         h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
-        w_qkv = np.concatenate(
-            [_weight(attn.q_proj) / math.sqrt(d), _weight(attn.k_proj), _weight(attn.v_proj)],
-            axis=1,
-        )
-        qkv = g.op("MatMul", [h, g.const(f"{p}.qkv_proj.weight", w_qkv)], name=f"{p}.qkv_proj")
+        # the attention scale in q's projection, or in its norm (which would undo it there)
+        scale = 1.0 / math.sqrt(d)
+        qkv = _qkv(g, attn, p, h, q_scale=1.0 if cfg.qk_norm else scale)
         q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
+        if cfg.qk_norm:
+            q, k = _qk_norms(g, attn, p, q, k, cfg, q_scale=scale)
+        past_bias, new_bias = biases[cfg.window(i)]
         q = g.op(
             "RotaryEmbedding", [q, cos_name, sin_name], interleaved=0, num_heads=heads,
         )  # fmt: skip
@@ -274,10 +394,7 @@ def build_lm_graph(
         out = g.op(
             "Reshape", [g.op("Transpose", [out], perm=[0, 3, 1, 2, 4]), merged_shape]
         )  # (B, T, H * D)
-        attended = g.op(
-            "MatMul", [out, g.const(f"{p}.o_proj.weight", _weight(attn.o_proj))], name=f"{p}.o_proj"
-        )
-        x = g.op("Add", [x, attended])
+        x = g.op("Add", [x, _out_proj(g, attn, p, out)])
         x = _mlp(g, layer, p, x, eps, split_mlp)
 
     _head(g, model, x)
@@ -329,11 +446,13 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
     past_names, present_names = lm_past_names(cfg.num_layers), lm_present_names(cfg.num_layers)
     ids, seqlens, total = LM_GQA_INPUTS
 
-    angles = np.outer(
-        np.arange(cfg.max_positions, dtype=np.float32), inverse_frequencies(d, cfg.rope_theta)
-    ).astype(np.float32)  # (P, D/2), as `rotary_cos_sin` computes them
-    cos_cache = g.const("rotary_cos_cache", np.cos(angles))
-    sin_cache = g.const("rotary_sin_cache", np.sin(angles))
+    inv_freq, rope_factor = inverse_frequencies(cfg)
+    angles = np.outer(np.arange(cfg.max_positions, dtype=np.float32), inv_freq).astype(
+        np.float32
+    )  # (P, D/2), as `rotary_cos_sin` computes them
+    cos_cache = g.const("rotary_cos_cache", np.cos(angles) * np.float32(rope_factor))
+    sin_cache = g.const("rotary_sin_cache", np.sin(angles) * np.float32(rope_factor))
+    split_qkv = g.const("split_qkv", [heads * d, kv * d, kv * d], np.int64)
     split_mlp = g.const("split_gate_up", [cfg.intermediate_size] * 2, np.int64)
 
     table = model.embed_tokens.weight.detach().float().numpy()
@@ -342,10 +461,14 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
         layer: DecoderOnlyLayer = module  # type: ignore[assignment]
         attn, p = layer.self_attn, f"layers.{i}"
         h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
-        w_qkv = np.concatenate(
-            [_weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)], axis=1
-        )
-        qkv = g.op("MatMul", [h, g.const(f"{p}.qkv_proj.weight", w_qkv)], name=f"{p}.qkv_proj")
+        qkv = _qkv(g, attn, p, h)
+        if cfg.qk_norm:  # normed q and k packed again: the attention reads one tensor
+            q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
+            q, k = _qk_norms(g, attn, p, q, k, cfg)
+            qkv = g.op("Concat", [q, k, v], axis=-1)
+        # GroupQueryAttention's local_window_size counts the query's own key, as ours does
+        # (measured against the torch model: window - 1 and window + 1 both differ)
+        window = cfg.window(i)
         out, _, _ = g.op(
             "GroupQueryAttention",
             [qkv, "", "", past_names[2 * i], past_names[2 * i + 1], seqlens, total,
@@ -353,11 +476,9 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
             outputs=[f"{p}.attention", present_names[2 * i], present_names[2 * i + 1]],
             domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv, do_rotary=1,
             rotary_interleaved=0, scale=1.0 / math.sqrt(d), name=f"{p}.self_attn",
+            **({} if window is None else {"local_window_size": window}),
         )  # fmt: skip
-        attended = g.op(
-            "MatMul", [out, g.const(f"{p}.o_proj.weight", _weight(attn.o_proj))], name=f"{p}.o_proj"
-        )
-        x = g.op("Add", [x, attended])
+        x = g.op("Add", [x, _out_proj(g, attn, p, out)])
         x = _mlp(g, layer, p, x, eps, split_mlp)
 
     _head(g, model, x)

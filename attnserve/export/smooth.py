@@ -13,8 +13,8 @@ function with no extra node:
 
 * q/k/v and gate/up inputs are RMSNorm outputs: the norm's weight takes 1 / s;
 * the down projection's input is silu(gate) * up: up's output rows take 1 / s;
-* the output projection's input is attention over V: V's output rows take 1 / s, one factor per
-  key/value channel shared by the query heads of its group (grouped-query attention);
+* the output projection's input is attention over V: V's output rows (and bias) take 1 / s, one
+  factor per key/value channel shared by the query heads of its group (grouped-query attention);
 * the LM head's input is the final norm's output: the norm takes 1 / s, and the head gets its own
   (untied) weight, so the input embedding is unchanged.
 
@@ -106,6 +106,8 @@ def smooth(model: DecoderOnly, maxima: dict[str, Tensor], alpha: float = ALPHA) 
                 min=EPS
             )  # (Hkv, D)
             attn.v_proj.weight.div_(s_kv.reshape(-1)[:, None])
+            if attn.v_proj.bias is not None:  # V's output channel, bias included
+                attn.v_proj.bias.div_(s_kv.reshape(-1))
             s_query = s_kv[:, None, :].expand(kv_shape).reshape(-1)
             _scale_inputs([attn.o_proj], s_query)
 

@@ -1,6 +1,7 @@
 """Decoder-only model directories: config.json (a DecoderConfig), model.safetensors, metadata.json.
 
-A decoder-only directory's config.json carries a top-level ``"family"`` key (``"llama"``);
+A decoder-only directory's config.json carries a top-level ``"family"`` key (``"llama"``,
+``"qwen2"``, ...: the model_type imported);
 an encoder-decoder directory's (a ModelConfig) has none: `directory_family` tells them apart.
 The tied output projection is not stored (it is the embedding). The tokenizer (tokenizer.json,
 tokenizer_config.json with the chat template: model/text_tokenizer.py) and generation_config.json

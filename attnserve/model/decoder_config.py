@@ -9,16 +9,28 @@ from typing import Any, Literal
 
 from attnserve.model.config_file import ConfigFile
 
-DecoderFamily = Literal["llama"]
-FAMILIES: tuple[str, ...] = ("llama",)
+# The Hugging Face model_type a model was imported from: a label (metrics, logs). The network is
+# the same for all of them; the switches below say what differs.
+DecoderFamily = Literal["llama", "mistral", "qwen2", "qwen3"]
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+# rope_scaling's rope_type -> the keys it needs (model/rope.py computes the frequencies as
+# transformers does). "dynamic" and "longrope" are not here: their frequencies change with the
+# longest position of a forward pass, so a row's output would depend on its batch.
+ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
 
 
 @dataclass(frozen=True)
 class DecoderConfig(ConfigFile):
     """Architecture and special token ids of a Llama-architecture model.
 
-    Pre-norm RMSNorm blocks, rotary positions (rotate-half convention), grouped-query attention,
-    a SwiGLU MLP and no biases. Defaults are the shape of SmolLM2-135M-Instruct.
+    Pre-norm RMSNorm blocks, rotary positions (rotate-half convention), grouped-query attention
+    and a SwiGLU MLP; the switches after `pad_id` (biases, per-head q/k norms, rotary scaling, a
+    sliding window) describe the families built on it. Defaults are the shape of
+    SmolLM2-135M-Instruct (plain Llama: every switch off).
     """
 
     family: DecoderFamily = "llama"
@@ -41,12 +53,28 @@ class DecoderConfig(ConfigFile):
     eos_ids: tuple[int, ...] = field(default=(2,))
     # Fills the input ids of masked (padding) positions; never attended to.
     pad_id: int = 2
+    # q/k/v projections have biases (Qwen2); the output projection too (Llama's and Qwen3's
+    # attention_bias sets both).
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    # A per-head RMSNorm (weights of head_dim) on q and on k before the rotation (Qwen3).
+    qk_norm: bool = False
+    # Rotary scaling as transformers' rope_parameters name it, rope_theta apart: {"rope_type":
+    # "linear" | "llama3" | "yarn", "factor": ..., ...} (ROPE_SCALING_KEYS); None: plain.
+    rope_scaling: dict[str, Any] | None = None
+    # A query attends to the last `sliding_window` positions, itself included (Mistral), in every
+    # layer but `full_attention_layers`; None: the whole context.
+    sliding_window: int | None = None
+    full_attention_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         eos = self.eos_ids
         if isinstance(eos, int | str) or not isinstance(eos, Sequence):
             raise ValueError(f"eos_ids must be a sequence of token ids, not {eos!r}")
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in eos))
+        object.__setattr__(
+            self, "full_attention_layers", tuple(int(i) for i in self.full_attention_layers)
+        )
         if self.family not in FAMILIES:
             raise ValueError(f"unknown decoder family {self.family!r}; choose from {FAMILIES}")
         for name in (
@@ -73,12 +101,40 @@ class DecoderConfig(ConfigFile):
             raise ValueError(f"rope_theta={self.rope_theta} must be positive")
         if not self.eos_ids:
             raise ValueError("eos_ids is empty: a sequence could never end")
+        self._check_rope_scaling()
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} must be positive or None")
+        for layer in self.full_attention_layers:
+            if not 0 <= layer < self.num_layers:
+                raise ValueError(f"full_attention_layers: no layer {layer}")
         ids = [("pad_id", self.pad_id), *(("eos_ids", i) for i in self.eos_ids)]
         if self.bos_id is not None:
             ids.append(("bos_id", self.bos_id))
         for name, value in ids:
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} {value} is outside the vocabulary ({self.vocab_size})")
+
+    def _check_rope_scaling(self) -> None:
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, dict):
+            raise ValueError(f"rope_scaling must be an object or None, not {scaling!r}")
+        rope_type = scaling.get("rope_type")
+        if rope_type not in ROPE_SCALING_KEYS:
+            raise ValueError(
+                f"rope_scaling: rope_type {rope_type!r} is not supported; choose from "
+                f"{', '.join(ROPE_SCALING_KEYS)}"
+            )
+        missing = [k for k in ROPE_SCALING_KEYS[rope_type] if scaling.get(k) is None]
+        if missing:
+            raise ValueError(f"rope_scaling ({rope_type}) lacks {', '.join(missing)}")
+        if not float(scaling["factor"]) > 0:
+            raise ValueError(f"rope_scaling: factor {scaling['factor']} must be positive")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (None: it attends to the whole context)."""
+        return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
     def kv_groups(self) -> int:
@@ -88,6 +144,7 @@ class DecoderConfig(ConfigFile):
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["eos_ids"] = list(self.eos_ids)
+        data["full_attention_layers"] = list(self.full_attention_layers)
         return data
 
 

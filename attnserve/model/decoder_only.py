@@ -6,9 +6,12 @@ reference. Every row's positions come from its own mask (the number of real toke
 token), never from the column index, so left-padded batches, rows joining a running batch
 (`KVCache.concat`) and beam reordering (`KVCache.select`) need no recomputation.
 
-Parameter names follow Hugging Face's `LlamaForCausalLM` without its `model.` prefix, so the
-import is a renaming (convert/llama.py). Rotary embeddings use the rotate-half convention of
-Hugging Face's Llama, whose q/k projection rows are stored in that order.
+Parameter names follow Hugging Face's `LlamaForCausalLM` (and Qwen2's, Qwen3's, Mistral's)
+without its `model.` prefix, so the import is a renaming (convert/hf_decoder.py). Rotary
+embeddings use the rotate-half convention of Hugging Face's Llama, whose q/k projection rows are
+stored in that order. The families' differences are `DecoderConfig` switches: projection biases,
+per-head q/k norms, scaled rotary frequencies (model/rope.py) and a sliding window, which masks
+keys by their position (never by column, so left padding changes nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch import Tensor, nn
 
 from attnserve.model.cache import KVCache
 from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.rope import rope_frequencies
 
 
 class RMSNorm(nn.Module):
@@ -36,14 +40,16 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(
-    positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """positions (B, T) int64 -> cos, sin (B, 1, T, D), each frequency repeated in both halves."""
-    exponents = torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)  # (D/2,) float32
-    angles = positions[..., None].float() * inv_freq  # (B, T, D/2)
+    """positions (B, T) int64, inv_freq (D/2,) float32 -> cos, sin (B, 1, T, D), each frequency
+    repeated in both halves, times `factor` (YaRN's attention factor; 1 otherwise)."""
+    angles = positions[..., None].float() * inv_freq.to(positions.device)  # (B, T, D/2)
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, D)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -61,15 +67,22 @@ class GroupedQueryAttention(nn.Module):
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(
+            cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_out_bias
+        )
+        # Qwen3: each head's q and k RMS-normed (weights of head_dim) before the rotation
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def _heads(self, x: Tensor, n_heads: int) -> Tensor:
-        """(B, T, n*D) -> (B, n, T, D)"""
+    def _heads(self, x: Tensor, n_heads: int, norm: RMSNorm | None = None) -> Tensor:
+        """(B, T, n*D) -> (B, n, T, D), each head normed by `norm` when given."""
         b, t, _ = x.shape
-        return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)
+        heads = x.view(b, t, n_heads, self.head_dim)
+        return (heads if norm is None else norm(heads)).transpose(1, 2)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, past_k: Tensor, past_v: Tensor, mask: Tensor
@@ -79,8 +92,9 @@ class GroupedQueryAttention(nn.Module):
         Returns the output (B, T, C) and the keys and values grown to (B, Hkv, P+T, D); keys are
         cached after rotation.
         """
-        q = apply_rotary(self._heads(self.q_proj(x), self.num_heads), cos, sin)  # (B, H, T, D)
-        k_new = apply_rotary(self._heads(self.k_proj(x), self.num_kv_heads), cos, sin)
+        q = self._heads(self.q_proj(x), self.num_heads, self.q_norm)  # (B, H, T, D)
+        q = apply_rotary(q, cos, sin)
+        k_new = apply_rotary(self._heads(self.k_proj(x), self.num_kv_heads, self.k_norm), cos, sin)
         v_new = self._heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
         k = torch.cat([past_k, k_new], dim=2)  # (B, Hkv, P+T, D)
         v = torch.cat([past_v, v_new], dim=2)
@@ -140,10 +154,13 @@ class DecoderOnly(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """N(0, 0.02) matrices and embeddings (Llama's initializer range), unit norm weights."""
-        for p in self.parameters():
+        """N(0, 0.02) matrices and embeddings (Llama's initializer range), unit norm weights,
+        zero biases."""
+        for name, p in self.named_parameters():
             if p.dim() > 1:
                 nn.init.normal_(p, std=0.02)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
             else:
                 nn.init.ones_(p)
 
@@ -189,12 +206,23 @@ class DecoderOnly(nn.Module):
         # A padding token sees itself, so no query row is fully masked. Its output is unused, but
         # a plain softmax over a fully masked row (as exported graphs compute it) gives NaN, which
         # would reach its cached K/V and, through 0 * NaN, every row that attends past it.
-        attn_mask = (causal[None] & key_mask[:, None, :]) | (column == query)[None]  # (B, T, P+T)
+        itself = (column == query)[None]
+        visible = causal[None] & key_mask[:, None, :]  # (B, T, P+T)
+        masks: dict[int | None, Tensor] = {None: visible | itself}
+        cfg = self.config
+        if cfg.sliding_window is not None:
+            # a key is in the window when fewer than `sliding_window` positions separate it
+            # from the query; positions count real tokens, so padding columns do not count
+            key_positions = key_mask.long().cumsum(dim=1) - 1  # (B, P+T)
+            distance = positions[:, :, None] - key_positions[:, None, :]  # (B, T, P+T)
+            masks[cfg.sliding_window] = (visible & (distance < cfg.sliding_window)) | itself
 
         x = self.embed_tokens(input_ids)  # (B, T, C)
-        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        inv_freq, factor = rope_frequencies(cfg)
+        cos, sin = rotary_cos_sin(positions, inv_freq, factor, x.dtype)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
+            attn_mask = masks[cfg.window(i)]
             x, k, v = layer(x, cos, sin, cache.keys[i], cache.values[i], attn_mask)
             keys.append(k)
             values.append(v)

@@ -71,9 +71,14 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_gguf(
-    model: Any, path: Path, qtype: GGMLQuantizationType, arch: str = "llama"
+    model: Any,
+    path: Path,
+    qtype: GGMLQuantizationType,
+    arch: str = "llama",
+    extra: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write `model` as llama.cpp would; returns the HF tensors (float32) by HF name."""
+    """Write `model` as llama.cpp would (plus `extra` GGUF tensors, float32); returns the HF
+    tensors (float32) by HF name."""
     cfg = model.config
     writer = GGUFWriter(str(path), arch)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -103,6 +108,8 @@ def write_gguf(
             values = permute(values, cfg.num_key_value_heads)
         kind = qtype if values.ndim == 2 else Q.F32  # llama.cpp keeps norms in F32
         writer.add_tensor(gguf_name(name), quantize(values, kind), raw_dtype=kind)
+    for name, values in (extra or {}).items():
+        writer.add_tensor(name, values.astype(np.float32), raw_dtype=Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -187,6 +194,18 @@ def test_hugging_face_llama_directory_is_imported(tmp_path: Path) -> None:
         torch.testing.assert_close(
             model(IDS, torch.ones_like(IDS)), hf(IDS).logits, rtol=1e-4, atol=1e-5
         )
+
+
+def test_scaled_rotary_frequencies_are_refused_unit_ones_ignored(tmp_path: Path) -> None:
+    """llama.cpp writes Llama 3's rope scaling as per-frequency divisors (rope_freqs)."""
+    hf = hf_model()
+    half = hf.config.hidden_size // hf.config.num_attention_heads // 2
+    write_gguf(hf, tmp_path / "ones.gguf", Q.F32, extra={"rope_freqs.weight": np.ones(half)})
+    read_gguf(tmp_path / "ones.gguf")
+    scaled = np.linspace(1.0, 8.0, half)
+    write_gguf(hf, tmp_path / "scaled.gguf", Q.F32, extra={"rope_freqs.weight": scaled})
+    with pytest.raises(GGUFImportError, match=r"rope_freqs\.weight scales the rotary"):
+        read_gguf(tmp_path / "scaled.gguf")
 
 
 def test_other_architectures_are_refused(tmp_path: Path) -> None:

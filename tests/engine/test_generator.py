@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.convert.llama import build_llama, convert_llama_state_dict, llama_config_from_hf
+from attnserve.convert.hf_decoder import (
+    build_decoder,
+    convert_decoder_state_dict,
+    decoder_config_from_hf,
+)
 from attnserve.engine.generator import Generator, PromptTooLong, StopStrings
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.torch_lm import TorchLMBackend
@@ -60,8 +64,8 @@ def hf_and_ours() -> tuple[Any, DecoderOnly]:
     )
     hf = transformers.LlamaForCausalLM(hf_config).eval()
     randomize(hf, seed=3)
-    config = llama_config_from_hf(json.loads(hf_config.to_json_string()))
-    return hf, build_llama(config, convert_llama_state_dict(hf.state_dict(), config))
+    config = decoder_config_from_hf(json.loads(hf_config.to_json_string()))
+    return hf, build_decoder(config, convert_decoder_state_dict(hf.state_dict(), config))
 
 
 @pytest.fixture(scope="module")

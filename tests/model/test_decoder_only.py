@@ -13,7 +13,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnserve.convert.llama import build_llama, convert_llama_state_dict, llama_config_from_hf
+from attnserve.convert.hf_decoder import (
+    build_decoder,
+    convert_decoder_state_dict,
+    decoder_config_from_hf,
+)
 from attnserve.model.cache import KVCache
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
@@ -92,9 +96,9 @@ def hf_and_ours(request: pytest.FixtureRequest) -> tuple[Any, DecoderOnly]:
     )
     hf = transformers.LlamaForCausalLM(hf_config).eval()
     randomize(hf, seed=1)
-    config = llama_config_from_hf(json.loads(hf_config.to_json_string()))
+    config = decoder_config_from_hf(json.loads(hf_config.to_json_string()))
     assert (config.num_kv_heads, config.head_dim, config.tie_embeddings) == (2, 16, tie)
-    ours = build_llama(config, convert_llama_state_dict(hf.state_dict(), config))
+    ours = build_decoder(config, convert_decoder_state_dict(hf.state_dict(), config))
     return hf, ours
 
 

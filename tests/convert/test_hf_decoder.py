@@ -1,6 +1,8 @@
-"""Llama config and weight mapping: what is read, what is refused (no transformers needed).
+"""Decoder-only config and weight mapping: what is read, what is refused (no transformers
+needed).
 
-Parity with Hugging Face's LlamaForCausalLM is tested in tests/model/test_decoder_only.py.
+Parity with Hugging Face's LlamaForCausalLM is tested in tests/model/test_decoder_only.py, with
+Qwen2, Qwen3, Mistral and Llama 3's in tests/model/test_families.py.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnserve.convert.llama import (
-    LlamaImportError,
-    build_llama,
-    convert_llama_state_dict,
-    llama_config_from_hf,
+from attnserve.convert.hf_decoder import (
+    DecoderImportError,
+    build_decoder,
+    convert_decoder_state_dict,
+    decoder_config_from_hf,
 )
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
@@ -43,43 +45,45 @@ TINY_HF: dict[str, Any] = {
 
 
 def test_smollm2_config_maps_to_the_default_shape() -> None:
-    assert llama_config_from_hf(SMOLLM2_135M) == DecoderConfig()
+    assert decoder_config_from_hf(SMOLLM2_135M) == DecoderConfig()
 
 
 def test_transformers_5_config_and_defaults() -> None:
-    config = llama_config_from_hf(TINY_HF)
+    config = decoder_config_from_hf(TINY_HF)
     assert config == DecoderConfig.preset("tiny", rope_theta=100000.0)
     assert config.head_dim == 8  # hidden_size // heads when head_dim is absent
-    bare = llama_config_from_hf({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10})
+    bare = decoder_config_from_hf({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10})
     assert (bare.num_kv_heads, bare.rope_theta, bare.rms_norm_eps) == (4, 10000.0, 1e-6)
     assert (bare.tie_embeddings, bare.max_positions, bare.num_layers) == (False, 2048, 32)
 
 
 def test_token_ids() -> None:
-    config = llama_config_from_hf({**TINY_HF, "eos_token_id": [2, 7], "pad_token_id": None})
+    config = decoder_config_from_hf({**TINY_HF, "eos_token_id": [2, 7], "pad_token_id": None})
     assert config.eos_ids == (2, 7) and config.pad_id == 2  # no pad: the first eos, as HF
-    assert llama_config_from_hf({**TINY_HF, "bos_token_id": None}).bos_id is None
+    assert decoder_config_from_hf({**TINY_HF, "bos_token_id": None}).bos_id is None
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "mistral"}, "model_type is 'mistral'"),
+        ({"model_type": "gemma2"}, "model_type 'gemma2' is not a supported"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "LlamaForCausalLM"),
-        ({"attention_bias": True}, "attention_bias=True"),
         ({"mlp_bias": True}, "mlp_bias=True"),
         ({"rope_interleaved": True}, "rope_interleaved=True"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type 'llama3'"),
-        ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2}}, "'linear'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "longrope"}}, "'longrope'"),
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+        ({"sliding_window": 4, "layer_types": ["full_attention"]}, "layer_types"),
         ({"eos_token_id": None}, "eos_token_id must be set"),
         ({"num_key_value_heads": 3}, "not divisible"),
         ({"pad_token_id": 500}, "outside the vocabulary"),
     ],
 )
 def test_unsupported_configs_are_refused(changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(LlamaImportError, match=message):
-        llama_config_from_hf({**TINY_HF, **changes})
+    with pytest.raises(DecoderImportError, match=message):
+        decoder_config_from_hf({**TINY_HF, **changes})
 
 
 def hf_state(config: DecoderConfig) -> dict[str, Tensor]:
@@ -95,17 +99,17 @@ def test_weights_are_renamed_and_made_float32() -> None:
     config = DecoderConfig.preset("tiny")
     hf = hf_state(config)
     hf["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)  # old checkpoints
-    state = convert_llama_state_dict(hf, config)
+    state = convert_decoder_state_dict(hf, config)
     assert "lm_head.weight" not in state  # tied: the embedding
     assert all(t.dtype == torch.float32 for t in state.values())
     assert torch.equal(
         state["layers.1.mlp.gate_proj.weight"], hf["model.layers.1.mlp.gate_proj.weight"].float()
     )
-    model = build_llama(config, state)
+    model = build_decoder(config, state)
     assert not model.training and model.lm_head.weight is model.embed_tokens.weight
     untied = config.replace(tie_embeddings=False)
     hf = hf_state(untied)
-    model = build_llama(untied, convert_llama_state_dict(hf, untied))
+    model = build_decoder(untied, convert_decoder_state_dict(hf, untied))
     assert torch.equal(model.lm_head.weight, hf["lm_head.weight"].float())
     assert model.lm_head.weight is not model.embed_tokens.weight
 
@@ -116,8 +120,8 @@ def test_a_tied_head_that_differs_is_ignored_with_a_warning(
     config = DecoderConfig.preset("tiny")
     hf = hf_state(config)
     hf["lm_head.weight"] = torch.zeros_like(hf["lm_head.weight"])
-    with caplog.at_level(logging.WARNING, logger="attnserve.convert.llama"):
-        state = convert_llama_state_dict(hf, config)
+    with caplog.at_level(logging.WARNING, logger="attnserve.convert.hf_decoder"):
+        state = convert_decoder_state_dict(hf, config)
     assert "lm_head.weight" not in state and "differs" in caplog.text
 
 
@@ -140,13 +144,13 @@ def test_mismatched_weights_are_refused(edit: Any, message: str) -> None:
     config = DecoderConfig.preset("tiny")
     hf = hf_state(config)
     edit(hf)
-    with pytest.raises(LlamaImportError, match=message):
-        build_llama(config, convert_llama_state_dict(hf, config))
+    with pytest.raises(DecoderImportError, match=message):
+        build_decoder(config, convert_decoder_state_dict(hf, config))
 
 
 def test_an_untied_model_needs_its_head() -> None:
     config = DecoderConfig.preset("tiny", tie_embeddings=False)
     hf = hf_state(config)
     del hf["lm_head.weight"]
-    with pytest.raises(LlamaImportError, match=r"no lm_head\.weight"):
-        convert_llama_state_dict(hf, config)
+    with pytest.raises(DecoderImportError, match=r"no lm_head\.weight"):
+        convert_decoder_state_dict(hf, config)

@@ -1,0 +1,357 @@
+"""Hugging Face decoder-only directories (Llama, Mistral, Qwen2/2.5, Qwen3) -> `DecoderOnly`.
+
+One importer for every family built on Llama's blocks: `FAMILIES` says, per config.json
+`model_type`, what its architecture fixes (q/k/v and output biases, per-head q/k norms) and the
+defaults of its config class, and `decoder_config_from_hf` reads the rest with the families'
+own config names (rope_parameters / rope_scaling, sliding_window / use_sliding_window /
+layer_types, head_dim) into `DecoderConfig`'s switches. Never imports transformers. Our parameter
+names are Hugging Face's without the `model.` prefix, and Hugging Face stores q/k projections in
+the rotate-half order our rotary embeddings use, so the weights are renamed, not permuted (GGUF
+files store them interleaved: convert/gguf.py undoes that). Weights are converted to float32.
+`import_hf_decoder` writes the weights and config of a Hugging Face directory as a model
+directory, with its tokenizer.json, tokenizer_config.json (chat template) and
+generation_config.json, whose eos_token_id joins the model's stop tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnserve.model.checkpoint import ModelDirError, read_json_object
+from attnserve.model.decoder_checkpoint import save_decoder_dir
+from attnserve.model.decoder_config import ROPE_SCALING_KEYS, DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly
+
+logger = logging.getLogger(__name__)
+
+# LlamaConfig's defaults (transformers 5.x) for keys a config.json may leave out; a family's
+# own defaults (Family.defaults) replace them.
+HF_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model_type's architecture fixes. A bias switch is True or False when the
+    architecture fixes it, or the name of the config key that sets it."""
+
+    architecture: str
+    qkv_bias: bool | str = "attention_bias"
+    out_bias: bool | str = "attention_bias"
+    qk_norm: bool = False
+    # the config class's defaults where they differ from LlamaConfig's (HF_DEFAULTS)
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+_QWEN_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936,
+    "intermediate_size": 22016,
+    "max_position_embeddings": 32768,
+    "bos_token_id": None,
+    "eos_token_id": None,
+}
+FAMILIES: dict[str, Family] = {
+    "llama": Family("LlamaForCausalLM"),
+    "mistral": Family(
+        "MistralForCausalLM",
+        qkv_bias=False,
+        out_bias=False,
+        defaults={
+            "intermediate_size": 14336,
+            "max_position_embeddings": 131072,
+            "num_key_value_heads": 8,
+            "sliding_window": 4096,
+        },
+    ),
+    "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True, out_bias=False, defaults=_QWEN_DEFAULTS),
+    "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
+}
+# Flags that change the network; the value we can run.
+SUPPORTED_FLAGS: dict[str, Any] = {
+    "mlp_bias": False,
+    "rope_interleaved": False,  # nanotron's name for GGUF-style pair order
+}
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# Old checkpoints store the rotary table; we compute it from rope_theta.
+_IGNORED_LAYER_PARAMS = ("self_attn.rotary_emb.inv_freq",)
+
+
+class DecoderImportError(ModelDirError, ValueError):
+    """The Hugging Face config or weights hold something we cannot run faithfully."""
+
+
+def _rope(hf: dict[str, Any], get: Any, problems: list[str]) -> tuple[float, dict[str, Any] | None]:
+    """rope_theta and the scaling (None: plain), from transformers 5's `rope_parameters` or the
+    older top-level `rope_theta` and `rope_scaling`, completed as transformers completes them."""
+    params = hf.get("rope_parameters")
+    if params is None:
+        params = dict(hf.get("rope_scaling") or {})
+        params.setdefault("rope_theta", get("rope_theta"))
+    if not isinstance(params, dict):
+        problems.append(f"rope_parameters {params!r} is not an object")
+        return float(HF_DEFAULTS["rope_theta"]), None
+    params = dict(params)
+    theta = float(params.pop("rope_theta", None) or get("rope_theta"))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    partial = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor")) or 1.0
+    if partial != 1.0:
+        problems.append(f"partial_rotary_factor {partial} (only whole heads are rotated)")
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in ROPE_SCALING_KEYS:
+        problems.append(
+            f"rope_type {rope_type!r} (supported: default, {', '.join(ROPE_SCALING_KEYS)}; dynamic "
+            "and longrope change a row's frequencies with the longest position in its batch)"
+        )
+        return theta, None
+    if rope_type in ("llama3", "yarn"):
+        original = hf.get("original_max_position_embeddings")  # Phi-3's place wins, as in HF
+        if original is not None:
+            params["original_max_position_embeddings"] = original
+        params.setdefault("original_max_position_embeddings", get("max_position_embeddings"))
+    if rope_type == "yarn" and params.get("factor") is None:
+        params["factor"] = (
+            get("max_position_embeddings") / params["original_max_position_embeddings"]
+        )
+    return theta, {"rope_type": rope_type, **params}
+
+
+def _sliding_window(
+    hf: dict[str, Any], get: Any, num_layers: int, problems: list[str]
+) -> tuple[int | None, tuple[int, ...]]:
+    """The window and the layers exempt from it: `layer_types` when the config lists them, else
+    Qwen2/3's `use_sliding_window` from layer `max_window_layers` on, else `sliding_window` in
+    every layer (Mistral)."""
+    # an explicit null is no window (Mistral v0.2 on); a missing key the class default
+    window = hf["sliding_window"] if "sliding_window" in hf else get("sliding_window")
+    layer_types = hf.get("layer_types")
+    if layer_types is None and "use_sliding_window" in hf:  # Qwen2 / Qwen3
+        if not hf["use_sliding_window"]:
+            return None, ()
+        first = int(hf.get("max_window_layers") or 0)
+        layer_types = [
+            "full_attention" if i < first else "sliding_attention" for i in range(num_layers)
+        ]
+    if window is None:
+        return None, ()
+    if layer_types is None:
+        return int(window), ()
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown or len(layer_types) != num_layers:
+        problems.append(
+            f"layer_types {layer_types!r} (one full_attention or sliding_attention per layer)"
+        )
+        return None, ()
+    full = tuple(i for i, kind in enumerate(layer_types) if kind == "full_attention")
+    return (None, ()) if len(full) == num_layers else (int(window), full)
+
+
+def _eos_ids(value: Any, problems: list[str]) -> tuple[int, ...]:
+    if value is None:
+        problems.append("eos_token_id must be set")
+        return ()
+    values = value if isinstance(value, list) else [value]
+    return tuple(int(v) for v in values)
+
+
+def decoder_config_from_hf(
+    hf: dict[str, Any], generation: dict[str, Any] | None = None
+) -> DecoderConfig:
+    """Map a config.json of a supported model_type (FAMILIES) to DecoderConfig;
+    DecoderImportError for the rest. `generation` (generation_config.json) adds its
+    eos_token_id to the stop tokens, as Hugging Face's `generate()` stops on them.
+
+    A missing pad_token_id becomes the first eos id, as in Hugging Face's `generate()`.
+    """
+    problems: list[str] = []
+    model_type = hf.get("model_type", "llama")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise DecoderImportError(
+            f"model_type {model_type!r} is not a supported decoder-only family; "
+            f"supported: {', '.join(FAMILIES)}"
+        )
+    architectures = hf.get("architectures") or [family.architecture]
+    if family.architecture not in architectures:
+        problems.append(f"architectures {architectures} do not include {family.architecture}")
+    defaults = {**HF_DEFAULTS, **family.defaults}
+
+    def get(key: str) -> Any:
+        value = hf.get(key)
+        return defaults.get(key) if value is None else value
+
+    def switch(fixed: bool | str) -> bool:
+        return fixed if isinstance(fixed, bool) else bool(get(fixed))
+
+    for name, supported in SUPPORTED_FLAGS.items():
+        value = hf.get(name)
+        if value is not None and value != supported:
+            problems.append(f"{name}={value!r} (only {supported!r} is supported)")
+    if get("hidden_act") not in ("silu", "swish"):
+        problems.append(f"hidden_act {get('hidden_act')!r} (only silu is supported)")
+    rope_theta, rope_scaling = _rope(hf, get, problems)
+    eos = get("eos_token_id") if "eos_token_id" not in hf else hf["eos_token_id"]
+    eos_ids = _eos_ids(eos, problems)
+    extra = (generation or {}).get("eos_token_id")
+    for i in _eos_ids(extra, []) if extra is not None else ():
+        if i not in eos_ids:
+            eos_ids = (*eos_ids, i)
+    num_layers = int(get("num_hidden_layers"))
+    window, full_layers = _sliding_window(hf, get, num_layers, problems)
+    if problems:
+        raise DecoderImportError(f"unsupported {model_type} model: " + "; ".join(problems))
+
+    num_heads = int(get("num_attention_heads"))
+    hidden_size = int(get("hidden_size"))
+    pad = hf.get("pad_token_id")
+    bos = get("bos_token_id") if "bos_token_id" not in hf else hf["bos_token_id"]
+    try:
+        return DecoderConfig(
+            family=model_type,
+            vocab_size=int(get("vocab_size")),
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(get("num_key_value_heads") or num_heads),
+            head_dim=int(get("head_dim") or hidden_size // num_heads),
+            intermediate_size=int(get("intermediate_size")),
+            rms_norm_eps=float(get("rms_norm_eps")),
+            rope_theta=rope_theta,
+            max_positions=int(get("max_position_embeddings")),
+            tie_embeddings=bool(get("tie_word_embeddings")),
+            bos_id=None if bos is None else int(bos),
+            eos_ids=eos_ids,
+            pad_id=eos_ids[0] if pad is None else int(pad),
+            attention_bias=switch(family.qkv_bias),
+            attention_out_bias=switch(family.out_bias),
+            qk_norm=family.qk_norm,
+            rope_scaling=rope_scaling,
+            sliding_window=window,
+            full_attention_layers=full_layers,
+        )
+    except ValueError as exc:
+        raise DecoderImportError(f"unsupported {model_type} config: {exc}") from exc
+
+
+def parameter_names(config: DecoderConfig) -> set[str]:
+    """The names of DecoderOnly's stored parameters for `config` (built on the meta device:
+    nothing allocated)."""
+    with torch.device("meta"):
+        model = DecoderOnly(config)
+    return {name for name in model.state_dict() if name not in model.alias_names()}
+
+
+def _rename(key: str, num_layers: int) -> str | None:
+    """model.layers.3.mlp.up_proj.weight -> layers.3.mlp.up_proj.weight (None: not a layer of
+    the model nor its embedding or final norm)."""
+    if key in ("model.embed_tokens.weight", "model.norm.weight"):
+        return key.removeprefix("model.")
+    match = _LAYER_KEY.fullmatch(key)
+    if match is None or int(match.group(1)) >= num_layers:
+        return None
+    return key.removeprefix("model.")
+
+
+def convert_decoder_state_dict(
+    hf_state: dict[str, Tensor], config: DecoderConfig
+) -> dict[str, Tensor]:
+    """HF *ForCausalLM tensors -> DecoderOnly's state dict (float32, tied head not repeated)."""
+    names = parameter_names(config)
+    ours: dict[str, Tensor] = {}
+    unexpected = []
+    for key, tensor in hf_state.items():
+        name = _rename(key, config.num_layers)
+        if name is not None and name in names:
+            ours[name] = tensor
+        elif key != "lm_head.weight" and not key.endswith(_IGNORED_LAYER_PARAMS):
+            unexpected.append(key)
+    if unexpected:
+        raise DecoderImportError(
+            f"unsupported weights in the checkpoint: {sorted(unexpected)[:10]}"
+        )
+
+    head = hf_state.get("lm_head.weight")
+    if not config.tie_embeddings:
+        if head is None:
+            raise DecoderImportError("tie_word_embeddings is false but there is no lm_head.weight")
+        ours["lm_head.weight"] = head
+    elif head is not None and not torch.equal(head, ours.get("embed_tokens.weight", head)):
+        logger.warning("tie_word_embeddings: ignoring an lm_head.weight that differs (HF does)")
+    return {name: t.float() if t.is_floating_point() else t for name, t in ours.items()}
+
+
+def build_decoder(config: DecoderConfig, state: dict[str, Tensor]) -> DecoderOnly:
+    """A DecoderOnly (eval mode) holding converted weights; DecoderImportError on any mismatch."""
+    model = DecoderOnly(config)
+    expected = {k: t for k, t in model.state_dict().items() if k not in model.alias_names()}
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise DecoderImportError(f"the checkpoint lacks {missing[:10]}")
+    for name, tensor in state.items():
+        if name not in expected:
+            raise DecoderImportError(f"{name} is not a parameter of the model")
+        if tensor.shape != expected[name].shape:
+            raise DecoderImportError(
+                f"{name}: shape {tuple(tensor.shape)} in the checkpoint, "
+                f"{tuple(expected[name].shape)} from config.json"
+            )
+    model.load_state_dict(state, strict=False)  # the tied head is the embedding Parameter
+    return model.eval()
+
+
+def import_hf_decoder(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """A Hugging Face directory of a FAMILIES model_type -> a decoder-only model directory."""
+    from attnserve.convert.marian import load_hf_state_dict  # the shared HF weight reader
+
+    hf_dir = Path(hf_dir)
+    generation = (
+        read_json_object(hf_dir, "generation_config.json")
+        if (hf_dir / "generation_config.json").is_file()
+        else None
+    )
+    config = decoder_config_from_hf(read_json_object(hf_dir, "config.json"), generation)
+    model = build_decoder(config, convert_decoder_state_dict(load_hf_state_dict(hf_dir), config))
+    out = save_decoder_dir(model, out_dir, {"source": str(hf_dir), "format": "huggingface"})
+    copy_tokenizer_files(hf_dir, out)
+    return out
+
+
+# The tokenizer and generation files of a Hugging Face directory that a model directory keeps.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def copy_tokenizer_files(hf_dir: Path, out: Path) -> None:
+    """tokenizer.json, tokenizer_config.json (with the chat template of chat_template.jinja
+    folded in, where transformers 5 keeps it apart) and generation_config.json, when present."""
+    import json
+    import shutil
+
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, out / name)
+    template = hf_dir / "chat_template.jinja"
+    config_path = out / "tokenizer_config.json"
+    if template.is_file():
+        config = read_json_object(out, "tokenizer_config.json") if config_path.is_file() else {}
+        config.setdefault("chat_template", template.read_text(encoding="utf-8"))
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", "utf-8")

@@ -1,0 +1,119 @@
+"""`attnserve import` of Hugging Face directories of each family beyond plain Llama: the weights
+(logits equal transformers' on a chat prompt), the family's name, tokenizer.json, the chat
+template as it is (rendered as transformers renders it), and generation_config.json's stop
+tokens joining config.json's.
+
+Each directory is written here by transformers' save_pretrained: a tiny random model and a
+byte-level tokenizer with the family's special tokens (nothing downloaded).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnserve.convert import import_model
+from attnserve.model.decoder_checkpoint import directory_family, load_decoder_dir
+from attnserve.model.text_tokenizer import TextTokenizer
+from tests.conftest import byte_tokenizer
+from tests.model.test_decoder_only import randomize
+
+transformers = pytest.importorskip("transformers")
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a prime."},
+    {"role": "assistant", "content": "7"},
+    {"role": "user", "content": "Another?"},
+]
+SHAPE: dict[str, Any] = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+}  # fmt: skip
+
+# family -> (config class, model class, template, special tokens after the byte tokenizer's
+# three, end of turn, the config's own settings)
+CASES: dict[str, tuple[str, str, str, list[str], str, dict[str, Any]]] = {
+    "qwen2": (
+        "Qwen2Config", "Qwen2ForCausalLM", "qwen2.5.jinja", [], "<|im_end|>",
+        {"tie_word_embeddings": True, "rope_parameters": {"rope_type": "default",
+                                                           "rope_theta": 1e6}},
+    ),
+    "qwen3": (
+        "Qwen3Config", "Qwen3ForCausalLM", "qwen2.5.jinja", [], "<|im_end|>",
+        {"head_dim": 16, "tie_word_embeddings": True},
+    ),
+    "llama": (
+        "LlamaConfig", "LlamaForCausalLM", "llama3.1.jinja",
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        "<|eot_id|>",
+        {"tie_word_embeddings": True, "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    ),
+    "mistral": (
+        "MistralConfig", "MistralForCausalLM", "mistral-v3.jinja", ["<s>", "</s>", "[INST]",
+                                                                     "[/INST]"], "</s>",
+        {"sliding_window": 8},
+    ),
+}  # fmt: skip
+
+
+def write_hf_dir(family: str, out: Path) -> tuple[Any, Any]:
+    """A save_pretrained directory of `family`; returns the model and its tokenizer."""
+    config_class, model_class, template, specials, end, settings = CASES[family]
+    tok = byte_tokenizer()
+    tok.add_special_tokens(specials)
+    first_special = "<s>" if family == "mistral" else "<|begin_of_text|>"
+    bos = tok.token_to_id(first_special) if first_special in specials else None
+    hf_tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=end,
+        bos_token=first_special if bos is not None else None,
+        chat_template=(TEMPLATES / template).read_text(encoding="utf-8"),
+    )
+    end_id, text_end = tok.token_to_id(end), 0  # <|endoftext|>: generation_config's extra stop
+    config = getattr(transformers, config_class)(
+        vocab_size=tok.get_vocab_size(), bos_token_id=bos, eos_token_id=end_id, **SHAPE, **settings
+    )
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    randomize(model, seed=4)
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=bos, eos_token_id=[end_id, text_end], pad_token_id=end_id
+    )
+    model.save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    return model, hf_tok
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_import_keeps_weights_tokenizer_template_and_stop_tokens(
+    family: str, tmp_path: Path
+) -> None:
+    hf, hf_tok = write_hf_dir(family, tmp_path / "hf")
+    out = tmp_path / "model"
+    assert import_model(tmp_path / "hf", out) == family
+    assert directory_family(out) == family
+    ours = load_decoder_dir(out)
+    end_id = hf.config.eos_token_id
+    assert ours.config.eos_ids == (end_id, 0)  # config.json's, then generation_config's
+    saved = json.loads((out / "generation_config.json").read_text())
+    assert saved["eos_token_id"] == [end_id, 0]
+
+    tokenizer = TextTokenizer.load(out)
+    ids = tokenizer.encode_chat(MESSAGES)
+    expected = hf_tok.apply_chat_template(
+        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    assert ids == list(expected)
+    assert end_id in tokenizer.stop_ids
+    with torch.no_grad():
+        prompt = torch.tensor([ids])
+        want = hf(input_ids=prompt).logits
+        got = ours(prompt, torch.ones_like(prompt, dtype=torch.bool))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)

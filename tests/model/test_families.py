@@ -1,0 +1,241 @@
+"""The families beyond plain Llama against transformers: Qwen2 (q/k/v biases, tied or untied,
+rope theta 1e6, a sliding window from layer `max_window_layers` on), Qwen3 (per-head q/k norms, a
+head size apart from hidden / heads), Llama 3.x rotary scaling (llama3, linear, yarn) and Mistral
+(a sliding window in every layer).
+
+Each model is tiny, random (fixed seed) and built here with transformers' own class; ours is
+imported from its config dict and state dict. Logits, greedy and beam generate() tokens and
+scores equal Hugging Face's, and a batch decodes as each prompt alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnserve.convert.hf_decoder import (
+    build_decoder,
+    convert_decoder_state_dict,
+    decoder_config_from_hf,
+)
+from attnserve.engine.generator import Generator
+from attnserve.engine.options import DecodingOptions
+from attnserve.engine.torch_lm import TorchLMBackend
+from attnserve.model.decoder_config import DecoderConfig
+from attnserve.model.decoder_only import DecoderOnly
+from tests.model.test_decoder_only import randomize
+
+transformers = pytest.importorskip("transformers")
+
+PAD, BOS, EOS = 0, 1, 2
+VOCAB = 101
+# the longest prompt and its continuations run well past the windows (4 positions)
+PROMPTS = [[5, 17, 33, 8, 91, 40, 12, 9, 60], [7, 64], [1, 9, 88, 23], [44]]
+SHAPE: dict[str, Any] = {
+    "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "rms_norm_eps": 1e-6,
+}  # fmt: skip
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+}  # fmt: skip
+
+
+def _qwen2(**kw: Any) -> Any:
+    return transformers.Qwen2Config(rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+                                    **SHAPE, **kw)  # fmt: skip
+
+
+def _llama(rope: dict[str, Any], **kw: Any) -> Any:
+    return transformers.LlamaConfig(rope_parameters=rope, **SHAPE, **kw)
+
+
+# name -> (HF config, model class, what DecoderConfig must read)
+FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
+    "qwen2": (
+        lambda: _qwen2(tie_word_embeddings=True),
+        "Qwen2ForCausalLM",
+        {
+            "family": "qwen2",
+            "attention_bias": True,
+            "attention_out_bias": False,
+            "rope_theta": 1e6,
+            "tie_embeddings": True,
+            "sliding_window": None,
+        },
+    ),
+    "qwen2-untied-window": (
+        lambda: _qwen2(
+            tie_word_embeddings=False,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        ),
+        "Qwen2ForCausalLM",
+        {"tie_embeddings": False, "sliding_window": 4, "full_attention_layers": (0,)},
+    ),
+    "qwen3": (
+        lambda: transformers.Qwen3Config(
+            **{**SHAPE, "hidden_size": 48},
+            head_dim=16,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+        ),
+        "Qwen3ForCausalLM",
+        {"family": "qwen3", "qk_norm": True, "head_dim": 16, "attention_bias": False},
+    ),
+    "llama3": (
+        lambda: _llama(LLAMA3_ROPE, tie_word_embeddings=True),
+        "LlamaForCausalLM",
+        {
+            "rope_theta": 500000.0,
+            "rope_scaling": {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"},
+        },
+    ),
+    "llama-linear": (
+        lambda: _llama({"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
+        "LlamaForCausalLM",
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    ),
+    "llama-yarn": (
+        lambda: _llama(
+            {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            attention_bias=True,
+        ),
+        "LlamaForCausalLM",
+        {"attention_bias": True, "attention_out_bias": True},
+    ),
+    "mistral": (
+        lambda: transformers.MistralConfig(**SHAPE, sliding_window=4),
+        "MistralForCausalLM",
+        {"family": "mistral", "sliding_window": 4, "full_attention_layers": ()},
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def hf_and_ours(request: pytest.FixtureRequest) -> tuple[Any, DecoderOnly]:
+    make_config, class_name, expected = FAMILIES[request.param]
+    torch.manual_seed(0)
+    hf_config = make_config()
+    hf = getattr(transformers, class_name)(hf_config).eval()
+    randomize(hf, seed=1)
+    config = decoder_config_from_hf(json.loads(hf_config.to_json_string()))
+    for key, value in expected.items():
+        assert getattr(config, key) == value, key
+    return hf, build_decoder(config, convert_decoder_state_dict(hf.state_dict(), config))
+
+
+@pytest.fixture(scope="module")
+def generator(hf_and_ours: tuple[Any, DecoderOnly]) -> Generator:
+    from tests.engine.test_generator import CharTokenizer
+
+    return Generator(TorchLMBackend(hf_and_ours[1]), CharTokenizer())
+
+
+def hf_generate(hf: Any, prompt: list[int], **kwargs: Any) -> Any:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        return hf.generate(
+            ids, attention_mask=torch.ones_like(ids), pad_token_id=PAD, eos_token_id=EOS,
+            return_dict_in_generate=True, output_scores=True, do_sample=False, **kwargs,
+        )  # fmt: skip
+
+
+def until_eos(tokens: list[int]) -> list[int]:
+    return tokens[: tokens.index(EOS)] if EOS in tokens else tokens
+
+
+def test_logits_equal_hugging_face(hf_and_ours: tuple[Any, DecoderOnly]) -> None:
+    """Each prompt alone: Hugging Face's sliding window counts padding columns, ours positions."""
+    hf, ours = hf_and_ours
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            expected = hf(input_ids=ids).logits
+            logits = ours(ids, torch.ones_like(ids, dtype=torch.bool))
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_greedy_and_beam_equal_hugging_face_generate(
+    hf_and_ours: tuple[Any, DecoderOnly], generator: Generator
+) -> None:
+    hf, _ = hf_and_ours
+    greedy = generator.generate(PROMPTS, DecodingOptions(max_new_tokens=12))
+    beams = generator.generate(
+        PROMPTS, DecodingOptions(beam_size=4, num_hypotheses=2, max_new_tokens=10)
+    )
+    for prompt, result, beam in zip(PROMPTS, greedy, beams, strict=True):
+        out = hf_generate(hf, prompt, max_new_tokens=12)
+        assert result.completions[0].token_ids == until_eos(
+            out.sequences[0, len(prompt) :].tolist()
+        )
+        out = hf_generate(hf, prompt, num_beams=4, num_return_sequences=2, max_new_tokens=10)
+        for k in range(2):
+            expected = until_eos(out.sequences[k, len(prompt) :].tolist())
+            assert beam.completions[k].token_ids == expected
+            assert beam.completions[k].score == pytest.approx(
+                float(out.sequences_scores[k]), abs=1e-4
+            )
+
+
+def test_a_batch_decodes_as_each_prompt_alone(generator: Generator) -> None:
+    for options in (
+        DecodingOptions(max_new_tokens=12),
+        DecodingOptions(beam_size=3, num_hypotheses=2, max_new_tokens=8),
+    ):
+        batch = generator.generate(PROMPTS, options)
+        for prompt, result in zip(PROMPTS, batch, strict=True):
+            (alone,) = generator.generate([prompt], options)
+            for got, want in zip(result.completions, alone.completions, strict=True):
+                assert got.token_ids == want.token_ids
+                assert got.score == pytest.approx(want.score, abs=1e-5)
+
+
+def test_a_window_hides_what_is_further_back() -> None:
+    """With a window of 4, the logits at position 8 do not depend on tokens 0-4."""
+    make_config, _, _ = FAMILIES["mistral"]
+    config = decoder_config_from_hf(json.loads(make_config().to_json_string()))
+    model = DecoderOnly(config.replace(num_layers=1)).eval()
+    randomize(model, seed=2)
+    a = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    b = torch.tensor([[50, 51, 52, 53, 54, 10, 11, 12, 13]])
+    ones = torch.ones_like(a, dtype=torch.bool)
+    with torch.no_grad():
+        la, lb = model(a, ones), model(b, ones)
+    torch.testing.assert_close(la[0, 8], lb[0, 8])  # one layer: the window is all it sees
+    assert not torch.allclose(la[0, 7], lb[0, 7])  # position 4 is in position 7's window
+
+
+def test_switches_round_trip_and_are_checked(tmp_path: Path) -> None:
+    config = DecoderConfig.preset(
+        "tiny", family="qwen3", attention_bias=True, qk_norm=True, sliding_window=4,
+        full_attention_layers=[0], rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )  # fmt: skip
+    assert config.full_attention_layers == (0,) and (config.window(0), config.window(1)) == (
+        None,
+        4,
+    )
+    config.save(tmp_path / "config.json")
+    assert DecoderConfig.load(tmp_path / "config.json") == config
+    for changes, message in [
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "lacks original_max"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "must be positive"),
+        ({"sliding_window": 0}, "sliding_window=0"),
+        ({"full_attention_layers": (5,)}, "no layer 5"),
+        ({"family": "gemma2"}, "unknown decoder family"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            DecoderConfig.preset("tiny", **changes)
