@@ -42,6 +42,12 @@ SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 END_OF_TURN = re.compile(r"end|eot|eos|</s>", re.IGNORECASE)
 
 
+# Variables the rendering sets itself, which chat_template_kwargs may not replace.
+RESERVED_VARIABLES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"}
+)
+
+
 class ChatTemplateError(ValueError):
     """Messages the chat template cannot render, or a template that refuses them."""
 
@@ -260,11 +266,14 @@ class TextTokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
         continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The chat rendered as the model's template writes it (transformers' rendering:
         `tools` and `documents` are None unless given); `continue_final_message`: cut after
         the last message's content, so the model goes on with it (transformers' rule, and its
-        refusal of a template that does not show it)."""
+        refusal of a template that does not show it); `template_kwargs`: further variables
+        of the template, as transformers' `apply_chat_template(**kwargs)` passes them (Qwen3's
+        `enable_thinking`), never one of the names the rendering sets itself."""
         from jinja2.exceptions import TemplateError
 
         if not self.chat_template:
@@ -273,6 +282,10 @@ class TextTokenizer:
             raise ChatTemplateError(
                 "continue_final_message and add_generation_prompt exclude each other"
             )
+        extra = dict(template_kwargs or {})
+        taken = sorted(set(extra) & RESERVED_VARIABLES)
+        if taken:
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(taken)}")
         checked = check_messages(messages)
         tool_list = None if tools is None else check_tools(tools)
         variables = {name: value for name, value in self.special.items() if value is not None}
@@ -283,7 +296,7 @@ class TextTokenizer:
                     tools=tool_list,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
-                    **variables,
+                    **{**variables, **extra},
                 )
             )
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -309,11 +322,12 @@ class TextTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat; the template writes its own special tokens, so none
         are added unless asked (as transformers' apply_chat_template(tokenize=True))."""
         rendered = self.apply_chat_template(
-            messages, add_generation_prompt, tools, continue_final_message
+            messages, add_generation_prompt, tools, continue_final_message, template_kwargs
         )
         return self.encode(rendered, add_special_tokens=add_special_tokens)
 

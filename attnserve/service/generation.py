@@ -55,8 +55,8 @@ MIN_LOGPROB = -9999.0
 
 # Fields only a language model takes (a translation model answers 422 naming them).
 LM_ONLY = (
-    "messages", "min_p", "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs",
-    "n", "stop",
+    "messages", "chat_template_kwargs", "min_p", "presence_penalty", "frequency_penalty",
+    "logprobs", "prompt_logprobs", "n", "stop",
 )  # fmt: skip
 LM_OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs")
 
@@ -190,7 +190,9 @@ async def prompts_of(
     elif body.messages is not None:
         messages = [m.model_dump() for m in body.messages]
         try:
-            prompts = [model.tokenizer.encode_chat(messages)]
+            prompts = [
+                model.tokenizer.encode_chat(messages, template_kwargs=body.chat_template_kwargs)
+            ]
         except ValueError as exc:  # the template refused them (raise_exception, bad roles)
             raise ApiError(422, f"messages: {exc}", param="messages") from exc
         except TypeError as exc:  # text the tokenizer cannot take (a lone surrogate)

@@ -291,9 +291,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     plan = plan_tools(body, model, service.settings.tool_call_parser)
     if plan is None:
         fields["messages"] = messages
+        fields["chat_template_kwargs"] = body.chat_template_kwargs
         run = await start_lm(_generate_request(fields), service, model)
     else:
-        prompt = chat_prompt(plan, template_messages(body.messages, messages, plan, model), model)
+        chat = template_messages(body.messages, messages, plan, model)
+        prompt = chat_prompt(plan, chat, model, body.chat_template_kwargs)
         constrain(plan, body, model, fields)
         run = await start_tools(_generate_request(fields), service, model, plan, prompt)
     id_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -179,6 +179,10 @@ class ChatCompletionRequest(_Sampling):
     )
 
     messages: list[ChatCompletionMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Further variables of the chat template (e.g. Qwen3's enable_thinking).",
+    )
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)

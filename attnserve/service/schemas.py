@@ -199,6 +199,10 @@ class GenerateRequest(TranslateRequest, Guided):
         min_length=1,
         description="Language models: a chat, rendered by the model's chat template.",
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Further variables of the chat template (e.g. Qwen3's enable_thinking).",
+    )
     min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="0 = off")
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)

@@ -83,6 +83,10 @@ class TokenizeChatRequest(BaseModel):
     add_special_tokens: bool = Field(
         default=False, description="Special tokens beyond those the chat template writes."
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Further variables of the chat template (e.g. Qwen3's enable_thinking).",
+    )
     return_token_strs: bool | None = Field(
         default=False, description="Also return each token's string in the vocabulary."
     )
@@ -222,6 +226,7 @@ def _chat(model: ServedModel, body: TokenizeChatRequest) -> list[int]:
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
                 add_special_tokens=body.add_special_tokens,
+                template_kwargs=body.chat_template_kwargs,
             )
         )
     except ValueError as exc:  # the template refused them (ChatTemplateError)

@@ -239,18 +239,32 @@ def _arguments(arguments: str | dict[str, Any], where: str) -> dict[str, Any]:
     return arguments
 
 
-def chat_prompt(plan: ToolPlan, messages: list[dict[str, Any]], model: ServedModel) -> list[int]:
-    """Token ids of the chat and its tools, rendered by the template or the generic prompt;
-    400 for a chat the template refuses."""
+def chat_prompt(
+    plan: ToolPlan,
+    messages: list[dict[str, Any]],
+    model: ServedModel,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Token ids of the chat and its tools, rendered by the template or the generic prompt
+    (`template_kwargs`: the request's chat_template_kwargs); 400 for a chat the template
+    refuses."""
     tools = plan.tools if plan.choice != "none" else []
     tokenizer = model.tokenizer
     try:
         if plan.native:
-            return list(tokenizer.encode_chat(messages, tools=tools or None))
+            return list(
+                tokenizer.encode_chat(
+                    messages, tools=tools or None, template_kwargs=template_kwargs
+                )
+            )
         section = None
         if tools:
             section = tools_section(plan.tools, plan.choice == "required", plan.function)
-        return list(tokenizer.encode_chat(generic_messages(messages, section)))
+        return list(
+            tokenizer.encode_chat(
+                generic_messages(messages, section), template_kwargs=template_kwargs
+            )
+        )
     except ValueError as exc:  # the template refused them
         raise ApiError(400, f"messages: {exc}", param="messages") from exc
     except RecursionError as exc:  # arguments nested too deeply for the template's tojson

@@ -105,6 +105,35 @@ def test_continue_final_message_equals_transformers() -> None:
         )
 
 
+# Qwen3's switch: the generation prompt opens an empty thinking block when thinking is off.
+THINKING = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+
+def test_template_kwargs_equal_transformers() -> None:
+    """chat_template_kwargs reach the template as transformers' apply_chat_template(**kwargs)
+    passes them; the names the rendering sets itself are refused."""
+    expected = reference(THINKING)
+    tok = tokenizer(THINKING)
+    messages = [{"role": "user", "content": "hello"}]
+    for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        rendered = expected.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+        assert tok.apply_chat_template(messages, template_kwargs=kwargs) == rendered
+    assert "<think>" in tok.apply_chat_template(
+        messages, template_kwargs={"enable_thinking": False}
+    )
+    assert "<think>" not in tok.apply_chat_template(messages)
+    for name in ("messages", "tools", "add_generation_prompt"):
+        with pytest.raises(ChatTemplateError, match=name):
+            tok.apply_chat_template(messages, template_kwargs={name: []})
+
+
 def test_template_globals_and_filters() -> None:
     template = (
         "{{ messages | tojson }}|{{ strftime_now('%Y') | length }}|"

@@ -126,3 +126,30 @@ def test_text_that_is_not_unicode_is_a_400(both: LiveServer) -> None:
         )
         assert answer.status_code == 400, answer.text
     assert 'status="500"' not in both.metrics()
+
+
+def test_chat_template_kwargs_reach_the_template_on_every_route(both: LiveServer) -> None:
+    """The tiny model's template reads no further variable: kwargs are taken and change
+    nothing; a name the rendering sets itself is a 400 (422 natively), and a translation
+    model refuses the field."""
+    plain = ok(both, "/tokenize", model="tiny-lm", messages=CHAT)
+    kwargs = {"enable_thinking": False}
+    same = ok(both, "/tokenize", model="tiny-lm", messages=CHAT, chat_template_kwargs=kwargs)
+    assert same["tokens"] == plain["tokens"]
+    answer = post(
+        both,
+        "/v1/chat/completions",
+        {"model": "tiny-lm", "messages": CHAT, "max_tokens": 2, "chat_template_kwargs": kwargs},
+    )
+    assert answer.status_code == 200, answer.text
+    for path, body, status in [
+        ("/tokenize", {"model": "tiny-lm", "messages": CHAT}, 400),
+        ("/v1/chat/completions", {"model": "tiny-lm", "messages": CHAT, "max_tokens": 2}, 400),
+        ("/v1/generate", {"model": "tiny-lm", "messages": CHAT, "max_new_tokens": 2}, 422),
+    ]:
+        refused = post(both, path, {**body, "chat_template_kwargs": {"messages": []}})
+        assert refused.status_code == status, refused.text
+        assert "chat_template_kwargs" in refused.json()["error"]["message"]
+    translation = post(both, "/v1/generate", {"text": "ka", "chat_template_kwargs": kwargs})
+    assert translation.status_code == 422, translation.text
+    assert translation.json()["error"]["param"] == "chat_template_kwargs"
