@@ -1,12 +1,18 @@
-"""Import a llama.cpp GGUF file of a Llama-architecture model into a decoder-only model directory.
+"""Import a llama.cpp GGUF file (architectures `llama`, Mistral's included, `qwen2` and `qwen3`)
+into a decoder-only model directory.
 
-Reads the `llama.*` metadata into a DecoderConfig and every tensor through the `gguf` package
+Reads the `{arch}.*` metadata into a DecoderConfig and every tensor through the `gguf` package
 (GGUFReader, `gguf.quants.dequantize`: F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the other block
 formats it implements), dequantized to float32. GGUF lists a tensor's dimensions innermost first
 (ggml's ne[0] is the row length); the reader's arrays are already in numpy (outermost first)
 order. llama.cpp's converter permutes the rows of attn_q / attn_k so that each head's rotary
 pairs are interleaved (GPT-J style); our rotary embeddings rotate halves (as Hugging Face's), so
-`unpermute_rows` undoes that, as transformers' GGUF loader does. No `output` tensor means the
+`unpermute_rows` undoes that, as transformers' GGUF loader does. The converter permutes only for
+`llama`: qwen2/qwen3 files keep Hugging Face's order. The tensors present set the switches
+(q/k/v and output biases, per-head q/k norms); `{arch}.attention.sliding_window` sets the window
+of a `llama` file (Mistral). llama.cpp writes Llama 3's rope scaling as `rope_freqs` (divisors of
+the plain frequencies): it is read as the `llama3` rope_scaling that gives the same frequencies,
+and refused when none does. No `output` tensor means the
 output projection is the embedding. The tokenizer and chat template become tokenizer.json and
 tokenizer_config.json (convert/gguf_tokenizer.py).
 """
@@ -33,7 +39,9 @@ from attnserve.model.decoder_only import DecoderOnly
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# the architectures whose q/k rows llama.cpp's converter permutes
+_PERMUTED_ARCHITECTURES = ("llama",)
 GENERATION_CONFIG = "generation_config.json"
 # GGUF tensor name (without ".weight") -> ours; {i} is the layer index.
 _GLOBAL_NAMES = {
@@ -51,12 +59,20 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj.weight",
     "attn_norm": "input_layernorm.weight",
     "ffn_norm": "post_attention_layernorm.weight",
+    "attn_q_norm": "self_attn.q_norm.weight",
+    "attn_k_norm": "self_attn.k_norm.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
 }
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-# Per-frequency divisors llama.cpp stores for Llama 3's scaled rotary embeddings: all ones
-# change nothing; other values are refused.
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Per-frequency divisors llama.cpp stores for Llama 3's scaled rotary embeddings.
 ROPE_FREQS = "rope_freqs.weight"
-_IGNORED = (ROPE_FREQS,)
+# Llama 3.x's llama3 rope parameters other than `factor` (llama.cpp's converter's defaults too);
+# a file's rope.scaling.original_context_length replaces the context length.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+LLAMA3_ORIGINAL_CONTEXT = 8192
 
 
 class GGUFImportError(ModelDirError, ValueError):
@@ -153,9 +169,10 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
         eos_ids.append(int(eot))
     bos = meta.get("tokenizer.ggml.bos_token_id")
     pad = meta.get("tokenizer.ggml.padding_token_id")
+    window = meta.get(f"{arch}.attention.sliding_window") if arch == "llama" else None
     try:
         return DecoderConfig(
-            family="llama",
+            family="mistral" if window else arch,
             vocab_size=int(vocab),
             hidden_size=int(values["hidden"]),
             num_layers=int(values["layers"]),
@@ -170,9 +187,36 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
             bos_id=None if bos is None else int(bos),
             eos_ids=tuple(eos_ids),
             pad_id=eos_ids[0] if pad is None else int(pad),
+            sliding_window=int(window) if window else None,
         )
     except ValueError as exc:
         raise GGUFImportError(f"unsupported GGUF config: {exc}") from exc
+
+
+def llama3_scaling(
+    divisors: np.ndarray, config: DecoderConfig, meta: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The `llama3` rope_scaling whose frequencies (model/rope.py) are the plain ones divided by
+    `divisors` (a file's rope_freqs), None when it gives other frequencies."""
+    from attnserve.model.rope import plain_frequencies, rope_frequencies
+
+    plain = plain_frequencies(config.head_dim, config.rope_theta)
+    if divisors.shape != plain.shape:
+        return None
+    arch = meta.get("general.architecture")
+    original = meta.get(f"{arch}.rope.scaling.original_context_length", LLAMA3_ORIGINAL_CONTEXT)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": float(divisors.max()),
+        **LLAMA3_ROPE,
+        "original_max_position_embeddings": int(original),
+    }
+    try:
+        scaled, _ = rope_frequencies(config.replace(rope_scaling=scaling))
+    except ValueError:
+        return None
+    target = plain / torch.from_numpy(divisors)
+    return scaling if torch.allclose(scaled, target, rtol=1e-6, atol=0.0) else None
 
 
 def unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -188,9 +232,12 @@ def _our_name(gguf_name: str, num_layers: int) -> str | None:
     if gguf_name.endswith(".weight") and gguf_name[: -len(".weight")] in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name[: -len(".weight")]]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or int(match.group(1)) >= num_layers or match.group(2) not in _LAYER_NAMES:
+    if match is None or int(match.group(1)) >= num_layers:
         return None
-    return f"layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    kind = match.group(2) if match.group(3) == "weight" else f"{match.group(2)}.bias"
+    if kind not in _LAYER_NAMES:
+        return None
+    return f"layers.{match.group(1)}.{_LAYER_NAMES[kind]}"
 
 
 def tensor_to_float32(tensor: Any) -> np.ndarray:
@@ -209,32 +256,51 @@ def tensor_to_float32(tensor: Any) -> np.ndarray:
 def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]:
     """Config and DecoderOnly state dict (float32; no lm_head when tied) of a GGUF file."""
     reader = open_gguf(path)
-    config = config_from_gguf(metadata(reader))
+    meta = metadata(reader)
+    config = config_from_gguf(meta)
+    permuted = meta["general.architecture"] in _PERMUTED_ARCHITECTURES
     state: dict[str, torch.Tensor] = {}
     unexpected = []
     for tensor in reader.tensors:
         name = _our_name(tensor.name, config.num_layers)
         if name is None:
-            if tensor.name == ROPE_FREQS and not np.all(tensor_to_float32(tensor) == 1.0):
-                raise GGUFImportError(
-                    f"{path}: {ROPE_FREQS} scales the rotary frequencies (llama.cpp's form of "
-                    "Llama 3's rope scaling), which this importer does not read: import the "
-                    "model's Hugging Face directory instead"
-                )
-            if tensor.name not in _IGNORED:
+            if tensor.name == ROPE_FREQS:
+                config = _with_rope_freqs(config, tensor_to_float32(tensor), meta, path)
+            else:
                 unexpected.append(tensor.name)
             continue
         values = tensor_to_float32(tensor)
-        if name.endswith("q_proj.weight"):
+        if permuted and ".q_proj." in name:
             values = unpermute_rows(values, config.num_heads)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and ".k_proj." in name:
             values = unpermute_rows(values, config.num_kv_heads)
         state[name] = torch.from_numpy(values)
     if unexpected:
         raise GGUFImportError(f"unsupported tensors in {path}: {sorted(unexpected)[:10]}")
-    if "lm_head.weight" in state:
-        config = config.replace(tie_embeddings=False)
-    return config, state
+    return (
+        config.replace(
+            tie_embeddings="lm_head.weight" not in state,
+            attention_bias="layers.0.self_attn.q_proj.bias" in state,
+            attention_out_bias="layers.0.self_attn.o_proj.bias" in state,
+            qk_norm="layers.0.self_attn.q_norm.weight" in state,
+        ),
+        state,
+    )
+
+
+def _with_rope_freqs(
+    config: DecoderConfig, divisors: np.ndarray, meta: dict[str, Any], path: str | Path
+) -> DecoderConfig:
+    """`config` with the rope scaling a rope_freqs tensor stands for (all ones: none)."""
+    if np.all(divisors == 1.0):
+        return config
+    scaling = llama3_scaling(divisors, config, meta)
+    if scaling is None:
+        raise GGUFImportError(
+            f"{path}: {ROPE_FREQS} scales the rotary frequencies in a way no llama3 "
+            "rope_scaling reproduces: import the model's Hugging Face directory instead"
+        )
+    return config.replace(rope_scaling=scaling)
 
 
 def convert_gguf(path: str | Path) -> DecoderOnly:

@@ -35,7 +35,8 @@ HF_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
+    "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }  # fmt: skip
 # max |error| of a block format relative to the block's largest |value|
 TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-3, Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 7, Q.Q4_1: 1 / 15}
@@ -62,12 +63,12 @@ def permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_name(hf_name: str) -> str:
-    name = hf_name.removesuffix(".weight")
+    name, _, suffix = hf_name.rpartition(".")  # weight or bias
     fixed = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     if name in fixed:
-        return fixed[name] + ".weight"
+        return f"{fixed[name]}.{suffix}"
     _, _, index, rest = name.split(".", 3)
-    return f"blk.{index}.{HF_TO_GGUF[rest]}.weight"
+    return f"blk.{index}.{HF_TO_GGUF[rest]}.{suffix}"
 
 
 def write_gguf(
@@ -76,11 +77,18 @@ def write_gguf(
     qtype: GGMLQuantizationType,
     arch: str = "llama",
     extra: dict[str, np.ndarray] | None = None,
+    sliding_window: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write `model` as llama.cpp would (plus `extra` GGUF tensors, float32); returns the HF
-    tensors (float32) by HF name."""
+    """Write `model` as llama.cpp would (q/k permuted for `llama` only; plus `extra` GGUF
+    tensors, float32); returns the HF tensors (float32) by HF name."""
     cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None)
     writer = GGUFWriter(str(path), arch)
+    if head_dim is not None:  # convert_hf_to_gguf.py writes a config's head_dim
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -89,22 +97,23 @@ def write_gguf(
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_rope_dimension_count(head_dim or cfg.hidden_size // cfg.num_attention_heads)
     writer.add_file_type(int(qtype))
     writer.add_tokenizer_model("llama")
     writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
     writer.add_token_scores([0.0] * cfg.vocab_size)
     writer.add_token_types([1] * cfg.vocab_size)
-    writer.add_bos_token_id(cfg.bos_token_id)
+    if cfg.bos_token_id is not None:
+        writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
     writer.add_pad_token_id(cfg.pad_token_id)
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         del state["lm_head.weight"]
     for name, values in state.items():
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and ".q_proj." in name:
             values = permute(values, cfg.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and ".k_proj." in name:
             values = permute(values, cfg.num_key_value_heads)
         kind = qtype if values.ndim == 2 else Q.F32  # llama.cpp keeps norms in F32
         writer.add_tensor(gguf_name(name), quantize(values, kind), raw_dtype=kind)
@@ -209,8 +218,8 @@ def test_scaled_rotary_frequencies_are_refused_unit_ones_ignored(tmp_path: Path)
 
 
 def test_other_architectures_are_refused(tmp_path: Path) -> None:
-    write_gguf(hf_model(), tmp_path / "m.gguf", Q.F32, arch="qwen2")
-    with pytest.raises(GGUFImportError, match="architecture 'qwen2' is not supported"):
+    write_gguf(hf_model(), tmp_path / "m.gguf", Q.F32, arch="gemma")
+    with pytest.raises(GGUFImportError, match="architecture 'gemma' is not supported"):
         import_model(tmp_path / "m.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
