@@ -5,7 +5,9 @@ Two numbers per runtime, as users feel them: **decode** tokens/s of one greedy s
 prompt, then exactly `new_tokens` generated tokens; the prefill's time is taken off) and
 **prefill** tokens/s of a long prompt (`prefill_tokens` of held-out English, the backend's
 chunked prefill). Every runtime gets the same token ids. Runtimes are timed round-robin, so
-the shared machine's drift hits them alike, and each figure is the median of `repeats`.
+the shared machine's drift hits them alike, and each figure is the median of `repeats`. With
+each, the weight bytes a decoding step reads (attnserve/bench/lm_bytes.py), so that decode
+tokens/s converts to the rate a runtime streams its weights (GB/s).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ class LMBenchResult:
     prefill_tokens: int
     prefill_tokens_per_second: float
     prefill_runs: list[float]
+    # MB of weights a decoding step reads (None: unknown)
+    step_weight_mb: float | None = None
+
+    @property
+    def weight_gb_per_second(self) -> float | None:
+        """Decode's rate of streaming the weights."""
+        if self.step_weight_mb is None:
+            return None
+        return self.step_weight_mb * self.decode_tokens_per_second / 1000.0
 
 
 def _prefill_seconds(generator: Generator, ids: Sequence[int]) -> float:
@@ -65,8 +76,14 @@ def _decode_tokens_per_second(generator: Generator, prompt: Sequence[int], new: 
 class VariantRunner:
     """attnserve's ONNX backend (one variant) through its Generator, as a bench runner."""
 
-    def __init__(self, generator: Generator) -> None:
+    def __init__(self, generator: Generator, step_graph: Path | None = None) -> None:
         self.generator = generator
+        self.step_graph = step_graph
+
+    def step_weight_bytes(self) -> int | None:
+        from attnserve.bench.lm_bytes import onnx_step_bytes
+
+        return None if self.step_graph is None else onnx_step_bytes(self.step_graph)
 
     def prefill_seconds(self, ids: Sequence[int]) -> float:
         return _prefill_seconds(self.generator, ids)
@@ -86,10 +103,13 @@ def bench_lm(
     threads: int | None = 1,
     spinning: bool = False,
     long_text: str = "",
+    llama_cpp_src: Path | None = None,
 ) -> list[LMBenchResult]:
     """Results for attnserve's `variants`, then `peers` (LM_PEERS; one that cannot run here is
-    skipped with a warning), in that order."""
+    skipped with a warning), in that order. `llama_cpp_src`: a llama.cpp source tree whose
+    converter makes the `llama.cpp-<type>` peers' GGUF files when missing."""
     from attnserve.bench.lm_peers import PeerUnavailable, peer_runner
+    from attnserve.engine.onnx.layout import LM_STEP_NAME, variant_dir
     from attnserve.provision import Runtime, load_generator
 
     generators = {
@@ -98,10 +118,12 @@ def bench_lm(
     }
     if not generators:
         raise ValueError("bench-lm needs at least one attnserve variant")
-    runners: dict[str, Any] = {v: VariantRunner(g) for v, g in generators.items()}
+    runners: dict[str, Any] = {
+        v: VariantRunner(g, variant_dir(model_dir, v) / LM_STEP_NAME) for v, g in generators.items()
+    }
     for name in peers:
         try:
-            runners[name] = peer_runner(model_dir, name, threads)
+            runners[name] = peer_runner(model_dir, name, threads, llama_cpp_src)
         except PeerUnavailable as exc:
             log.warning("skipping %s: %s", name, exc)
     any_generator = next(iter(generators.values()))
@@ -123,6 +145,7 @@ def bench_lm(
                 f"tokens/s, prefill {prefill[variant][-1]:.0f} tokens/s",
                 file=sys.stderr,
             )
+    weights = {v: runner.step_weight_bytes() for v, runner in runners.items()}
     return [
         LMBenchResult(
             variant=v,
@@ -133,6 +156,7 @@ def bench_lm(
             prefill_tokens=len(long_ids),
             prefill_tokens_per_second=statistics.median(prefill[v]),
             prefill_runs=prefill[v],
+            step_weight_mb=None if weights[v] is None else weights[v] / 1e6,
         )
         for v in runners
     ]
@@ -150,15 +174,18 @@ def markdown(results: Sequence[LMBenchResult]) -> str:
     first = runtime_name(base.variant)
     lines = [
         f"| runtime | decode tokens/s (1 stream) | x {first} | "
-        f"prefill tokens/s ({base.prefill_tokens}-token prompt) | x {first} |",
-        "|---|---|---|---|---|",
+        f"prefill tokens/s ({base.prefill_tokens}-token prompt) | x {first} | "
+        "MB of weights a step | decode GB/s of weights |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        rate = r.weight_gb_per_second
         lines.append(
             f"| {runtime_name(r.variant)} | {r.decode_tokens_per_second:.1f} | "
             f"{r.decode_tokens_per_second / base.decode_tokens_per_second:.2f} | "
             f"{r.prefill_tokens_per_second:.0f} | "
-            f"{r.prefill_tokens_per_second / base.prefill_tokens_per_second:.2f} |"
+            f"{r.prefill_tokens_per_second / base.prefill_tokens_per_second:.2f} | "
+            + ("- | - |" if rate is None else f"{r.step_weight_mb:.0f} | {rate:.1f} |")
         )
     return "\n".join(lines) + "\n"
 

@@ -20,7 +20,9 @@ that finished, from their `usage`, plus the streamed chunks of those still runni
 requests finished, mean completion length, requests whose connection dropped (counted, not
 retried), and time to first token (first content chunk, from
 sending; a request still waiting at the window's end counts with its wait so far) p50 / p99.
-Each server writes its log to `work_dir`.
+The server process's memory: `VmRSS` when ready (after a short warm-up) and `VmHWM`, its peak
+resident set, at the window's end (Linux /proc; NaN elsewhere). Each server writes its log to
+`work_dir`.
 """
 
 from __future__ import annotations
@@ -82,6 +84,22 @@ class ChatLoadResult:
     ttft_p50: float
     ttft_p99: float
     errors: int
+    rss_ready_mb: float = float("nan")
+    rss_peak_mb: float = float("nan")
+
+
+def process_memory_mb(pid: int) -> tuple[float, float]:
+    """VmRSS and VmHWM (the peak resident set) of process `pid` in MB; NaN where /proc has
+    none."""
+    found = {"VmRSS": float("nan"), "VmHWM": float("nan")}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in found:
+                found[key] = int(value.split()[0]) / 1024.0  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return found["VmRSS"], found["VmHWM"]
 
 
 def server_command(
@@ -140,16 +158,26 @@ async def _stream(http: Any, url: str, body: dict[str, Any]) -> AsyncIterator[An
 
 
 @contextmanager
-def running(command: list[str], port: int, log_path: Path, timeout: float) -> Iterator[str]:
-    """The server of `command`, ready (GET /v1/models answers 200), stopped on exit."""
+def serving(
+    command: list[str], port: int, log_path: Path, timeout: float
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The server of `command` and its URL, ready (GET /v1/models answers 200), stopped on
+    exit."""
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as server_log:
         process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
         try:
             wait_ready(url, process, timeout, log_path, path="/v1/models")
-            yield url
+            yield url, process
         finally:
             stop_server(process)
+
+
+@contextmanager
+def running(command: list[str], port: int, log_path: Path, timeout: float) -> Iterator[str]:
+    """The URL of the server of `command` (`serving`)."""
+    with serving(command, port, log_path, timeout) as (url, _):
+        yield url
 
 
 async def chat_load(
@@ -258,13 +286,15 @@ def bench_chat_http(
             command = server_command(server, model_dir, port, threads, count, server_bin, variant)
             log_path = work_dir / f"{server}-{count}.log"
             log.info("starting %s for %d clients: %s", server, count, " ".join(command))
-            with running(command, port, log_path, ready_timeout) as url:
+            with serving(command, port, log_path, ready_timeout) as (url, process):
                 asyncio.run(chat_load(url, model_dir.name, 1, 5.0, 8))  # warm up
+                ready_mb, _ = process_memory_mb(process.pid)
                 started = time.perf_counter()
                 finished, tokens, ttft, unfinished, errors = asyncio.run(
                     chat_load(url, model_dir.name, count, seconds, max_tokens)
                 )
                 elapsed = time.perf_counter() - started
+                _, peak_mb = process_memory_mb(process.pid)
             result = ChatLoadResult(
                 server=server,
                 clients=count,
@@ -276,6 +306,8 @@ def bench_chat_http(
                 ttft_p50=float(np.percentile(ttft, 50)) if ttft else float("nan"),
                 ttft_p99=float(np.percentile(ttft, 99)) if ttft else float("nan"),
                 errors=errors,
+                rss_ready_mb=ready_mb,
+                rss_peak_mb=peak_mb,
             )
             log.info("%s", json.dumps(result.__dict__))
             results.append(result)
@@ -285,8 +317,8 @@ def bench_chat_http(
 def chat_markdown(results: Sequence[ChatLoadResult]) -> str:
     lines = [
         "| clients | server | completion tokens/s | x first server | requests | mean tokens "
-        "| TTFT p50 s | TTFT p99 s | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 s | TTFT p99 s | errors | RSS ready / peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base: dict[int, float] = {}
     for r in results:
@@ -295,7 +327,7 @@ def chat_markdown(results: Sequence[ChatLoadResult]) -> str:
         lines.append(
             f"| {r.clients} | {r.server} | {r.tokens_per_second:.1f} | {ratio:.2f} | "
             f"{r.requests} | {r.mean_completion_tokens:.0f} | {r.ttft_p50:.2f} | "
-            f"{r.ttft_p99:.2f} | {r.errors} |"
+            f"{r.ttft_p99:.2f} | {r.errors} | {r.rss_ready_mb:.0f} / {r.rss_peak_mb:.0f} |"
         )
     return "\n".join(lines) + "\n"
 

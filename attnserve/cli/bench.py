@@ -76,19 +76,46 @@ def _add_bench(sub: Any) -> None:
 
 
 def _add_bench_lm(sub: Any) -> None:
+    from attnserve.bench.lm_shapes import SHAPES
+
     p = sub.add_parser(
         "bench-lm",
         help="a language model's single-stream decode and long-prompt prefill, per ONNX variant "
         "and peer",
     )
     p.add_argument("--model", type=Path, default=default_lm_dir(), help="language model dir")
+    p.add_argument(
+        "--shape",
+        default=None,
+        choices=sorted(SHAPES),
+        help="instead of --model: random weights in this released model's shape, written "
+        "(Hugging Face directory, import, --variants' export) into --shape-dir when missing",
+    )
+    p.add_argument(
+        "--shape-dir", type=Path, default=None, help="--shape: its files (default models/SHAPE)"
+    )
+    p.add_argument(
+        "--llama-cpp-src",
+        type=Path,
+        default=None,
+        help="a llama.cpp source tree (e.g. the llama-cpp-python sdist's vendor/llama.cpp): "
+        "its converter makes the llama.cpp-<type> peers' GGUF files, its vocabulary files "
+        "--shape's tokenizer",
+    )
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="make the model's variants and the peers' files, time nothing",
+    )
     p.add_argument("--variants", default="fp32,int8,int4", help="comma-separated ONNX variants")
     p.add_argument(
         "--peers",
         default="",
         help="comma-separated peers on the same weights, timed beside the variants: "
         "ort-genai-fp32, ort-genai-int8, ort-genai-int4 (ONNX Runtime GenAI), llama.cpp "
-        "(llama-cpp-python on the model's GGUF source); optional packages",
+        "(llama-cpp-python on the model's GGUF source), llama.cpp-q8_0, llama.cpp-q4_0, "
+        "llama.cpp-q4_1 (a GGUF made by llama.cpp's converter, --llama-cpp-src); optional "
+        "packages",
     )
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per stream")
     p.add_argument("--prefill-tokens", type=int, default=500, help="long prompt's tokens")
@@ -166,7 +193,11 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     from attnserve.provision import ensure_model_dir
     from attnserve.training.perplexity import held_out_chapters
 
+    if args.shape is not None:
+        args.model = _shape_model(args)
     ensure_model_dir(args.model)  # the default language model imported on first use
+    if args.prepare_only:
+        return _prepare_peers(args)
     if args.workload:
         return _workload(args)
     if args.http:
@@ -185,6 +216,7 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
         threads=args.threads,
         spinning=args.spinning,
         long_text=" ".join(held_out_chapters()),
+        llama_cpp_src=args.llama_cpp_src,
     )
     sys.stdout.write(markdown(results))
     if args.output_dir is not None:
@@ -194,6 +226,32 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
             f"{args.threads} thread(s){spin}, median of {args.repeats}"
         )
         write_report(results, args.output_dir, args.name, title)
+    return 0
+
+
+def _shape_model(args: argparse.Namespace) -> Path:
+    """--shape's model directory, made when missing (attnserve/bench/lm_shapes.py)."""
+    from attnserve.bench.lm_shapes import get_shape, prepare_shape
+
+    root = (args.shape_dir or Path("models") / args.shape).resolve()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.workload or args.http or args.attention or args.json_schema is not None:
+        variants = [args.variant]
+    return prepare_shape(get_shape(args.shape), root, variants, llama_cpp_src=args.llama_cpp_src)
+
+
+def _prepare_peers(args: argparse.Namespace) -> int:
+    """--prepare-only: each of --peers' files made (or found), one line each."""
+    import logging
+
+    from attnserve.bench.lm_peers import PeerUnavailable, peer_path
+
+    for name in (p.strip() for p in args.peers.split(",") if p.strip()):
+        try:
+            print(f"{name}: {peer_path(args.model, name, args.llama_cpp_src)}")
+        except PeerUnavailable as exc:
+            logging.getLogger(__name__).warning("%s: %s", name, exc)
+    print(f"attnserve: {args.model}")
     return 0
 
 

@@ -200,8 +200,13 @@ def export_lm_variants(
     calibration: list[list[int]] | None = None,
     smoothing: float = SMOOTHING_ALPHA,
     attention: str | None = None,
+    release_weights: bool = False,
 ) -> dict[str, Path]:
     """Export `variants` of a language model into onnx_root/<variant>/; returns their dirs.
+
+    `release_weights`: `model` is the caller's no more: int8 smooths it in place and its
+    weights are freed (moved to the meta device) once the graphs have them, which keeps a
+    1B-parameter export within a few times its float32 size of memory.
 
     With `verify`, parity against the torch model on `prompts` (token ids; default: random) is
     measured, stored in each manifest, and fp32 / int8 / int4 must pass their checks
@@ -237,6 +242,9 @@ def export_lm_variants(
         fp32_dir = Path(tmp) / "fp32"
         log.info("writing the fp32 language model graph (opset %d)", LM_OPSET)
         export_lm_fp32(model, fp32_dir, attention)
+        smoothed_int8 = "int8" in variants and smoothing > 0
+        if release_weights and not smoothed_int8:
+            model.to("meta")  # every variant from here on reads the fp32 graph
         for variant in variants:
             out = Path(tmp) / "staged" / variant
             out.mkdir(parents=True)
@@ -250,7 +258,11 @@ def export_lm_variants(
                     source = Path(tmp) / "smoothed-fp32"
                     calibrated = calibration or random_prompts(model.config, seed=1)
                     maxima = activation_maxima(model, calibrated)
-                    export_lm_fp32(smooth(model, maxima, smoothing), source, attention)
+                    smoothed_model = smooth(model, maxima, smoothing, in_place=release_weights)
+                    export_lm_fp32(smoothed_model, source, attention)
+                    del smoothed_model
+                    if release_weights:
+                        model.to("meta")
                     smoothed = {"alpha": smoothing, "calibration_prompts": len(calibrated)}
                 options = build.quantize_int8(
                     source,
@@ -320,4 +332,5 @@ def export_lm_model(
         prompts=lm_prompts(Path(model_dir)) if verify else None,
         calibration=lm_prompts(Path(model_dir), CALIBRATION_MESSAGES),
         attention=attention,
+        release_weights=True,
     )

@@ -74,9 +74,12 @@ def _scale_inputs(linears: Sequence[nn.Linear], s: Tensor) -> None:
         linear.weight.mul_(s[None, :])
 
 
-def smooth(model: DecoderOnly, maxima: dict[str, Tensor], alpha: float = ALPHA) -> DecoderOnly:
-    """A smoothed copy of `model` (same function in exact arithmetic); `model` is unchanged."""
-    out = copy.deepcopy(model).eval()
+def smooth(
+    model: DecoderOnly, maxima: dict[str, Tensor], alpha: float = ALPHA, *, in_place: bool = False
+) -> DecoderOnly:
+    """A smoothed copy of `model` (same function in exact arithmetic), `model` unchanged; with
+    `in_place`, `model` itself smoothed (no second copy of the weights in memory)."""
+    out = (model if in_place else copy.deepcopy(model)).eval()
     cfg = out.config
     groups = cfg.num_heads // cfg.num_kv_heads
     with torch.no_grad():

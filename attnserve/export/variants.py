@@ -136,11 +136,22 @@ def needs_external_data(model: torch.nn.Module) -> bool:
     return sum(p.numel() for p in model.parameters()) * 4 >= EXTERNAL_DATA_BYTES
 
 
+def _serialized_bytes(model: onnx.ModelProto) -> int:
+    """The graph's size as one protobuf message; past protobuf's 2 GB (a model whose untied
+    head pushes it over) ByteSize refuses to count, and the size is at least the limit."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return int(model.ByteSize())
+    except EncodeError:
+        return 2**31
+
+
 def save_graph(model: onnx.ModelProto, path: Path) -> Path:
     """Save `model` at `path`, its weights in `path.name + '.data'` when the graph would come
     near protobuf's 2 GB limit (EXTERNAL_DATA_BYTES); then check it (from the file, which works
     at any size). Saving weights beside the graph moves them out of `model`: save it once."""
-    if model.ByteSize() >= EXTERNAL_DATA_BYTES:
+    if _serialized_bytes(model) >= EXTERNAL_DATA_BYTES:
         onnx.save(
             model,
             str(path),

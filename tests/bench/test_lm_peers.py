@@ -116,6 +116,7 @@ def test_streaming_chat_through_a_real_server(lm_dir: Path, tmp_path: Path) -> N
     assert result.requests > 0 and result.completion_tokens > 0
     assert 0 < result.mean_completion_tokens <= 8
     assert 0 < result.ttft_p50 <= result.ttft_p99
+    assert 0 < result.rss_ready_mb <= result.rss_peak_mb  # the server's VmRSS and VmHWM
     assert "| 2 | attnserve |" in chat_markdown(results)
     assert (tmp_path / "attnserve-2.log").is_file()
     write_chat_report(results, tmp_path / "report", "chat")

@@ -410,3 +410,30 @@ def test_fp16_on_cuda_keeps_the_cache_on_the_device(tmp_path: Path) -> None:
     want = Generator(host, IdTokenizer()).generate(PROMPTS, options)
     got = Generator(bound, IdTokenizer()).generate(PROMPTS, options)
     assert [r.completions[0].token_ids for r in got] == [r.completions[0].token_ids for r in want]
+
+
+def test_releasing_the_weights_exports_the_same_graphs(tmp_path: Path) -> None:
+    """`release_weights` (attnserve export's memory saver): int8 smoothed in place, the weights
+    freed once the graphs hold them, and byte for byte the graphs of a kept model."""
+    kept, released = tiny(), tiny()
+    export_lm_variants(kept, tmp_path / "kept", ("int8", "int4"), verify=False)
+    export_lm_variants(
+        released, tmp_path / "released", ("int8", "int4"), verify=False, release_weights=True
+    )
+    assert all(p.is_meta for p in released.parameters())
+    assert not any(p.is_meta for p in kept.parameters())
+    for variant in ("int8", "int4"):
+        a = (tmp_path / "kept" / variant / "step.onnx").read_bytes()
+        assert a == (tmp_path / "released" / variant / "step.onnx").read_bytes(), variant
+
+
+def test_a_graph_past_protobufs_limit_counts_as_large() -> None:
+    from google.protobuf.message import EncodeError
+
+    from attnserve.export.variants import EXTERNAL_DATA_BYTES, _serialized_bytes
+
+    class TooLarge:
+        def ByteSize(self) -> int:
+            raise EncodeError("Failed to serialize proto")
+
+    assert _serialized_bytes(TooLarge()) >= EXTERNAL_DATA_BYTES  # type: ignore[arg-type]

@@ -56,3 +56,12 @@ def test_smoothing_flattens_the_outlier_channels() -> None:
 
     for name in ("layers.0.self_attn.q_proj", "layers.1.mlp.gate_proj", "layers.0.mlp.down_proj"):
         assert spread(after[name]) < spread(before[name]) / 2
+
+
+def test_smoothing_in_place_smooths_the_model_itself() -> None:
+    model, copy = with_outliers(), with_outliers()
+    maxima = activation_maxima(model, PROMPTS)
+    expected = smooth(copy, maxima, alpha=0.5)
+    assert smooth(model, maxima, alpha=0.5, in_place=True) is model
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name

@@ -1,0 +1,48 @@
+"""The weight bytes one decoding step of a language model reads, per runtime's files.
+
+A single stream's decoding step reads every weight of every product once, so decode tokens/s
+times these bytes is the rate at which a runtime streams its weights: the figure that says
+whether it runs near the memory's speed, and that compares models of different sizes (the
+bench's "GB/s" column). Tables read only by lookups (the token embedding where the head has its
+own copy, rotary caches) are left out: a step reads one row of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Ops that read a row or a few of a table, not the table.
+LOOKUPS = frozenset(("Gather", "GatherBlockQuantized", "GatherElements", "GroupQueryAttention"))
+
+
+def onnx_step_bytes(path: Path) -> int:
+    """Bytes of the initializers of the ONNX graph at `path` that some node other than a
+    lookup reads (weights beside the graph counted from their external-data lengths)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    total = 0
+    for tensor in model.graph.initializer:
+        if readers.get(tensor.name, set()) <= LOOKUPS:
+            continue
+        external = {e.key: e.value for e in tensor.external_data}
+        total += int(external["length"]) if "length" in external else len(tensor.raw_data)
+    return total
+
+
+def gguf_step_bytes(path: Path) -> int:
+    """Bytes of a GGUF file's tensors, the token embedding left out where the file has its
+    own output projection (a tied model's embedding is its head, read at every step)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(path)).tensors
+    names = {t.name for t in tensors}
+    return sum(
+        int(t.n_bytes)
+        for t in tensors
+        if not (t.name == "token_embd.weight" and "output.weight" in names)
+    )

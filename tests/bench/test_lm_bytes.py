@@ -1,0 +1,61 @@
+"""The weight bytes a decoding step reads (attnserve/bench/lm_bytes.py): tables only looked up
+are left out, a table the head also reads is counted, and a tied GGUF's embedding is its head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attnserve.bench.lm_bytes import gguf_step_bytes, onnx_step_bytes
+
+
+def test_onnx_counts_what_a_product_reads(tmp_path: Path) -> None:
+    table = numpy_helper.from_array(np.zeros((100, 8), np.float32), "table")  # lookup only
+    shared = numpy_helper.from_array(np.zeros((8, 100), np.float32), "shared")  # lookup + head
+    weight = numpy_helper.from_array(np.zeros((8, 8), np.float32), "weight")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["x"]),
+        helper.make_node("MatMul", ["x", "weight"], ["h"]),
+        helper.make_node("MatMul", ["h", "shared"], ["logits"]),
+        helper.make_node("Gather", ["shared", "ids"], ["unused"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        [table, shared, weight],
+    )
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    assert onnx_step_bytes(path) == (8 * 100 + 8 * 8) * 4
+    onnx.save(helper.make_model(graph), str(path), save_as_external_data=True, size_threshold=0)
+    assert onnx_step_bytes(path) == (8 * 100 + 8 * 8) * 4  # weights beside the graph
+
+
+def test_gguf_leaves_out_the_embedding_only_beside_its_own_head(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+
+    def write(name: str, tensors: dict[str, np.ndarray]) -> Path:
+        path = tmp_path / name
+        writer = gguf.GGUFWriter(str(path), "llama")
+        for key, array in tensors.items():
+            writer.add_tensor(key, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    embedding, layer = np.zeros((50, 8), np.float32), np.zeros((8, 8), np.float32)
+    tied = write("tied.gguf", {"token_embd.weight": embedding, "blk.0.w": layer})
+    assert gguf_step_bytes(tied) == (50 * 8 + 8 * 8) * 4
+    untied = write(
+        "untied.gguf",
+        {"token_embd.weight": embedding, "blk.0.w": layer, "output.weight": embedding},
+    )
+    assert gguf_step_bytes(untied) == (50 * 8 + 8 * 8) * 4
