@@ -102,7 +102,11 @@ def export_lm_fp32(model: DecoderOnly, out_dir: str | Path, attention: str = LM_
     `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    graph = build_lm_graph(model.eval().float(), attention=attention)
+    # a large model's weights go to the file beside the graph as the graph is built
+    data = (
+        out / build.external_data_name(LM_STEP_NAME) if build.needs_external_data(model) else None
+    )
+    graph = build_lm_graph(model.eval().float(), attention=attention, external_data=data)
     build.save_graph(graph, out / LM_STEP_NAME)
     return out
 

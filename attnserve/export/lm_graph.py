@@ -46,6 +46,7 @@ as `local_window_size`, which attnserve's kernel does not run: such graphs keep 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,17 +83,47 @@ def inverse_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
     return inv_freq.numpy(), factor
 
 
-class _Graph:
-    """Nodes and initializers under construction, with fresh value names."""
+# Initializers of at least this many bytes go to the external data file, when there is one.
+EXTERNAL_MIN_BYTES = 1024
+# Their offsets in it: a multiple of the page size, so that a runtime can map them.
+EXTERNAL_ALIGN = 4096
 
-    def __init__(self) -> None:
+
+class _Graph:
+    """Nodes and initializers under construction, with fresh value names. With `data` (a file
+    path), large initializers are written there as each is made, as ONNX external data named
+    by the file's name (the graph is then saved in the same directory): the weights are never
+    all in memory a second time beside the model's."""
+
+    def __init__(self, data: Path | None = None) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._count = 0
+        self._data = data
+        if data is not None:
+            data.write_bytes(b"")
 
     def const(self, name: str, value: Any, dtype: Any = None) -> str:
-        array = np.asarray(value, dtype=dtype)
-        self.initializers.append(numpy_helper.from_array(array, name))
+        array = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        if self._data is None or array.nbytes < EXTERNAL_MIN_BYTES:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        tensor = onnx.TensorProto()
+        tensor.name = name
+        tensor.dims.extend(array.shape)
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        with open(self._data, "ab") as out:
+            offset = -out.tell() % EXTERNAL_ALIGN + out.tell()
+            out.write(b"\0" * (offset - out.tell()))
+            np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tofile(out)
+        tensor.data_location = TensorProto.EXTERNAL  # no raw_data: onnx.save writes nothing
+        for key, entry in (
+            ("location", self._data.name),
+            ("offset", offset),
+            ("length", array.nbytes),
+        ):
+            tensor.external_data.add(key=key, value=str(entry))
+        self.initializers.append(tensor)
         return name
 
     def op(
@@ -267,18 +298,24 @@ def _window_biases(
 
 
 def build_lm_graph(
-    model: DecoderOnly, *, opset: int = LM_OPSET, attention: str = LM_PLAIN
+    model: DecoderOnly,
+    *,
+    opset: int = LM_OPSET,
+    attention: str = LM_PLAIN,
+    external_data: Path | None = None,
 ) -> onnx.ModelProto:
-    """The step graph of `model` (float32), its attention `plain` or `gqa`."""
+    """The step graph of `model` (float32), its attention `plain` or `gqa`; with
+    `external_data`, its weights written to that file as they are made (save the graph
+    beside it)."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention {attention!r}: choose from {', '.join(ATTENTIONS)}")
     if attention == LM_GQA:
-        return _build_gqa_graph(model, opset)
+        return _build_gqa_graph(model, opset, external_data)
     cfg = model.config
     n, heads, kv, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     groups, eps = heads // kv, cfg.rms_norm_eps
     lowest = float(np.finfo(np.float32).min)
-    g = _Graph()
+    g = _Graph(external_data)
     past_names, new_names = lm_past_names(n), lm_new_names(n)
 
     # positions (B, T): real past columns plus real tokens earlier in the chunk
@@ -421,7 +458,9 @@ def build_lm_graph(
     )
 
 
-def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
+def _build_gqa_graph(
+    model: DecoderOnly, opset: int, external_data: Path | None = None
+) -> onnx.ModelProto:
     """The step graph with ONNX Runtime's GroupQueryAttention (com.microsoft) in each layer.
 
     GroupQueryAttention keeps each row's cache at columns 0..length-1 of a buffer of any width
@@ -442,7 +481,7 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
     """
     cfg = model.config
     heads, kv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    g = _Graph()
+    g = _Graph(external_data)
     past_names, present_names = lm_past_names(cfg.num_layers), lm_present_names(cfg.num_layers)
     ids, seqlens, total = LM_GQA_INPUTS
 
