@@ -104,7 +104,7 @@ class _Graph:
             data.write_bytes(b"")
 
     def const(self, name: str, value: Any, dtype: Any = None) -> str:
-        array = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        array = np.asarray(value, dtype=dtype)
         if self._data is None or array.nbytes < EXTERNAL_MIN_BYTES:
             self.initializers.append(numpy_helper.from_array(array, name))
             return name
