@@ -13,6 +13,7 @@ tokens/s converts to the rate a runtime streams its weights (GB/s).
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,8 @@ class LMBenchResult:
     prefill_runs: list[float]
     # MB of weights a decoding step reads (None: unknown)
     step_weight_mb: float | None = None
+    # the machine's 1-minute load average when timing began (the machine may be shared)
+    load_at_start: float | None = None
 
     @property
     def weight_gb_per_second(self) -> float | None:
@@ -134,6 +137,7 @@ def bench_lm(
     for runner in runners.values():  # warm up: sessions, allocators, caches
         runner.decode_tokens_per_second(prompt, 8)
         runner.prefill_seconds(long_ids)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     decode: dict[str, list[float]] = {v: [] for v in runners}
     prefill: dict[str, list[float]] = {v: [] for v in runners}
     for repeat in range(repeats):
@@ -157,6 +161,7 @@ def bench_lm(
             prefill_tokens_per_second=statistics.median(prefill[v]),
             prefill_runs=prefill[v],
             step_weight_mb=None if weights[v] is None else weights[v] / 1e6,
+            load_at_start=load,
         )
         for v in runners
     ]

@@ -244,9 +244,10 @@ def export_lm_variants(
 
     with tempfile.TemporaryDirectory(prefix="attnserve-lm-export-") as tmp:
         fp32_dir = Path(tmp) / "fp32"
-        log.info("writing the fp32 language model graph (opset %d)", LM_OPSET)
-        export_lm_fp32(model, fp32_dir, attention)
         smoothed_int8 = "int8" in variants and smoothing > 0
+        if not smoothed_int8 or len(variants) > 1:  # a smoothed int8 reads its own graph
+            log.info("writing the fp32 language model graph (opset %d)", LM_OPSET)
+            export_lm_fp32(model, fp32_dir, attention)
         if release_weights and not smoothed_int8:
             model.to("meta")  # every variant from here on reads the fp32 graph
         for variant in variants:

@@ -445,6 +445,8 @@ def quantize_int8(
             exclude += chosen
             excluded += chosen
         if scales == "row":
+            for loaded in graph_files(work_dir, name):  # in memory now: the disk back
+                loaded.unlink()
             report = quantize_rows(
                 model,
                 exclude,
