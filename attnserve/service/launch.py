@@ -50,6 +50,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--trim-seconds": ("trim_seconds", float),
     "--log-level": ("log_level", str),
     "--tool-call-parser": ("tool_call_parser", str),
+    "--reasoning-parser": ("reasoning_parser", str),
 }
 
 

@@ -16,6 +16,7 @@ from attnserve.engine.memory import MemoryTrimmer
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.service.metrics import Metrics
+from attnserve.service.reasoning import model_thinks
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class ServedModel:
     max_input_tokens: int  # min(settings.max_input_tokens, the model's max positions)
     max_new_tokens: int  # min(settings.max_new_tokens_limit, the model's max positions)
     kind: str = "translation"
+    # writes its reasoning in <think> blocks, answered apart (service/reasoning.py)
+    thinks: bool = False
     created: int = field(default_factory=lambda: int(time.time()))  # loaded at (Unix time)
 
     @property
@@ -74,6 +77,15 @@ class ServedModel:
                 text, target_lang=target_lang, source_lang=source_lang, typed=typed
             )
         )
+
+
+def _thinks(parser: str, tokenizer: Any) -> bool:
+    """Whether a language model's answers are split into reasoning and content."""
+    if parser == "none":
+        return False
+    if parser == "auto":
+        return model_thinks(tokenizer.chat_template, tokenizer.token_to_id)
+    return True  # named: the operator knows the model thinks
 
 
 def scheduler_limits(
@@ -150,6 +162,7 @@ def load_model(
         max_input_tokens=max_input,
         max_new_tokens=max_new,
         kind="generation" if generates else "translation",
+        thinks=generates and _thinks(settings.reasoning_parser, tokenizer),
     )
     metrics.add_model(
         name,

@@ -192,6 +192,10 @@ class ChatCompletionRequest(_Sampling):
         default=None, description='default "auto" with tools, "none" without'
     )
     parallel_tool_calls: bool | None = Field(default=None, description="default true")
+    include_reasoning: bool = Field(
+        default=True,
+        description="a thinking model's reasoning in reasoning_content (false: left out)",
+    )
 
 
 class CompletionRequest(_Sampling):
@@ -254,7 +258,14 @@ class ToolCall(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None = Field(description="null when the answer is only tool calls")
+    content: str | None = Field(
+        description="null when the answer is only tool calls, or only reasoning"
+    )
+    reasoning_content: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="a thinking model's <think> block (its tags and outer white space left out)",
+    )
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     # it from the chat template's markers; a template without a tools section gets the
     # generic tool prompt and its Hermes syntax whatever this says.
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
+    # Where language models' reasoning goes (service/reasoning.py): "auto" splits <think>
+    # blocks off into reasoning_content for models whose template and vocabulary have them;
+    # "qwen3" / "deepseek_r1" (vLLM's names; the same <think> syntax) for every language
+    # model; "none" leaves the blocks in the content.
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = "auto"
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod
