@@ -72,6 +72,12 @@ class PrefixCache:
         self._blocks: OrderedDict[bytes, Array] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = PrefixStats()
+        self.block_bytes = 0  # one block's K/V, known from the first block kept
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Blocks the pool holds when full (0 until a block's size is known)."""
+        return self.max_bytes // self.block_bytes if self.block_bytes else 0
 
     def digests(self, tokens: Sequence[int], salt: str | None = None) -> list[bytes]:
         """The chained digest of each full block of `tokens`."""
@@ -118,6 +124,7 @@ class PrefixCache:
                     continue
                 block = np.ascontiguousarray(kv[:, :, i * self.block : (i + 1) * self.block])
                 self._blocks[digest] = block
+                self.block_bytes = block.nbytes
                 self.stats.bytes += block.nbytes
                 added += 1
             for digest in reversed(prefix.digests):  # the first block the most recent

@@ -292,6 +292,12 @@ class Scheduler:
     def _tokens_in_batch(self) -> int:
         return sum(self.budget(r) for r in self.running.values())
 
+    def kv_usage(self) -> float:
+        """The share (0-1) of `max_batch_tokens` that admitted requests hold: the cache room
+        admission counts with (rows x (prompt + max new tokens)), what a load-aware router
+        reads as KV-cache utilisation."""
+        return min(self._tokens_in_batch() / self.limits.max_batch_tokens, 1.0)
+
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> StepEvents:

@@ -69,7 +69,15 @@ class PrefixCacheCollector(Collector):
         capacity = GaugeMetricFamily(
             name + "capacity_bytes", "The prefix cache's limit", labels=["model"]
         )
+        # vLLM's cache_config_info, which the Gateway API Inference Extension's prefix scorer
+        # reads (--cache-info-metric): the block size and how many blocks fit
+        info = GaugeMetricFamily(
+            name.removesuffix("prefix_cache_") + "cache_config_info",
+            "The prefix cache's block size (tokens) and capacity (blocks)",
+            labels=["model", "block_size", "num_gpu_blocks"],
+        )
         for model, cache in self.caches.items():
+            info.add_metric([model, str(cache.block), str(cache.capacity_blocks)], 1)
             stats = cache.snapshot()
             queries.add_metric([model], stats.queries)
             hits.add_metric([model], stats.hits)
@@ -77,7 +85,7 @@ class PrefixCacheCollector(Collector):
             size.add_metric([model], stats.bytes)
             blocks.add_metric([model], stats.blocks)
             capacity.add_metric([model], cache.max_bytes)
-        yield from (queries, hits, evictions, size, blocks, capacity)
+        yield from (queries, hits, evictions, size, blocks, capacity, info)
 
 
 class Metrics:
@@ -148,6 +156,13 @@ class Metrics:
         self.requests_waiting = Gauge(
             PREFIX + "requests_waiting", "Requests queued for the batch", ["model"], registry=r
         )
+        self.kv_cache_usage = Gauge(
+            PREFIX + "kv_cache_usage_perc",
+            "Share (0-1) of the batch's token budget (max_batch_tokens) that admitted requests "
+            "hold: KV-cache utilisation as a load-aware router reads it",
+            ["model"],
+            registry=r,
+        )
         self.rejected = Counter(
             PREFIX + "rejected", "Requests refused before decoding", ["reason"], registry=r
         )
@@ -174,6 +189,7 @@ class Metrics:
         running: Callable[[], float],
         waiting: Callable[[], float],
         prefix_cache: PrefixCache | None = None,
+        kv_usage: Callable[[], float] | None = None,
     ) -> None:
         """Declare a model: its info gauge, and gauges read from its engine at scrape time."""
         if prefix_cache is not None:
@@ -181,6 +197,8 @@ class Metrics:
         self.model_info.labels(name, variant, provider).set(1)
         self.requests_running.labels(name).set_function(running)
         self.requests_waiting.labels(name).set_function(waiting)
+        if kv_usage is not None:
+            self.kv_cache_usage.labels(name).set_function(kv_usage)
         for outcome in Outcome:
             self.requests_ended.labels(name, outcome.value)
 

@@ -162,6 +162,7 @@ def load_model(
         running=lambda: float(engine.running),
         waiting=lambda: float(engine.waiting),
         prefix_cache=prefix_cache,
+        kv_usage=lambda: engine.kv_usage,
     )
     engine.start()
     log.info(
