@@ -92,4 +92,4 @@ def test_counters_reach_metrics(servers: tuple[LiveServer, LiveServer]) -> None:
     assert (metric_value(text, "attnserve_prefix_cache_bytes", model="tiny-lm") or 0) > 0
     assert metric_value(text, "attnserve_prefix_cache_capacity_bytes", model="tiny-lm") == 256 << 20
     # a server without the cache declares the metrics with no samples
-    assert 'attnserve_prefix_cache_queries_total{' not in without.metrics()
+    assert "attnserve_prefix_cache_queries_total{" not in without.metrics()
