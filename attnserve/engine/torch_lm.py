@@ -97,6 +97,44 @@ class TorchLMBackend:
         kept = logits if all_positions else logits[:, -1]
         return kept.float().cpu().numpy(), LMState(cache)
 
+    reuses_prefixes = True
+
+    def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
+        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+        import torch
+
+        cache = state.cache
+        columns = torch.nonzero(cache.mask[row]).flatten()[:n]
+        if columns.shape[0] < n:
+            raise ValueError(f"row {row} holds {columns.shape[0]} tokens, not {n}")
+        tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
+        return torch.stack([t[row][:, columns] for t in tensors]).float().cpu().numpy()
+
+    def from_prefixes(self, prefixes: Sequence[np.ndarray | None]) -> LMState:
+        """A state of one row per prefix whose cache holds it ((2L, Hkv, n, D) K/V of n
+        tokens; None: nothing), left-padded to the longest."""
+        import torch
+
+        from attnserve.model.cache import KVCache
+
+        rows = len(prefixes)
+        width = max((p.shape[2] for p in prefixes if p is not None), default=0)
+        empty = self.model.empty_cache(rows)
+        dtype = empty.keys[0].dtype if empty.keys else torch.float32
+        layers = len(empty.keys)
+        heads, dim = empty.keys[0].shape[1], empty.keys[0].shape[3]
+        kv = torch.zeros((2 * layers, rows, heads, width, dim), dtype=dtype, device=self.device)
+        mask = torch.zeros((rows, width), dtype=torch.bool, device=self.device)
+        for row, prefix in enumerate(prefixes):
+            if prefix is None or prefix.shape[2] == 0:
+                continue
+            n = prefix.shape[2]
+            kv[:, row, :, width - n :] = torch.from_numpy(prefix).to(dtype)
+            mask[row, width - n :] = True
+        keys = [kv[2 * i] for i in range(layers)]
+        values = [kv[2 * i + 1] for i in range(layers)]
+        return LMState(KVCache(keys, values, mask))
+
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
         import torch
 

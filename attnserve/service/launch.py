@@ -35,6 +35,8 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-join-padding": ("max_join_padding", int),
     "--lm-max-join-padding": ("lm_max_join_padding", int),
     "--prefill-chunk": ("prefill_chunk", int),
+    "--prefix-cache-bytes": ("prefix_cache_bytes", int),
+    "--prefix-block": ("prefix_block", int),
     "--max-prompt-tokens": ("max_prompt_tokens", int),
     "--default-timeout-ms": ("default_timeout_ms", int),
     "--max-timeout-ms": ("max_timeout_ms", int),

@@ -14,6 +14,7 @@ from attnserve.engine.backend import Backend
 from attnserve.engine.engine_loop import EngineLoop
 from attnserve.engine.memory import MemoryTrimmer
 from attnserve.engine.options import DecodingOptions
+from attnserve.engine.prefix_cache import PrefixCache
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.service.metrics import Metrics
 from attnserve.service.reasoning import model_thinks
@@ -143,8 +144,11 @@ def load_model(
         max_new_tokens=min(defaults.max_new_tokens, max_new),
     )
     limits = scheduler_limits(settings, max_new, generates)
+    prefix_cache = None
+    if generates and settings.prefix_cache_bytes and getattr(backend, "reuses_prefixes", False):
+        prefix_cache = PrefixCache(settings.prefix_cache_bytes, settings.prefix_block)
     engine = EngineLoop(
-        Scheduler(backend, limits),
+        Scheduler(backend, limits, prefix_cache=prefix_cache),
         observer=lambda events, _: metrics.observe_step(name, events),
         trimmer=trimmer,
     )
@@ -170,6 +174,8 @@ def load_model(
         model.provider or "torch",
         running=lambda: float(engine.running),
         waiting=lambda: float(engine.waiting),
+        prefix_cache=prefix_cache,
+        kv_usage=lambda: engine.kv_usage,
     )
     engine.start()
     log.info(

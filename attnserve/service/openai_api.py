@@ -51,6 +51,7 @@ from attnserve.service.openai_schemas import (
     CompletionChoice,
     CompletionRequest,
     CompletionUsage,
+    PromptTokensDetails,
     chunk_json,
 )
 from attnserve.service.reasoning import (
@@ -90,7 +91,8 @@ router = APIRouter()
 GUIDED = tuple(Guided.model_fields)
 # Language-model fields of /v1/completions a translation model refuses (400).
 LM_ONLY = (
-    "stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo", "prompt_logprobs"
+    "stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo", "prompt_logprobs",
+    "cache_salt",
 )  # fmt: skip
 # Fields that would change the answer and that attnserve does not implement: refused (400),
 # never silently ignored. `functions` and `function_call` are OpenAI's deprecated names of
@@ -172,6 +174,7 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
         "min_new_tokens": body.min_tokens,
         "length_penalty": body.length_penalty,
         "timeout_ms": body.timeout_ms,
+        "cache_salt": body.cache_salt,
         **{name: getattr(body, name) for name in GUIDED},
     }
     n = body.n or 1
@@ -249,8 +252,15 @@ def _completion_tokens(request: EngineRequest) -> int:
 def _usage(requests: Sequence[EngineRequest]) -> CompletionUsage:
     prompt = sum(prompt_tokens(r) for r in requests)
     completion = sum(_completion_tokens(r) for r in requests)
+    # a language model's (a translation's requests have no prompt prefix to reuse)
+    details = None
+    if requests and requests[0].prefix:
+        details = PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in requests))
     return CompletionUsage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=details,
     )
 
 

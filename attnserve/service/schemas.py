@@ -151,7 +151,19 @@ class Guided(BaseModel):
     )
 
 
-class GenerateRequest(TranslateRequest, Guided):
+class PromptCache(BaseModel):
+    """Language models reuse the K/V of prompt prefixes that earlier requests computed."""
+
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Prompts reuse cached prefixes of requests with the same salt only "
+        "(tenants apart; vLLM's name).",
+    )
+
+
+class GenerateRequest(TranslateRequest, Guided, PromptCache):
     """Full decoding control. `stream: true` needs a single text and beam_size 1.
 
     A language model takes a prompt (`text`) or chat `messages` (rendered by its chat

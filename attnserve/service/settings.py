@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     # `prefill_chunk` tokens are prefilled a chunk per step between decoding steps.
     lm_max_join_padding: int = Field(default=1 << 30, ge=0)
     prefill_chunk: int = Field(default=512, ge=0)
+    # Language models: the K/V of recent prompts' blocks kept for reuse, per model, up to this
+    # many bytes (0: off; engine/prefix_cache.py), in blocks of `prefix_block` tokens.
+    prefix_cache_bytes: int = Field(default=256 << 20, ge=0)
+    prefix_block: int = Field(default=16, ge=1, le=1024)
 
     # Request limits.
     default_timeout_ms: int = Field(default=30_000, ge=1)

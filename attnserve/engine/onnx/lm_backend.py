@@ -259,6 +259,40 @@ class OnnxLMBackend:
             logits = logits.reshape(rows, width, -1)
         return logits, self._grow(state, new, mask)
 
+    # -- prompt reuse (engine/prefix_cache.py) ----------------------------------------------
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether the cache can be read out and written back (host buffers)."""
+        return not self.io_binding
+
+    def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
+        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+        columns = np.flatnonzero(state.past_mask[row, : state.length])[:n]
+        if columns.shape[0] < n:
+            raise ValueError(f"row {row} holds {columns.shape[0]} tokens, not {n}")
+        start = int(columns[0]) if n else 0
+        if n and int(columns[-1]) - start + 1 == n:  # contiguous: slices, one copy
+            return np.stack([np.asarray(t)[row, :, start : start + n] for t in state.past])
+        return np.stack([np.asarray(t)[row][:, columns] for t in state.past])
+
+    def from_prefixes(self, prefixes: Sequence[np.ndarray | None]) -> LMState:
+        """A state of one row per prefix whose cache holds it ((2L, Hkv, n, D) K/V of n
+        tokens; None: nothing), left-padded to the longest."""
+        heads, dim = self._kv_shape
+        width = max((p.shape[2] for p in prefixes if p is not None), default=0)
+        rows = len(prefixes)
+        new = [np.zeros((rows, heads, width, dim), dtype=self.kv_dtype) for _ in self._past]
+        mask = np.zeros((rows, width), dtype=np.int64)
+        for row, prefix in enumerate(prefixes):
+            if prefix is None or prefix.shape[2] == 0:
+                continue
+            n = prefix.shape[2]
+            for i, tensor in enumerate(new):
+                tensor[row, :, width - n :] = prefix[i]
+            mask[row, width - n :] = 1
+        return self._grow(self.empty(rows), list(new), mask)
+
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
         ids, mask = left_padded(src_ids, src_lengths, self._spec.pad_id)
         start = first_used_column(mask)  # columns no row uses (all-empty prompts: all)

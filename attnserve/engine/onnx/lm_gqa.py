@@ -244,6 +244,23 @@ class OnnxGqaLMBackend(OnnxLMBackend):
                     logits[row] = out[0]
         return logits, self._written(state, lengths)
 
+    def prefix_columns(self, state: GqaState, row: int, n: int) -> np.ndarray:  # type: ignore[override]
+        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+        if n > int(state.lengths[row]):
+            raise ValueError(f"row {row} holds {int(state.lengths[row])} tokens, not {n}")
+        return np.stack([t[row, :, :n] for t in state.past])
+
+    def from_prefixes(self, prefixes: Sequence[np.ndarray | None]) -> GqaState:  # type: ignore[override]
+        """A state of one row per prefix whose cache holds it ((2L, Hkv, n, D) K/V of n
+        tokens; None: nothing)."""
+        lengths = np.array([0 if p is None else p.shape[2] for p in prefixes], dtype=np.int64)
+        past = self._buffers(len(prefixes), self._room(int(lengths.max(initial=0))))
+        for row, prefix in enumerate(prefixes):
+            if prefix is not None and prefix.shape[2]:
+                for i, tensor in enumerate(past):
+                    tensor[row, :, : prefix.shape[2]] = prefix[i]
+        return GqaState(past, lengths, _Owner(), 0)
+
     def reorder(self, state: GqaState, rows: IntArray) -> GqaState:  # type: ignore[override]
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if rows.shape[0] != state.lengths.shape[0] or state.version != state.owner.version:
