@@ -675,6 +675,8 @@ class Scheduler:
         prefill.requests = [prefill.requests[i] for i in keep]
         prefill.searches = [prefill.searches[i] for i in keep]
         prefill.ids, prefill.mask = prefill.ids[rows], prefill.mask[rows]
+        if prefill.prefixes is not None:  # row i's blocks are request i's
+            prefill.prefixes = [prefill.prefixes[i] for i in keep]
 
     def _cohort_to_join(self, rows: int, new_anyway: bool = False) -> RunningBatch[Any] | None:
         """Where `rows` rows of new requests go: the youngest cohort if their rows x its age

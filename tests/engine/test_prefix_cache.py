@@ -231,3 +231,26 @@ def test_a_scored_prompt_is_computed_whole() -> None:
     scored = lm_request("s", [*SYSTEM, 3], DecodingOptions(max_new_tokens=2, prompt_logprobs=1))
     run(sched, [scored])
     assert scored.cached_tokens == 0 and scored.prompt_logprobs is not None
+
+
+def test_a_request_cancelled_while_its_group_prefills(model: DecoderOnly, exported: Path) -> None:
+    """Three prompts prefilled a chunk per step; the first is cancelled halfway: the others'
+    blocks are kept under their own prompts (the same numbers a fresh prefill writes)."""
+    backend = backend_of("gqa-int8", model, exported)
+    cache = PrefixCache(1 << 24, block=BLOCK)
+    sched = scheduler(backend, cache, chunk=8)
+    prompts = [tokens(30 + i, 300 + i) for i in range(3)]
+    requests = [lm_request(f"p{i}", p, GREEDY) for i, p in enumerate(prompts)]
+    for request in requests:
+        sched.submit(request)
+    sched.step()
+    sched.cancel("p0")
+    run(sched, [])
+    assert requests[0].outcome is Outcome.CANCELLED
+    assert all(r.outcome is Outcome.DONE for r in requests[1:])
+    for prompt in prompts[1:]:
+        source = prompt[:-1]
+        fresh = backend.encode(np.array([source]), np.array([len(source)]))
+        hit = cache.lookup(source)
+        assert hit.tokens == len(source) // BLOCK * BLOCK and hit.columns is not None
+        assert np.array_equal(hit.columns, backend.prefix_columns(fresh, 0, hit.tokens))
