@@ -5,7 +5,10 @@ The state is the self-attention cache of every row (left-padded, `past_mask` mar
 in buffers with spare columns: the graph returns only the K/V of its new tokens, which
 `HostRowOps.append` writes after the columns in use, in place when there is room. Prompts longer
 than `prefill_chunk` tokens are prefilled in chunks, so one call's activations stay bounded.
-Rows move (beams, requests joining and leaving) as in the encoder-decoder backend.
+Rows move (beams, requests joining and leaving) as in the encoder-decoder backend. A graph whose
+rotary frequencies depend on a row's length (dynamic, longrope: model/rope.py) is fed each row's
+`rope_lengths`: its length after the call, or its whole prompt's while `encode` (or a caller's
+chunked prefill, `prompt_lengths`) prefills it.
 
 With IO binding (the default on CUDA) the cache is OrtValues on the device, exactly `length`
 columns wide, appended to, selected and concatenated there by `DeviceRowOps` as the
