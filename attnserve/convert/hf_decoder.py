@@ -256,9 +256,10 @@ def decoder_config_from_hf(
     head_dim = int(get("head_dim") or hidden_size // num_heads)
     rope_theta, rope_scaling, rotary_dim = _rope(hf, get, family, head_dim, problems)
     max_positions = int(get("max_position_embeddings"))
-    if rope_scaling is not None and rope_scaling["rope_type"] == "dynamic":
+    factor = (rope_scaling or {}).get("factor")
+    if rope_scaling is not None and rope_scaling["rope_type"] == "dynamic" and factor:
         # dynamic NTK runs a model past its context: `factor` times it
-        max_positions = max(max_positions, int(max_positions * float(rope_scaling["factor"])))
+        max_positions = max(max_positions, int(max_positions * float(factor)))
     eos = get("eos_token_id") if "eos_token_id" not in hf else hf["eos_token_id"]
     eos_ids = _eos_ids(eos, problems)
     extra = (generation or {}).get("eos_token_id")
