@@ -286,6 +286,8 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
     rope_factors: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
         name = _our_name(tensor.name, config.num_layers)
+        if name is not None and permuted and name.endswith(".qkv_proj.weight"):
+            name = None  # fused rows we would have to un-permute: no converter writes them
         if name is None:
             if tensor.name == ROPE_FREQS:
                 config = _with_rope_freqs(config, tensor_to_float32(tensor), meta, path)
