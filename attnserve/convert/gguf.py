@@ -1,5 +1,5 @@
-"""Import a llama.cpp GGUF file (architectures `llama`, Mistral's included, `qwen2` and `qwen3`)
-into a decoder-only model directory.
+"""Import a llama.cpp GGUF file (architectures `llama`, Mistral's included, `qwen2`, `qwen3` and
+`phi3`) into a decoder-only model directory.
 
 Reads the `{arch}.*` metadata into a DecoderConfig and every tensor through the `gguf` package
 (GGUFReader, `gguf.quants.dequantize`: F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the other block
@@ -12,8 +12,14 @@ pairs are interleaved (GPT-J style); our rotary embeddings rotate halves (as Hug
 (q/k/v and output biases, per-head q/k norms); `{arch}.attention.sliding_window` sets the window
 of a `llama` file (Mistral). llama.cpp writes Llama 3's rope scaling as `rope_freqs` (divisors of
 the plain frequencies): it is read as the `llama3` rope_scaling that gives the same frequencies,
-and refused when none does. No `output` tensor means the
-output projection is the embedding. The tokenizer and chat template become tokenizer.json and
+and refused when none does. A `phi3` file keeps Hugging Face's q/k order; its fused `attn_qkv`
+and `ffn_up` (gate and up stacked) are split as the Hugging Face import splits Phi-3's
+checkpoints, `rope.dimension_count` below the head size is partial rotation (Phi-4-mini),
+`attention.sliding_window` the window of every layer (0: none), and LongRoPE is the
+`rope_factors_short` / `rope_factors_long` tensors with `rope.scaling.original_context_length`
+(and `rope.scaling.attn_factor`, kept where it is not the one computed from the context
+lengths): the `longrope` rope_scaling. No `output` tensor means the output projection is the
+embedding. The tokenizer and chat template become tokenizer.json and
 tokenizer_config.json (convert/gguf_tokenizer.py).
 """
 
@@ -31,7 +37,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGUF_MAGIC
 from gguf.quants import dequantize
 
-from attnserve.convert.hf_decoder import build_decoder
+from attnserve.convert.hf_decoder import build_decoder, split_fused
 from attnserve.model.checkpoint import ModelDirError, ModelFileInvalidError
 from attnserve.model.decoder_checkpoint import save_decoder_dir
 from attnserve.model.decoder_config import DecoderConfig
@@ -39,9 +45,13 @@ from attnserve.model.decoder_only import DecoderOnly
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 # the architectures whose q/k rows llama.cpp's converter permutes
 _PERMUTED_ARCHITECTURES = ("llama",)
+# the architectures whose ffn_up holds gate and up stacked (Phi-3's gate_up_proj)
+_FUSED_UP_ARCHITECTURES = ("phi3",)
+# the architectures that may rotate part of each head (rope.dimension_count < head size)
+_PARTIAL_ROPE_ARCHITECTURES = ("phi3",)
 GENERATION_CONFIG = "generation_config.json"
 # GGUF tensor name (without ".weight") -> ours; {i} is the layer index.
 _GLOBAL_NAMES = {
@@ -50,6 +60,7 @@ _GLOBAL_NAMES = {
     "output": "lm_head.weight",
 }
 _LAYER_NAMES = {
+    "attn_qkv": "self_attn.qkv_proj.weight",  # fused (Phi-3): split as the HF import does
     "attn_q": "self_attn.q_proj.weight",
     "attn_k": "self_attn.k_proj.weight",
     "attn_v": "self_attn.v_proj.weight",
@@ -73,6 +84,12 @@ ROPE_FREQS = "rope_freqs.weight"
 # a file's rope.scaling.original_context_length replaces the context length.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 LLAMA3_ORIGINAL_CONTEXT = 8192
+# LongRoPE's per-frequency divisors (Phi-3 128k, Phi-3.5, Phi-4-mini): -> short_factor and
+# long_factor of a `longrope` rope_scaling.
+ROPE_FACTORS = {
+    "rope_factors_short.weight": "short_factor",
+    "rope_factors_long.weight": "long_factor",
+}
 
 
 class GGUFImportError(ModelDirError, ValueError):
@@ -139,13 +156,15 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
     if head_dim is None and hidden is not None and heads:
         head_dim = hidden // heads
     rope_dims = meta.get(f"{arch}.rope.dimension_count", head_dim)
-    if rope_dims != head_dim:
+    partial = arch in _PARTIAL_ROPE_ARCHITECTURES and isinstance(rope_dims, int)
+    if rope_dims != head_dim and not (partial and 0 < rope_dims < (head_dim or 0)):
         problems.append(f"rope.dimension_count {rope_dims} != head_dim {head_dim} (partial rope)")
     value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
     if value_dim != head_dim:
         problems.append(f"attention.value_length {value_dim} != key_length {head_dim}")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    # LongRoPE is its rope_factors tensors (read_gguf); llama.cpp's converter names no type
+    if scaling not in ("none", None) and not (arch == "phi3" and scaling == "longrope"):
         problems.append(f"rope.scaling.type {scaling!r} (only plain rotary embeddings)")
     if meta.get(f"{arch}.expert_count", 0):
         problems.append("a mixture of experts (expert_count > 0)")
@@ -169,10 +188,11 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
         eos_ids.append(int(eot))
     bos = meta.get("tokenizer.ggml.bos_token_id")
     pad = meta.get("tokenizer.ggml.padding_token_id")
-    window = meta.get(f"{arch}.attention.sliding_window") if arch == "llama" else None
+    # Mistral's (a llama file) and Phi-3's, in every layer; Phi-3's 0 is none (Phi-4-mini)
+    window = meta.get(f"{arch}.attention.sliding_window") if arch in ("llama", "phi3") else None
     try:
         return DecoderConfig(
-            family="mistral" if window else arch,
+            family="mistral" if window and arch == "llama" else arch,
             vocab_size=int(vocab),
             hidden_size=int(values["hidden"]),
             num_layers=int(values["layers"]),
@@ -187,6 +207,7 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
             bos_id=None if bos is None else int(bos),
             eos_ids=tuple(eos_ids),
             pad_id=eos_ids[0] if pad is None else int(pad),
+            rotary_dim=int(rope_dims) if rope_dims != head_dim else None,
             sliding_window=int(window) if window else None,
         )
     except ValueError as exc:
@@ -258,14 +279,20 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
     reader = open_gguf(path)
     meta = metadata(reader)
     config = config_from_gguf(meta)
-    permuted = meta["general.architecture"] in _PERMUTED_ARCHITECTURES
+    arch = meta["general.architecture"]
+    permuted = arch in _PERMUTED_ARCHITECTURES
     state: dict[str, torch.Tensor] = {}
     unexpected = []
+    rope_factors: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
         name = _our_name(tensor.name, config.num_layers)
+        if name is not None and permuted and name.endswith(".qkv_proj.weight"):
+            name = None  # fused rows we would have to un-permute: no converter writes them
         if name is None:
             if tensor.name == ROPE_FREQS:
                 config = _with_rope_freqs(config, tensor_to_float32(tensor), meta, path)
+            elif tensor.name in ROPE_FACTORS and arch == "phi3":
+                rope_factors[ROPE_FACTORS[tensor.name]] = tensor_to_float32(tensor)
             else:
                 unexpected.append(tensor.name)
             continue
@@ -274,9 +301,16 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
             values = unpermute_rows(values, config.num_heads)
         elif permuted and ".k_proj." in name:
             values = unpermute_rows(values, config.num_kv_heads)
-        state[name] = torch.from_numpy(values)
+        if arch in _FUSED_UP_ARCHITECTURES and name.endswith(".mlp.up_proj.weight"):
+            name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.")  # gate and up stacked
+        try:
+            state.update(split_fused(name, torch.from_numpy(values), config))
+        except ModelDirError as exc:
+            raise GGUFImportError(f"{path}: {exc}") from exc
     if unexpected:
         raise GGUFImportError(f"unsupported tensors in {path}: {sorted(unexpected)[:10]}")
+    if rope_factors:
+        config = _with_rope_factors(config, rope_factors, meta, path)
     return (
         config.replace(
             tie_embeddings="lm_head.weight" not in state,
@@ -301,6 +335,44 @@ def _with_rope_freqs(
             "rope_scaling reproduces: import the model's Hugging Face directory instead"
         )
     return config.replace(rope_scaling=scaling)
+
+
+def longrope_scaling(
+    config: DecoderConfig, factors: dict[str, np.ndarray], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """The `longrope` rope_scaling of a Phi-3 file: its short and long factors, the original
+    context length, and its attention factor where it is not the one transformers computes
+    from max_positions / original (as llama.cpp's converter computes it)."""
+    from attnserve.model.rope import longrope_attention_factor
+
+    arch = meta.get("general.architecture")
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original is None or set(factors) != {"short_factor", "long_factor"}:
+        raise ValueError(
+            "LongRoPE needs rope_factors_short, rope_factors_long and "
+            "rope.scaling.original_context_length"
+        )
+    scaling: dict[str, Any] = {
+        "rope_type": "longrope",
+        **{key: [_float32(v) for v in values.tolist()] for key, values in factors.items()},
+        "original_max_position_embeddings": int(original),
+    }
+    attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if attention is not None:
+        computed = longrope_attention_factor(config.replace(rope_scaling=scaling))
+        if np.float32(computed) != np.float32(attention):
+            scaling["attention_factor"] = _float32(attention)
+    return scaling
+
+
+def _with_rope_factors(
+    config: DecoderConfig, factors: dict[str, np.ndarray], meta: dict[str, Any], path: str | Path
+) -> DecoderConfig:
+    """`config` with the LongRoPE scaling its rope_factors tensors stand for."""
+    try:
+        return config.replace(rope_scaling=longrope_scaling(config, factors, meta))
+    except ValueError as exc:
+        raise GGUFImportError(f"{path}: unsupported LongRoPE scaling: {exc}") from exc
 
 
 def convert_gguf(path: str | Path) -> DecoderOnly:

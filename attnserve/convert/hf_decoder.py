@@ -1,13 +1,18 @@
-"""Hugging Face decoder-only directories (Llama, Mistral, Qwen2/2.5, Qwen3) -> `DecoderOnly`.
+"""Hugging Face decoder-only directories (Llama, Mistral, Qwen2/2.5, Qwen3, Phi-3/3.5/4-mini)
+-> `DecoderOnly`.
 
 One importer for every family built on Llama's blocks: `FAMILIES` says, per config.json
-`model_type`, what its architecture fixes (q/k/v and output biases, per-head q/k norms) and the
-defaults of its config class, and `decoder_config_from_hf` reads the rest with the families'
-own config names (rope_parameters / rope_scaling, sliding_window / use_sliding_window /
+`model_type`, what its architecture fixes (q/k/v and output biases, per-head q/k norms, partial
+rotation, old rope_type names) and the defaults of its config class, and `decoder_config_from_hf`
+reads the rest with the families' own config names (rope_parameters / rope_scaling,
+partial_rotary_factor, original_max_position_embeddings, sliding_window / use_sliding_window /
 layer_types, head_dim) into `DecoderConfig`'s switches. Never imports transformers. Our parameter
 names are Hugging Face's without the `model.` prefix, and Hugging Face stores q/k projections in
 the rotate-half order our rotary embeddings use, so the weights are renamed, not permuted (GGUF
-files store them interleaved: convert/gguf.py undoes that). Weights are converted to float32.
+files store them interleaved: convert/gguf.py undoes that); Phi-3's fused `qkv_proj` and
+`gate_up_proj` are split into the projections they stack (`split_fused`). A dynamic NTK model's
+context becomes `factor` times its max_position_embeddings (what the scaling is for); NTK's
+reference length stays the latter. Weights are converted to float32.
 `import_hf_decoder` writes the weights and config of a Hugging Face directory as a model
 directory, with its tokenizer.json, tokenizer_config.json (chat template) and
 generation_config.json, whose eos_token_id joins the model's stop tokens.
@@ -61,6 +66,10 @@ class Family:
     qk_norm: bool = False
     # the config class's defaults where they differ from LlamaConfig's (HF_DEFAULTS)
     defaults: dict[str, Any] = field(default_factory=dict)
+    # older rope_type names the config class reads as another (Phi-3's "su" and "yarn")
+    rope_aliases: dict[str, str] = field(default_factory=dict)
+    # partial_rotary_factor is honoured (the attention rotates only that share of a head)
+    partial_rotary: bool = False
 
 
 _QWEN_DEFAULTS: dict[str, Any] = {
@@ -85,6 +94,24 @@ FAMILIES: dict[str, Family] = {
     ),
     "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True, out_bias=False, defaults=_QWEN_DEFAULTS),
     "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
+    # fused qkv_proj and gate_up_proj, split at import (FUSED)
+    "phi3": Family(
+        "Phi3ForCausalLM",
+        qkv_bias=False,
+        out_bias=False,
+        defaults={
+            "vocab_size": 32064,
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "eos_token_id": 32000,
+            "sliding_window": None,
+        },
+        rope_aliases={"su": "longrope", "yarn": "longrope"},
+        partial_rotary=True,
+    ),
 }
 # Flags that change the network; the value we can run.
 SUPPORTED_FLAGS: dict[str, Any] = {
@@ -92,6 +119,12 @@ SUPPORTED_FLAGS: dict[str, Any] = {
     "rope_interleaved": False,  # nanotron's name for GGUF-style pair order
 }
 _LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# Fused projections (Phi-3) -> ours, their rows in this order: q/k/v by head counts, gate/up
+# in halves.
+FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 # Old checkpoints store the rotary table; we compute it from rope_theta.
 _IGNORED_LAYER_PARAMS = ("self_attn.rotary_emb.inv_freq",)
 
@@ -100,40 +133,49 @@ class DecoderImportError(ModelDirError, ValueError):
     """The Hugging Face config or weights hold something we cannot run faithfully."""
 
 
-def _rope(hf: dict[str, Any], get: Any, problems: list[str]) -> tuple[float, dict[str, Any] | None]:
-    """rope_theta and the scaling (None: plain), from transformers 5's `rope_parameters` or the
-    older top-level `rope_theta` and `rope_scaling`, completed as transformers completes them."""
+def _rope(
+    hf: dict[str, Any], get: Any, family: Family, head_dim: int, problems: list[str]
+) -> tuple[float, dict[str, Any] | None, int | None]:
+    """rope_theta, the scaling (None: plain) and the rotated channels of a head (None: all),
+    from transformers 5's `rope_parameters` or the older top-level `rope_theta`,
+    `rope_scaling` and `partial_rotary_factor`, completed as transformers completes them."""
     params = hf.get("rope_parameters")
     if params is None:
         params = dict(hf.get("rope_scaling") or {})
         params.setdefault("rope_theta", get("rope_theta"))
     if not isinstance(params, dict):
         problems.append(f"rope_parameters {params!r} is not an object")
-        return float(HF_DEFAULTS["rope_theta"]), None
+        return float(HF_DEFAULTS["rope_theta"]), None, None
     params = dict(params)
     theta = float(params.pop("rope_theta", None) or get("rope_theta"))
     rope_type = params.pop("rope_type", params.pop("type", "default"))
+    rope_type = family.rope_aliases.get(rope_type, rope_type)
     partial = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor")) or 1.0
-    if partial != 1.0:
+    rotary_dim = None if partial == 1.0 else int(head_dim * partial)
+    if rotary_dim is not None and not family.partial_rotary:
         problems.append(f"partial_rotary_factor {partial} (only whole heads are rotated)")
     if rope_type == "default":
-        return theta, None
+        return theta, None, rotary_dim
     if rope_type not in ROPE_SCALING_KEYS:
         problems.append(
-            f"rope_type {rope_type!r} (supported: default, {', '.join(ROPE_SCALING_KEYS)}; dynamic "
-            "and longrope change a row's frequencies with the longest position in its batch)"
+            f"rope_type {rope_type!r} (supported: default, {', '.join(ROPE_SCALING_KEYS)})"
         )
-        return theta, None
-    if rope_type in ("llama3", "yarn"):
-        original = hf.get("original_max_position_embeddings")  # Phi-3's place wins, as in HF
+        return theta, None, rotary_dim
+    if rope_type in ("llama3", "yarn", "longrope"):
+        # Phi-3's top-level original_max_position_embeddings (its config class has one) wins
+        original = hf.get("original_max_position_embeddings")
+        if original is None:
+            original = family.defaults.get("original_max_position_embeddings")
         if original is not None:
             params["original_max_position_embeddings"] = original
         params.setdefault("original_max_position_embeddings", get("max_position_embeddings"))
+    if rope_type == "dynamic":  # NTK's reference length is the context the model was made for
+        params["original_max_position_embeddings"] = get("max_position_embeddings")
     if rope_type == "yarn" and params.get("factor") is None:
         params["factor"] = (
             get("max_position_embeddings") / params["original_max_position_embeddings"]
         )
-    return theta, {"rope_type": rope_type, **params}
+    return theta, {"rope_type": rope_type, **params}, rotary_dim
 
 
 def _sliding_window(
@@ -209,7 +251,15 @@ def decoder_config_from_hf(
             problems.append(f"{name}={value!r} (only {supported!r} is supported)")
     if get("hidden_act") not in ("silu", "swish"):
         problems.append(f"hidden_act {get('hidden_act')!r} (only silu is supported)")
-    rope_theta, rope_scaling = _rope(hf, get, problems)
+    num_heads = int(get("num_attention_heads"))
+    hidden_size = int(get("hidden_size"))
+    head_dim = int(get("head_dim") or hidden_size // num_heads)
+    rope_theta, rope_scaling, rotary_dim = _rope(hf, get, family, head_dim, problems)
+    max_positions = int(get("max_position_embeddings"))
+    factor = (rope_scaling or {}).get("factor")
+    if rope_scaling is not None and rope_scaling["rope_type"] == "dynamic" and factor:
+        # dynamic NTK runs a model past its context: `factor` times it
+        max_positions = max(max_positions, int(max_positions * float(factor)))
     eos = get("eos_token_id") if "eos_token_id" not in hf else hf["eos_token_id"]
     eos_ids = _eos_ids(eos, problems)
     extra = (generation or {}).get("eos_token_id")
@@ -221,8 +271,6 @@ def decoder_config_from_hf(
     if problems:
         raise DecoderImportError(f"unsupported {model_type} model: " + "; ".join(problems))
 
-    num_heads = int(get("num_attention_heads"))
-    hidden_size = int(get("hidden_size"))
     pad = hf.get("pad_token_id")
     bos = get("bos_token_id") if "bos_token_id" not in hf else hf["bos_token_id"]
     try:
@@ -233,11 +281,11 @@ def decoder_config_from_hf(
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(get("num_key_value_heads") or num_heads),
-            head_dim=int(get("head_dim") or hidden_size // num_heads),
+            head_dim=head_dim,
             intermediate_size=int(get("intermediate_size")),
             rms_norm_eps=float(get("rms_norm_eps")),
             rope_theta=rope_theta,
-            max_positions=int(get("max_position_embeddings")),
+            max_positions=max_positions,
             tie_embeddings=bool(get("tie_word_embeddings")),
             bos_id=None if bos is None else int(bos),
             eos_ids=eos_ids,
@@ -246,6 +294,7 @@ def decoder_config_from_hf(
             attention_out_bias=switch(family.out_bias),
             qk_norm=family.qk_norm,
             rope_scaling=rope_scaling,
+            rotary_dim=rotary_dim,
             sliding_window=window,
             full_attention_layers=full_layers,
         )
@@ -272,14 +321,39 @@ def _rename(key: str, num_layers: int) -> str | None:
     return key.removeprefix("model.")
 
 
+def split_fused(key: str, tensor: Tensor, config: DecoderConfig) -> dict[str, Tensor]:
+    """A fused projection's tensor (FUSED: Phi-3's qkv_proj, gate_up_proj) as the separate
+    ones it stacks, under their names; any other tensor as it is."""
+    for fused, parts in FUSED.items():
+        prefix, dot, suffix = key.partition(f".{fused}.")
+        if not dot:
+            continue
+        d = config.head_dim
+        if fused == "self_attn.qkv_proj":
+            rows = [config.num_heads * d, config.num_kv_heads * d, config.num_kv_heads * d]
+        else:
+            rows = [config.intermediate_size] * 2
+        if tensor.shape[0] != sum(rows):
+            raise DecoderImportError(
+                f"{key}: {tensor.shape[0]} rows, {sum(rows)} expected from config.json"
+            )
+        pieces = torch.split(tensor, rows, dim=0)
+        return {f"{prefix}.{part}.{suffix}": t for part, t in zip(parts, pieces, strict=True)}
+    return {key: tensor}
+
+
 def convert_decoder_state_dict(
     hf_state: dict[str, Tensor], config: DecoderConfig
 ) -> dict[str, Tensor]:
-    """HF *ForCausalLM tensors -> DecoderOnly's state dict (float32, tied head not repeated)."""
+    """HF *ForCausalLM tensors -> DecoderOnly's state dict (float32, tied head not repeated;
+    fused projections split)."""
     names = parameter_names(config)
     ours: dict[str, Tensor] = {}
     unexpected = []
+    split: dict[str, Tensor] = {}
     for key, tensor in hf_state.items():
+        split.update(split_fused(key, tensor, config))
+    for key, tensor in split.items():
         name = _rename(key, config.num_layers)
         if name is not None and name in names:
             ours[name] = tensor
@@ -290,7 +364,7 @@ def convert_decoder_state_dict(
             f"unsupported weights in the checkpoint: {sorted(unexpected)[:10]}"
         )
 
-    head = hf_state.get("lm_head.weight")
+    head = split.get("lm_head.weight")
     if not config.tie_embeddings:
         if head is None:
             raise DecoderImportError("tie_word_embeddings is false but there is no lm_head.weight")

@@ -619,10 +619,15 @@ class Scheduler:
                 ids = prefill.ids[:, prefill.done : end]
                 mask = prefill.mask[:, prefill.done : end]
                 extend = self.backend.extend  # type: ignore[attr-defined]
+                # each row's whole prompt (its last token comes in the first step): the
+                # chunks get that length's rotary frequencies, however the prompt is cut
+                prompts = prefill.mask.sum(axis=1) + 1
                 if prefill.scores is None:
-                    _, prefill.state = extend(prefill.state, ids, mask)
+                    _, prefill.state = extend(prefill.state, ids, mask, prompt_lengths=prompts)
                 else:  # one request, no padding: column c holds prompt token c
-                    logits, prefill.state = extend(prefill.state, ids, mask, all_positions=True)
+                    logits, prefill.state = extend(
+                        prefill.state, ids, mask, all_positions=True, prompt_lengths=prompts
+                    )
                     (request,) = prefill.requests
                     targets = request.prefix[prefill.done + 1 : end + 1]
                     top = request.options.prompt_logprobs or 0

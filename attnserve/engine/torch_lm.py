@@ -1,8 +1,9 @@
 """A decoder-only PyTorch language model as a Backend (the reference runtime for generation).
 
 `encode` prefills prompts into a left-padded KV cache (all but each prompt's last token, which
-the search feeds to the first step), `step` appends one token per row and returns its logits,
-and `select` / `concat` move cache rows as for the encoder-decoder.
+the search feeds to the first step, with the rotary frequencies of the whole prompt's length),
+`step` appends one token per row and returns its logits, and `select` / `concat` move cache
+rows as for the encoder-decoder.
 """
 
 from __future__ import annotations
@@ -84,15 +85,26 @@ class TorchLMBackend:
         return LMState(self.model.empty_cache(rows))
 
     def extend(
-        self, state: LMState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
+        self,
+        state: LMState,
+        ids: IntArray,
+        mask: IntArray,
+        *,
+        all_positions: bool = False,
+        prompt_lengths: IntArray | None = None,
     ) -> tuple[FloatArray, LMState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
         returns the logits of each row's last position (B, V), or with `all_positions` of
-        every position (B, T, V; padding positions hold garbage), and the grown state."""
+        every position (B, T, V; padding positions hold garbage), and the grown state.
+        `prompt_lengths` (B,): each row's whole prompt, when the chunk is part of it (its
+        rotary frequencies are then the prompt's: model/rope.py)."""
         import torch
 
+        lengths = None if prompt_lengths is None else self._tensor(prompt_lengths)
         with torch.inference_mode():
-            logits, cache = self.model.prefill(self._tensor(ids), self._tensor(mask), state.cache)
+            logits, cache = self.model.prefill(
+                self._tensor(ids), self._tensor(mask), state.cache, rope_lengths=lengths
+            )
         assert logits is not None
         kept = logits if all_positions else logits[:, -1]
         return kept.float().cpu().numpy(), LMState(cache)
@@ -142,9 +154,11 @@ class TorchLMBackend:
         cache = self.model.empty_cache(ids.shape[0])
         if int(src_lengths.max(initial=0)) == 0:
             return LMState(cache)
+        # a prompt's last token comes in the first step: its length is one more than prefilled
+        lengths = self._tensor(np.asarray(src_lengths) + 1)
         with torch.inference_mode():
             _, cache = self.model.prefill(
-                self._tensor(ids), self._tensor(mask), cache, logits=False
+                self._tensor(ids), self._tensor(mask), cache, logits=False, rope_lengths=lengths
             )
         return LMState(cache)
 

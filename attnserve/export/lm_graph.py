@@ -37,10 +37,21 @@ it loads the graph (the table is stored once).
 The families' switches (`DecoderConfig`) are a few nodes each: projection biases one Add after
 their product (q/k/v's concatenated), per-head q/k norms a Reshape / RMSNormalization / Reshape
 per tensor before the rotation (the attention scale then folded into q's norm weight, since a
-norm would undo it in q's projection), scaled rotary frequencies and YaRN's attention factor
-only other constants (model/rope.py), and a sliding window its own pair of mask biases, built
-from the key and query positions, for the layers it covers. GroupQueryAttention takes the window
-as `local_window_size`, which attnserve's kernel does not run: such graphs keep ONNX Runtime's.
+norm would undo it in q's projection), scaled rotary frequencies and YaRN's and LongRoPE's
+attention factor only other constants (model/rope.py), partial rotation RotaryEmbedding's
+`rotary_embedding_dim`, and a sliding window its own pair of mask biases, built from the key and
+query positions, for the layers it covers. GroupQueryAttention takes the window as
+`local_window_size`, which attnserve's kernel does not run: such graphs keep ONNX Runtime's.
+
+Dynamic NTK and LongRoPE frequencies depend on a row's length (model/rope.py): such a graph has
+the input `rope_lengths` (B,) int64, the length each row's frequencies are chosen for (the
+runtime passes the row's length after the call, or its whole prompt's during its prefill), and
+computes (B, 1, R/2) frequencies from it: a Where between LongRoPE's long and short tables, or
+dynamic NTK's base grown per row (a few element-wise nodes, float32 as torch computes it), so a
+row's angles never depend on its batch. GroupQueryAttention's own rotation reads one table of
+whole-head frequencies for all rows; a model with partial rotation or per-row frequencies gets
+q and k rotated by RotaryEmbedding before the node (`do_rotary` 0, positions from `seqlens_k`
+as the node counts them), which keeps ONNX Runtime's node too (`lm_export.gqa_fallback`).
 """
 
 from __future__ import annotations
@@ -60,13 +71,18 @@ from attnserve.engine.onnx.layout import (
     LM_PLAIN,
     LOGIT_POSITIONS,
     LOGITS,
+    ROPE_LENGTHS,
     lm_new_names,
     lm_past_names,
     lm_present_names,
 )
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer, GroupedQueryAttention
-from attnserve.model.rope import rope_frequencies
+from attnserve.model.rope import (
+    length_dependent,
+    longrope_frequencies,
+    rope_frequencies,
+)
 
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
@@ -76,10 +92,17 @@ MS_DOMAIN = "com.microsoft"
 
 
 def inverse_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
-    """(D/2,) float32 frequencies and the cos/sin factor: `rotary_cos_sin`'s, computed by
-    torch as the model computes them."""
+    """(R/2,) float32 frequencies and the cos/sin factor: `rotary_cos_sin`'s, computed by
+    torch as the model computes them (a length-dependent scaling's for a short sequence)."""
     inv_freq, factor = rope_frequencies(config)
     return inv_freq.numpy(), factor
+
+
+def rotates_outside(config: DecoderConfig) -> bool:
+    """Whether the GroupQueryAttention graph rotates q and k before its attention nodes (the
+    node's own rotation reads one table of whole-head frequencies for every row): partial
+    rotation, or frequencies chosen per row by its length."""
+    return config.rope_dim != config.head_dim or length_dependent(config)
 
 
 class _Graph:
@@ -266,6 +289,74 @@ def _window_biases(
     )
 
 
+def _row_frequencies(g: _Graph, cfg: DecoderConfig) -> str:
+    """(B, 1, R/2) float32 frequencies of each row from the input `rope_lengths` (B,), as
+    model/rope.py's `row_frequencies` computes them: LongRoPE's long or short ones, or dynamic
+    NTK's base grown with the length (the initial frequencies up to the reference length)."""
+    params = cfg.rope_scaling or {}
+    original = int(params["original_max_position_embeddings"])
+    lengths = g.op("Unsqueeze", [ROPE_LENGTHS, g.const("rope_axes", [1, 2], np.int64)])
+    longer = g.op("Greater", [lengths, g.const("rope_original", original, np.int64)])  # (B,1,1)
+    if params["rope_type"] == "longrope":
+        short, long = (f.numpy() for f in longrope_frequencies(cfg))
+        return g.op(
+            "Where", [longer, g.const("inv_freq_long", long), g.const("inv_freq_short", short)],
+            name="row_inv_freq",
+        )  # fmt: skip
+    d, factor, f32 = cfg.rope_dim, float(params["factor"]), np.float32
+    initial, _ = inverse_frequencies(cfg)
+    exponents = np.arange(0, d, 2, dtype=np.int64).astype(f32) / f32(d)
+    # theta * (factor * length / reference - (factor - 1)) ** (d / (d - 2)), in float32
+    scaled = g.op(
+        "Mul", [g.op("Cast", [lengths], to=TensorProto.FLOAT), g.const("ntk_factor", f32(factor))]
+    )
+    ratio = g.op("Div", [scaled, g.const("ntk_reference", f32(original))])
+    shifted = g.op("Sub", [ratio, g.const("ntk_factor_minus_1", f32(factor - 1))])
+    grown_by = g.op("Pow", [shifted, g.const("ntk_power", f32(d / (d - 2)))])
+    base = g.op("Mul", [g.const("ntk_theta", f32(cfg.rope_theta)), grown_by])  # (B, 1, 1)
+    powers = g.op("Pow", [base, g.const("ntk_exponents", exponents.astype(f32))])
+    grown = g.op("Reciprocal", [powers])  # (B, 1, R/2)
+    return g.op("Where", [longer, grown, g.const("inv_freq", initial)], name="row_inv_freq")
+
+
+def _cos_sin(g: _Graph, cfg: DecoderConfig, positions: str) -> tuple[str, str]:
+    """cos and sin (B, T, R/2) of the angles of `positions` (B, T) int64, as `rotary_cos_sin`
+    computes them: the step's positions times the frequencies (the same for every row, or
+    each row's own), times YaRN's or LongRoPE's attention factor."""
+    inv_freq, rope_factor = inverse_frequencies(cfg)
+    frequencies = (
+        _row_frequencies(g, cfg) if length_dependent(cfg) else g.const("inv_freq", inv_freq)
+    )
+    position = g.op(
+        "Unsqueeze",
+        [g.op("Cast", [positions], to=TensorProto.FLOAT), g.const("axis_last", [-1], np.int64)],
+    )  # (B, T, 1)
+    angles = g.op("Mul", [position, frequencies])  # (B, T, R/2)
+    cos_name = g.op("Cos", [angles], name="rotary_cos")
+    sin_name = g.op("Sin", [angles], name="rotary_sin")
+    if rope_factor != 1.0:  # YaRN's or LongRoPE's attention factor
+        factor = g.const("rotary_factor", np.float32(rope_factor))
+        cos_name, sin_name = g.op("Mul", [cos_name, factor]), g.op("Mul", [sin_name, factor])
+    return cos_name, sin_name
+
+
+def _rotate(g: _Graph, cfg: DecoderConfig, x: str, cos: str, sin: str, heads: int) -> str:
+    """One RotaryEmbedding of x (B, T, heads * D), rotate-half, over the first R channels of
+    each head (the rest pass through)."""
+    partial: dict[str, Any] = {}
+    if cfg.rope_dim != cfg.head_dim:
+        partial["rotary_embedding_dim"] = cfg.rope_dim
+    rotated: str = g.op("RotaryEmbedding", [x, cos, sin], interleaved=0, num_heads=heads, **partial)
+    return rotated
+
+
+def _rope_lengths_input(cfg: DecoderConfig) -> list[onnx.ValueInfoProto]:
+    """The `rope_lengths` input, for a model whose frequencies depend on a row's length."""
+    if not length_dependent(cfg):
+        return []
+    return [helper.make_tensor_value_info(ROPE_LENGTHS, TensorProto.INT64, ["batch"])]
+
+
 def build_lm_graph(
     model: DecoderOnly, *, opset: int = LM_OPSET, attention: str = LM_PLAIN
 ) -> onnx.ModelProto:
@@ -323,26 +414,8 @@ def build_lm_graph(
     t_1d = g.op("Unsqueeze", [t, g.const("axis_0b", [0], np.int64)])
     split_wt = g.op("Concat", [width, t_1d], axis=0, name="split_past_new")
 
-    # rotary angles (B, T, D/2) of this step's positions, as `rotary_cos_sin` computes them
-    inv_freq, rope_factor = inverse_frequencies(cfg)
-    angles = g.op(
-        "Mul",
-        [
-            g.op(
-                "Unsqueeze",
-                [
-                    g.op("Cast", [positions], to=TensorProto.FLOAT),
-                    g.const("axis_last", [-1], np.int64),
-                ],
-            ),
-            g.const("inv_freq", inv_freq),
-        ],
-    )
-    cos_name = g.op("Cos", [angles], name="rotary_cos")
-    sin_name = g.op("Sin", [angles], name="rotary_sin")
-    if rope_factor != 1.0:  # YaRN's attention factor
-        factor = g.const("rotary_factor", np.float32(rope_factor))
-        cos_name, sin_name = g.op("Mul", [cos_name, factor]), g.op("Mul", [sin_name, factor])
+    # rotary angles' cos/sin (B, T, R/2) of this step's positions
+    cos_name, sin_name = _cos_sin(g, cfg, positions)
     q_shape = g.const("q_shape", [0, 0, kv, groups, d], np.int64)
     kv_shape = g.const("kv_shape", [0, 0, kv, d], np.int64)
     merged_shape = g.const("merged_shape", [0, 0, heads * d], np.int64)
@@ -364,12 +437,8 @@ def build_lm_graph(
         if cfg.qk_norm:
             q, k = _qk_norms(g, attn, p, q, k, cfg, q_scale=scale)
         past_bias, new_bias = biases[cfg.window(i)]
-        q = g.op(
-            "RotaryEmbedding", [q, cos_name, sin_name], interleaved=0, num_heads=heads,
-        )  # fmt: skip
-        k = g.op(
-            "RotaryEmbedding", [k, cos_name, sin_name], interleaved=0, num_heads=kv,
-        )  # fmt: skip
+        q = _rotate(g, cfg, q, cos_name, sin_name, heads)
+        k = _rotate(g, cfg, k, cos_name, sin_name, kv)
         q5 = g.op("Transpose", [g.op("Reshape", [q, q_shape])], perm=[0, 2, 3, 1, 4])
         for value, out_name in ((k, new_names[2 * i]), (v, new_names[2 * i + 1])):
             reshaped = g.op("Reshape", [value, kv_shape])
@@ -407,6 +476,7 @@ def build_lm_graph(
         helper.make_tensor_value_info(past_mask, TensorProto.INT64, ["batch", "past"]),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
         _positions_input(),
+        *_rope_lengths_input(cfg),
     ]
     outputs = [
         _logits_output(cfg.vocab_size),
@@ -419,6 +489,20 @@ def build_lm_graph(
         producer_name="attnserve",
         ir_version=LM_IR_VERSION,
     )
+
+
+def _gqa_positions(g: _Graph, ids: str, seqlens: str, total: str) -> str:
+    """(B, T) int64 positions of a GroupQueryAttention step's tokens, as the node places them:
+    t in a first prompt (T == total_sequence_length: rows from column 0), else
+    seqlens_k + 1 - T + t (the row's cached tokens before them)."""
+    t = g.op("Gather", [g.op("Shape", [ids]), g.const("index_1", 1, np.int64)], axis=0)
+    steps = g.op("Range", [g.const("start_0", 0, np.int64), t, g.const("delta_1", 1, np.int64)])
+    first = g.op("Equal", [g.op("Cast", [total], to=TensorProto.INT64), t])
+    lengths = g.op("Cast", [seqlens], to=TensorProto.INT64)  # (B,) each row's, minus one
+    past = g.op("Sub", [g.op("Add", [lengths, g.const("one_i64", 1, np.int64)]), t])
+    offset = g.op("Where", [first, g.const("zero_i64", 0, np.int64), past])
+    column = g.op("Unsqueeze", [offset, g.const("axis_1", [1], np.int64)])  # (B, 1)
+    return g.op("Add", [column, g.op("Unsqueeze", [steps, g.const("axis_0", [0], np.int64)])])
 
 
 def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
@@ -446,12 +530,19 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
     past_names, present_names = lm_past_names(cfg.num_layers), lm_present_names(cfg.num_layers)
     ids, seqlens, total = LM_GQA_INPUTS
 
-    inv_freq, rope_factor = inverse_frequencies(cfg)
-    angles = np.outer(np.arange(cfg.max_positions, dtype=np.float32), inv_freq).astype(
-        np.float32
-    )  # (P, D/2), as `rotary_cos_sin` computes them
-    cos_cache = g.const("rotary_cos_cache", np.cos(angles) * np.float32(rope_factor))
-    sin_cache = g.const("rotary_sin_cache", np.sin(angles) * np.float32(rope_factor))
+    outside = rotates_outside(cfg)
+    if outside:  # q and k rotated before the node: each row's cos/sin (B, T, R/2)
+        cos_name, sin_name = _cos_sin(g, cfg, _gqa_positions(g, ids, seqlens, total))
+        rotary: list[str] = []
+    else:  # the node rotates, from tables of the context's positions
+        inv_freq, rope_factor = inverse_frequencies(cfg)
+        angles = np.outer(np.arange(cfg.max_positions, dtype=np.float32), inv_freq).astype(
+            np.float32
+        )  # (P, D/2), as `rotary_cos_sin` computes them
+        rotary = [
+            g.const("rotary_cos_cache", np.cos(angles) * np.float32(rope_factor)),
+            g.const("rotary_sin_cache", np.sin(angles) * np.float32(rope_factor)),
+        ]
     split_qkv = g.const("split_qkv", [heads * d, kv * d, kv * d], np.int64)
     split_mlp = g.const("split_gate_up", [cfg.intermediate_size] * 2, np.int64)
 
@@ -462,19 +553,22 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
         attn, p = layer.self_attn, f"layers.{i}"
         h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
         qkv = _qkv(g, attn, p, h)
-        if cfg.qk_norm:  # normed q and k packed again: the attention reads one tensor
-            q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
-            q, k = _qk_norms(g, attn, p, q, k, cfg)
+        if cfg.qk_norm or outside:  # q and k normed / rotated, packed again: the attention
+            q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)  # reads one tensor
+            if cfg.qk_norm:
+                q, k = _qk_norms(g, attn, p, q, k, cfg)
+            if outside:
+                q = _rotate(g, cfg, q, cos_name, sin_name, heads)
+                k = _rotate(g, cfg, k, cos_name, sin_name, kv)
             qkv = g.op("Concat", [q, k, v], axis=-1)
         # GroupQueryAttention's local_window_size counts the query's own key, as ours does
         # (measured against the torch model: window - 1 and window + 1 both differ)
         window = cfg.window(i)
         out, _, _ = g.op(
             "GroupQueryAttention",
-            [qkv, "", "", past_names[2 * i], past_names[2 * i + 1], seqlens, total,
-             cos_cache, sin_cache],
+            [qkv, "", "", past_names[2 * i], past_names[2 * i + 1], seqlens, total, *rotary],
             outputs=[f"{p}.attention", present_names[2 * i], present_names[2 * i + 1]],
-            domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv, do_rotary=1,
+            domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv, do_rotary=int(not outside),
             rotary_interleaved=0, scale=1.0 / math.sqrt(d), name=f"{p}.self_attn",
             **({} if window is None else {"local_window_size": window}),
         )  # fmt: skip
@@ -491,6 +585,7 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
         helper.make_tensor_value_info(total, TensorProto.INT32, []),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
         _positions_input(),
+        *_rope_lengths_input(cfg),
     ]
     outputs = [
         _logits_output(cfg.vocab_size),

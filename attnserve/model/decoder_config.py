@@ -11,15 +11,17 @@ from attnserve.model.config_file import ConfigFile
 
 # The Hugging Face model_type a model was imported from: a label (metrics, logs). The network is
 # the same for all of them; the switches below say what differs.
-DecoderFamily = Literal["llama", "mistral", "qwen2", "qwen3"]
-FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+DecoderFamily = Literal["llama", "mistral", "qwen2", "qwen3", "phi3"]
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # rope_scaling's rope_type -> the keys it needs (model/rope.py computes the frequencies as
-# transformers does). "dynamic" and "longrope" are not here: their frequencies change with the
-# longest position of a forward pass, so a row's output would depend on its batch.
+# transformers does). "dynamic" and "longrope" choose their frequencies by a sequence's length:
+# each row by its own (model/rope.py says how), so a row's output never depends on its batch.
 ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
+    "dynamic": ("factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
 
 
@@ -28,8 +30,8 @@ class DecoderConfig(ConfigFile):
     """Architecture and special token ids of a Llama-architecture model.
 
     Pre-norm RMSNorm blocks, rotary positions (rotate-half convention), grouped-query attention
-    and a SwiGLU MLP; the switches after `pad_id` (biases, per-head q/k norms, rotary scaling, a
-    sliding window) describe the families built on it. Defaults are the shape of
+    and a SwiGLU MLP; the switches after `pad_id` (biases, per-head q/k norms, rotary scaling,
+    partial rotation, a sliding window) describe the families built on it. Defaults are the shape of
     SmolLM2-135M-Instruct (plain Llama: every switch off).
     """
 
@@ -60,10 +62,14 @@ class DecoderConfig(ConfigFile):
     # A per-head RMSNorm (weights of head_dim) on q and on k before the rotation (Qwen3).
     qk_norm: bool = False
     # Rotary scaling as transformers' rope_parameters name it, rope_theta apart: {"rope_type":
-    # "linear" | "llama3" | "yarn", "factor": ..., ...} (ROPE_SCALING_KEYS); None: plain.
+    # "linear" | "llama3" | "yarn" | "dynamic" | "longrope", "factor": ..., ...}
+    # (ROPE_SCALING_KEYS); None: plain.
     rope_scaling: dict[str, Any] | None = None
-    # A query attends to the last `sliding_window` positions, itself included (Mistral), in every
-    # layer but `full_attention_layers`; None: the whole context.
+    # Only the first `rotary_dim` channels of each head rotate (rotate-half among them), the rest
+    # pass through (Phi-4-mini: partial_rotary_factor 0.75); None: the whole head.
+    rotary_dim: int | None = None
+    # A query attends to the last `sliding_window` positions, itself included (Mistral, Phi-3),
+    # in every layer but `full_attention_layers`; None: the whole context.
     sliding_window: int | None = None
     full_attention_layers: tuple[int, ...] = ()
 
@@ -101,6 +107,12 @@ class DecoderConfig(ConfigFile):
             raise ValueError(f"rope_theta={self.rope_theta} must be positive")
         if not self.eos_ids:
             raise ValueError("eos_ids is empty: a sequence could never end")
+        if self.rotary_dim is not None and not (
+            0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0
+        ):
+            raise ValueError(
+                f"rotary_dim={self.rotary_dim} must be even and within head_dim={self.head_dim}"
+            )
         self._check_rope_scaling()
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window={self.sliding_window} must be positive or None")
@@ -129,8 +141,29 @@ class DecoderConfig(ConfigFile):
         missing = [k for k in ROPE_SCALING_KEYS[rope_type] if scaling.get(k) is None]
         if missing:
             raise ValueError(f"rope_scaling ({rope_type}) lacks {', '.join(missing)}")
-        if not float(scaling["factor"]) > 0:
+        # longrope's factor is optional: max_positions / original_max_position_embeddings
+        if scaling.get("factor") is not None and not float(scaling["factor"]) > 0:
             raise ValueError(f"rope_scaling: factor {scaling['factor']} must be positive")
+        if rope_type == "longrope":
+            for key in ("short_factor", "long_factor"):
+                factors = scaling[key]
+                if not isinstance(factors, list) or len(factors) != self.rope_dim // 2:
+                    raise ValueError(
+                        f"rope_scaling: {key} must list {self.rope_dim // 2} factors (one per "
+                        "rotated pair)"
+                    )
+                if not all(float(f) > 0 for f in factors):
+                    raise ValueError(f"rope_scaling: {key} must be positive")
+        if (
+            rope_type in ("dynamic", "longrope")
+            and int(scaling["original_max_position_embeddings"]) < 1
+        ):
+            raise ValueError("rope_scaling: original_max_position_embeddings must be positive")
+
+    @property
+    def rope_dim(self) -> int:
+        """The channels of a head that rotate (`rotary_dim`, or the whole head)."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer` (None: it attends to the whole context)."""

@@ -10,8 +10,10 @@ Parameter names follow Hugging Face's `LlamaForCausalLM` (and Qwen2's, Qwen3's, 
 without its `model.` prefix, so the import is a renaming (convert/hf_decoder.py). Rotary
 embeddings use the rotate-half convention of Hugging Face's Llama, whose q/k projection rows are
 stored in that order. The families' differences are `DecoderConfig` switches: projection biases,
-per-head q/k norms, scaled rotary frequencies (model/rope.py) and a sliding window, which masks
-keys by their position (never by column, so left padding changes nothing).
+per-head q/k norms, scaled rotary frequencies (model/rope.py; dynamic and longrope ones chosen
+per row by its length), rotation of only the first `rotary_dim` channels of a head, and a
+sliding window, which masks keys by their position (never by column, so left padding changes
+nothing). Checkpoints that fuse q/k/v or gate/up into one projection (Phi-3) are split at import.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import Tensor, nn
 
 from attnserve.model.cache import KVCache
 from attnserve.model.decoder_config import DecoderConfig
-from attnserve.model.rope import rope_frequencies
+from attnserve.model.rope import length_dependent, rope_frequencies, row_frequencies
 
 
 class RMSNorm(nn.Module):
@@ -42,10 +44,14 @@ class RMSNorm(nn.Module):
 def rotary_cos_sin(
     positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """positions (B, T) int64, inv_freq (D/2,) float32 -> cos, sin (B, 1, T, D), each frequency
-    repeated in both halves, times `factor` (YaRN's attention factor; 1 otherwise)."""
-    angles = positions[..., None].float() * inv_freq.to(positions.device)  # (B, T, D/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, D)
+    """positions (B, T) int64, inv_freq (R/2,) or per row (B, R/2) float32 -> cos, sin
+    (B, 1, T, R), each frequency repeated in both halves, times `factor` (YaRN's and LongRoPE's
+    attention factor; 1 otherwise). R: the rotated channels of a head."""
+    inv_freq = inv_freq.to(positions.device)
+    if inv_freq.dim() == 2:
+        inv_freq = inv_freq[:, None, :]  # (B, 1, R/2)
+    angles = positions[..., None].float() * inv_freq  # (B, T, R/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, R)
     cos, sin = angles.cos(), angles.sin()
     if factor != 1.0:
         cos, sin = cos * factor, sin * factor
@@ -53,8 +59,12 @@ def rotary_cos_sin(
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by the angles of cos/sin (B, 1, T, D)."""
-    half = x.shape[-1] // 2
+    """Rotate channel pairs (i, i + R/2) of the first R channels of x (B, H, T, D) by the angles
+    of cos/sin (B, 1, T, R); the other D - R channels pass through (partial rotation)."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    half = r // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -184,7 +194,13 @@ class DecoderOnly(nn.Module):
         )
 
     def prefill(
-        self, input_ids: Tensor, attention_mask: Tensor, cache: KVCache, *, logits: bool = True
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        cache: KVCache,
+        *,
+        logits: bool = True,
+        rope_lengths: Tensor | None = None,
     ) -> tuple[Tensor | None, KVCache]:
         """Append a chunk of T tokens per row to `cache`.
 
@@ -193,6 +209,10 @@ class DecoderOnly(nn.Module):
         of real tokens before it in its row, cached ones included. Returns logits (B, T, V) (those
         of padding positions are meaningless; None with `logits=False`, for a prompt prefix whose
         next-token scores nobody reads) and a new cache grown by T columns, padding masked.
+
+        With a length-dependent rotary scaling (dynamic, longrope: model/rope.py), each row's
+        frequencies are those of its length after this chunk, or of `rope_lengths` (B,) where
+        that is longer (a prompt's whole length while it is prefilled).
         """
         mask = attention_mask.to(torch.bool)
         t = input_ids.shape[1]
@@ -219,6 +239,11 @@ class DecoderOnly(nn.Module):
 
         x = self.embed_tokens(input_ids)  # (B, T, C)
         inv_freq, factor = rope_frequencies(cfg)
+        if length_dependent(cfg):  # each row's own frequencies (B, R/2)
+            lengths = cache.positions() + mask.sum(dim=1)  # (B,): after this chunk
+            if rope_lengths is not None:
+                lengths = torch.maximum(lengths, rope_lengths.to(lengths.device))
+            inv_freq = row_frequencies(cfg, lengths)
         cos, sin = rotary_cos_sin(positions, inv_freq, factor, x.dtype)
         keys, values = [], []
         for i, layer in enumerate(self.layers):

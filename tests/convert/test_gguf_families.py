@@ -1,10 +1,13 @@
 """GGUF import of the families beyond plain Llama: tiny random Qwen2 (q/k/v biases), Qwen3
-(per-head q/k norms, head_dim from key_length) and Mistral (a `llama` file with a sliding
-window) models, and Llama 3's rope scaling (`rope_freqs`), written as llama.cpp's converter
-writes them, give transformers' logits; rope_freqs no llama3 setting reproduces are refused."""
+(per-head q/k norms, head_dim from key_length), Mistral (a `llama` file with a sliding
+window) and Phi-3 (fused attn_qkv and ffn_up; a window; partial rotation with LongRoPE's
+rope_factors tensors) models, and Llama 3's rope scaling (`rope_freqs`), written as llama.cpp's
+converter writes them, give transformers' logits, and a Phi-3 file the model its Hugging Face
+directory imports as; rope_freqs no llama3 setting reproduces are refused."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -12,8 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from gguf import GGUFWriter
 
 from attnserve.convert.gguf import GGUFImportError, convert_gguf, read_gguf
+from attnserve.convert.hf_decoder import (
+    build_decoder,
+    convert_decoder_state_dict,
+    decoder_config_from_hf,
+)
+from attnserve.model.rope import longrope_frequencies
 from tests.convert.test_gguf import IDS, TINY, Q, write_gguf
 
 transformers = pytest.importorskip("transformers")
@@ -22,6 +32,11 @@ LLAMA3 = {
     "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
 }  # fmt: skip
+# Phi-4-mini's shape: 3 of 4 channel pairs rotate (head 8), LongRoPE past 4 positions (IDS: 8)
+LONGROPE = {
+    "rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+    "short_factor": [1.0, 1.25, 1.5], "long_factor": [2.0, 5.0, 11.0],
+}  # fmt: skip
 # family -> (model class, arch in the file, config settings beyond TINY)
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2", {"bos_token_id": None}),
@@ -29,6 +44,9 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mistral": ("MistralForCausalLM", "llama", {"sliding_window": 3}),
     "llama3": ("LlamaForCausalLM", "llama", {"num_attention_heads": 2,
                                               "num_key_value_heads": 1, "rope_parameters": LLAMA3}),
+    "phi3": ("Phi3ForCausalLM", "phi3", {"sliding_window": 3}),
+    "phi3-longrope": ("Phi3ForCausalLM", "phi3", {"original_max_position_embeddings": 4,
+                                                  "rope_parameters": LONGROPE}),
 }  # fmt: skip
 
 
@@ -65,10 +83,43 @@ def llama_cpp_rope_freqs(head_dim: int, params: dict[str, Any]) -> np.ndarray:
     return np.array(divisors, dtype=np.float32)
 
 
+def write_phi3(hf: Any, path: Path, qtype: Any = Q.F32) -> None:
+    """convert_hf_to_gguf.py's Phi3MiniModel: fused tensors as they are (q/k not permuted),
+    the rotated channels, the original context, a window of 0 for none, and for LongRoPE its
+    factors as tensors with the attention factor it computes."""
+    cfg = hf.config
+    rope = cfg.rope_parameters
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // (
+        cfg.num_attention_heads
+    )
+    original = rope.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
+    extra, attn_factor = None, None
+    if rope["rope_type"] == "longrope":
+        scale = cfg.max_position_embeddings / original
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        extra = {
+            "rope_factors_long.weight": np.array(rope["long_factor"], dtype=np.float32),
+            "rope_factors_short.weight": np.array(rope["short_factor"], dtype=np.float32),
+        }
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_rope_scaling_orig_ctx_len(original)
+        if attn_factor is not None:
+            writer.add_rope_scaling_attn_factors(attn_factor)
+
+    write_gguf(
+        hf, path, qtype, arch="phi3", extra=extra, sliding_window=cfg.sliding_window or 0,
+        rope_dims=rope_dims, configure=configure,
+    )  # fmt: skip
+
+
 def write(family: str, path: Path) -> Any:
     hf = hf_model(family)
     _, arch, settings = CASES[family]
     cfg = hf.config
+    if arch == "phi3":
+        write_phi3(hf, path)
+        return hf
     extra = None
     if family == "llama3":
         extra = {"rope_freqs.weight": llama_cpp_rope_freqs(cfg.head_dim, LLAMA3)}
@@ -82,12 +133,14 @@ def write(family: str, path: Path) -> Any:
 def test_logits_match_transformers(tmp_path: Path, family: str) -> None:
     hf = write(family, tmp_path / "m.gguf")
     config, _ = read_gguf(tmp_path / "m.gguf")
-    assert config.family == ("llama" if family == "llama3" else family)
+    _, arch, settings = CASES[family]
+    assert config.family == ("mistral" if family == "mistral" else arch)
     assert config.attention_bias == (family == "qwen2") and not config.attention_out_bias
     assert config.qk_norm == (family == "qwen3")
     cfg = hf.config
     assert config.head_dim == getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
-    assert config.sliding_window == (3 if family == "mistral" else None)
+    assert config.sliding_window == settings.get("sliding_window")
+    assert config.rotary_dim == (6 if family == "phi3-longrope" else None)
     if family == "llama3":
         assert config.rope_scaling == {k: v for k, v in LLAMA3.items() if k != "rope_theta"}
     model = convert_gguf(tmp_path / "m.gguf")
@@ -95,6 +148,45 @@ def test_logits_match_transformers(tmp_path: Path, family: str) -> None:
         torch.testing.assert_close(
             model(IDS, torch.ones_like(IDS)), hf(IDS).logits, rtol=1e-4, atol=1e-5
         )
+
+
+@pytest.mark.parametrize("family", ["phi3", "phi3-longrope"])
+def test_a_phi3_file_imports_as_its_hugging_face_directory(tmp_path: Path, family: str) -> None:
+    """The same config (LongRoPE's factors read back from float32 tensors: the same frequencies)
+    and logits as the Hugging Face import, prompts shorter and longer than the original
+    context; a Q8_0 file (llama.cpp's usual) within its quantization error."""
+    hf = write(family, tmp_path / "m.gguf")
+    from_hf = decoder_config_from_hf(json.loads(hf.config.to_json_string()))
+    ours = build_decoder(from_hf, convert_decoder_state_dict(hf.state_dict(), from_hf))
+    model = convert_gguf(tmp_path / "m.gguf")
+    config = model.config
+    assert config.replace(rope_scaling=None) == from_hf.replace(rope_scaling=None)
+    if from_hf.rope_scaling is not None:
+        assert config.rope_scaling is not None
+        assert set(config.rope_scaling) == set(from_hf.rope_scaling)  # no attention_factor
+        for ours_freqs, hf_freqs in zip(
+            longrope_frequencies(config), longrope_frequencies(from_hf), strict=True
+        ):
+            assert torch.equal(ours_freqs, hf_freqs)
+    write_phi3(hf, tmp_path / "q8.gguf", Q.Q8_0)
+    quantized = convert_gguf(tmp_path / "q8.gguf")
+    for ids in (IDS[:, :4], IDS):
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            expected = ours(ids, mask)
+            torch.testing.assert_close(model(ids, mask), expected, rtol=0, atol=1e-6)
+            torch.testing.assert_close(quantized(ids, mask), expected, rtol=0, atol=0.05)
+
+
+def test_rope_factors_without_the_original_context_are_refused(tmp_path: Path) -> None:
+    hf = hf_model("phi3-longrope")
+    factors = {
+        f"rope_factors_{kind}.weight": np.array(LONGROPE[f"{kind}_factor"], dtype=np.float32)
+        for kind in ("short", "long")
+    }
+    write_gguf(hf, tmp_path / "m.gguf", Q.F32, arch="phi3", extra=factors, rope_dims=6)
+    with pytest.raises(GGUFImportError, match="LongRoPE needs rope_factors_short"):
+        read_gguf(tmp_path / "m.gguf")
 
 
 def test_rope_freqs_no_llama3_setting_reproduces_are_refused(tmp_path: Path) -> None:

@@ -71,8 +71,21 @@ def test_token_ids() -> None:
         ({"mlp_bias": True}, "mlp_bias=True"),
         ({"rope_interleaved": True}, "rope_interleaved=True"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
-        ({"rope_parameters": None, "rope_scaling": {"type": "longrope"}}, "'longrope'"),
+        ({"rope_parameters": {"rope_type": "ntk"}}, "rope_type 'ntk'"),
+        ({"rope_parameters": {"rope_type": "dynamic"}}, "dynamic.*lacks factor"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "longrope"}}, "lacks short_factor"),
+        (
+            {
+                "model_type": "phi3",
+                "architectures": ["Phi3ForCausalLM"],
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "short_factor": [1.0],
+                    "long_factor": [2.0],
+                },
+            },
+            "short_factor must list 4 factors",
+        ),
         ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
         ({"sliding_window": 4, "layer_types": ["full_attention"]}, "layer_types"),
@@ -93,6 +106,26 @@ def hf_state(config: DecoderConfig) -> dict[str, Tensor]:
     state = {f"model.{k}": t.to(torch.bfloat16) for k, t in model.state_dict().items()}
     state["lm_head.weight"] = state.pop("model.lm_head.weight")
     return state
+
+
+def test_fused_projections_are_split_by_the_config() -> None:
+    """Phi-3's qkv_proj stacks q, k and v rows by head counts, gate_up_proj gate then up; a
+    fused tensor of another size is refused."""
+    config = DecoderConfig.preset("tiny", family="phi3")
+    state = hf_state(config)
+    fused = dict(state)
+    for i in range(config.num_layers):
+        for name, parts in (("self_attn.qkv", "qkv"), ("mlp.gate_up", ("gate", "up"))):
+            module = name.split(".")[0]
+            stacked = [fused.pop(f"model.layers.{i}.{module}.{p}_proj.weight") for p in parts]
+            fused[f"model.layers.{i}.{name}_proj.weight"] = torch.cat(stacked)
+    split, separate = (convert_decoder_state_dict(s, config) for s in (fused, state))
+    assert split.keys() == separate.keys()
+    assert all(torch.equal(split[name], separate[name]) for name in split)
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    fused[qkv] = fused[qkv][:-1]
+    with pytest.raises(DecoderImportError, match="63 rows, 64 expected"):
+        convert_decoder_state_dict(fused, config)
 
 
 def test_weights_are_renamed_and_made_float32() -> None:

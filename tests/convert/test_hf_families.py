@@ -1,7 +1,8 @@
 """`attnserve import` of Hugging Face directories of each family beyond plain Llama: the weights
-(logits equal transformers' on a chat prompt), the family's name, tokenizer.json, the chat
-template as it is (rendered as transformers renders it), and generation_config.json's stop
-tokens joining config.json's.
+(logits equal transformers' on a chat prompt; Phi-3's fused projections split, its LongRoPE
+and partial rotation read), the family's name, tokenizer.json, the chat template as it is
+(rendered as transformers renders it), and generation_config.json's stop tokens joining
+config.json's.
 
 Each directory is written here by transformers' save_pretrained: a tiny random model and a
 byte-level tokenizer with the family's special tokens (nothing downloaded).
@@ -60,7 +61,20 @@ CASES: dict[str, tuple[str, str, str, list[str], str, dict[str, Any]]] = {
                                                                      "[/INST]"], "</s>",
         {"sliding_window": 8},
     ),
+    # Phi-3.5 / Phi-4-mini's shape: LongRoPE (the chat prompt is longer than its original 32
+    # positions), partial rotation, a window; <|endoftext|> ends a text, <|end|> a turn
+    "phi3": (
+        "Phi3Config", "Phi3ForCausalLM", "phi3.jinja",
+        ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], "<|endoftext|>",
+        {"sliding_window": 48, "original_max_position_embeddings": 32, "pad_token_id": 0,
+         "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.2, 1.5], "long_factor": [2.0, 4.0, 9.0]}},
+    ),
 }  # fmt: skip
+# generation_config.json's eos_token_id where it is not [end of turn, <|endoftext|>]: Phi-3's
+# lists <|endoftext|>, <|assistant|> and <|end|>
+GENERATION_STOPS = {"phi3": ["<|endoftext|>", "<|assistant|>", "<|end|>"]}
 
 
 def write_hf_dir(family: str, out: Path) -> tuple[Any, Any]:
@@ -76,7 +90,9 @@ def write_hf_dir(family: str, out: Path) -> tuple[Any, Any]:
         bos_token=first_special if bos is not None else None,
         chat_template=(TEMPLATES / template).read_text(encoding="utf-8"),
     )
-    end_id, text_end = tok.token_to_id(end), 0  # <|endoftext|>: generation_config's extra stop
+    end_id = tok.token_to_id(end)
+    # <|endoftext|> (id 0): generation_config's extra stop
+    stops = [tok.token_to_id(t) for t in GENERATION_STOPS.get(family, [end, "<|endoftext|>"])]
     config = getattr(transformers, config_class)(
         vocab_size=tok.get_vocab_size(), bos_token_id=bos, eos_token_id=end_id, **SHAPE, **settings
     )
@@ -84,7 +100,7 @@ def write_hf_dir(family: str, out: Path) -> tuple[Any, Any]:
     model = getattr(transformers, model_class)(config).eval()
     randomize(model, seed=4)
     model.generation_config = transformers.GenerationConfig(
-        bos_token_id=bos, eos_token_id=[end_id, text_end], pad_token_id=end_id
+        bos_token_id=bos, eos_token_id=stops, pad_token_id=end_id
     )
     model.save_pretrained(out)
     hf_tok.save_pretrained(out)
@@ -101,9 +117,11 @@ def test_import_keeps_weights_tokenizer_template_and_stop_tokens(
     assert directory_family(out) == family
     ours = load_decoder_dir(out)
     end_id = hf.config.eos_token_id
-    assert ours.config.eos_ids == (end_id, 0)  # config.json's, then generation_config's
+    stops = hf.generation_config.eos_token_id
+    # config.json's, then generation_config's
+    assert ours.config.eos_ids == tuple(dict.fromkeys([end_id, *stops]))
     saved = json.loads((out / "generation_config.json").read_text())
-    assert saved["eos_token_id"] == [end_id, 0]
+    assert saved["eos_token_id"] == stops
 
     tokenizer = TextTokenizer.load(out)
     ids = tokenizer.encode_chat(MESSAGES)
@@ -112,6 +130,10 @@ def test_import_keeps_weights_tokenizer_template_and_stop_tokens(
     )["input_ids"]
     assert ids == list(expected)
     assert end_id in tokenizer.stop_ids
+    if family == "phi3":  # the end of a turn, which the template writes, stops too
+        assert hf_tok.convert_tokens_to_ids("<|end|>") in tokenizer.stop_ids
+        assert ours.config.rotary_dim == 6 and ours.config.rope_scaling is not None
+        assert len(ids) > 32  # long enough for LongRoPE's long factors
     with torch.no_grad():
         prompt = torch.tensor([ids])
         want = hf(input_ids=prompt).logits
