@@ -621,7 +621,7 @@ class Scheduler:
                 extend = self.backend.extend  # type: ignore[attr-defined]
                 # each row's whole prompt (its last token comes in the first step): the
                 # chunks get that length's rotary frequencies, however the prompt is cut
-                prompts = prefill.mask.sum(axis=1) + 1
+                prompts = np.array([len(r.source) + 1 for r in prefill.requests])
                 if prefill.scores is None:
                     _, prefill.state = extend(prefill.state, ids, mask, prompt_lengths=prompts)
                 else:  # one request, no padding: column c holds prompt token c

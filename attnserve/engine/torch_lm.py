@@ -109,7 +109,13 @@ class TorchLMBackend:
         kept = logits if all_positions else logits[:, -1]
         return kept.float().cpu().numpy(), LMState(cache)
 
-    reuses_prefixes = True
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prefix's K/V are the same whatever follows it (not so where the rotary
+        frequencies depend on the prompt's length: dynamic, longrope)."""
+        from attnserve.model.rope import length_dependent
+
+        return not length_dependent(self.model.config)
 
     def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
         """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""

@@ -254,3 +254,22 @@ def test_a_request_cancelled_while_its_group_prefills(model: DecoderOnly, export
         hit = cache.lookup(source)
         assert hit.tokens == len(source) // BLOCK * BLOCK and hit.columns is not None
         assert np.array_equal(hit.columns, backend.prefix_columns(fresh, 0, hit.tokens))
+
+
+def test_models_whose_rotation_depends_on_the_prompt_length_reuse_nothing() -> None:
+    """Dynamic NTK and LongRoPE rotate a prompt's tokens by frequencies its whole length
+    chooses, so a cached prefix's K/V would be wrong behind another length: no pool."""
+    config = DecoderConfig.preset(
+        "tiny",
+        rope_scaling={
+            "rope_type": "dynamic",
+            "factor": 2.0,
+            "original_max_position_embeddings": 32,
+        },
+        max_positions=64,
+    )
+    backend = TorchLMBackend(DecoderOnly(config).eval())
+    assert not backend.reuses_prefixes
+    assert Scheduler(backend, prefix_cache=PrefixCache(1 << 20)).prefix_cache is None
+    plain = TorchLMBackend(DecoderOnly(CONFIG).eval())
+    assert Scheduler(plain, prefix_cache=PrefixCache(1 << 20)).prefix_cache is not None

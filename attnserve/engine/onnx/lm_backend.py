@@ -295,8 +295,10 @@ class OnnxLMBackend:
 
     @property
     def reuses_prefixes(self) -> bool:
-        """Whether the cache can be read out and written back (host buffers)."""
-        return not self.io_binding
+        """Whether the cache can be read out and written back (host buffers), and a prefix's
+        K/V are the same whatever follows it (not so where the rotary frequencies depend on
+        the prompt's length: dynamic, longrope)."""
+        return not self.io_binding and not self.rope_lengths
 
     def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
         """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
