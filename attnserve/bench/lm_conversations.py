@@ -136,6 +136,8 @@ async def _turn(http: Any, url: str, body: dict[str, Any]) -> tuple[str, float, 
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
             data = json.loads(line[5:])
+            if data.get("error"):  # an error event mid-stream (a deadline: 504)
+                raise RuntimeError(f"stream error: {json.dumps(data['error'])[:300]}")
             usage = data.get("usage") or usage
             choices = data.get("choices") or []
             content = (choices[0].get("delta") or {}).get("content") if choices else None
@@ -221,6 +223,8 @@ def command(server: str, model_dir: Path, port: int, threads: int, users: int,
             server_bin: Path | None, variant: str) -> list[str]:  # fmt: skip
     base = "attnserve" if server.startswith("attnserve") else server
     cmd = server_command(base, model_dir, port, threads, users, server_bin, variant)
+    if base == "attnserve":  # a turn waits as long as it takes: no deadline cuts it short
+        cmd += ["--default-timeout-ms", "600000", "--max-timeout-ms", "600000"]
     if server == "attnserve-no-cache":
         cmd += ["--prefix-cache-bytes", "0"]
     if server == "llama-server":  # the conversations' context, not the chat bench's

@@ -46,3 +46,4 @@ def test_the_servers_commands(lm_model: Path) -> None:  # noqa: F811
     cached = command("attnserve", lm_model, 8000, 1, 16, None, "int8")
     plain = command("attnserve-no-cache", lm_model, 8000, 1, 16, None, "int8")
     assert plain == [*cached, "--prefix-cache-bytes", "0"]
+    assert "--default-timeout-ms" in cached
