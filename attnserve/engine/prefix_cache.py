@@ -9,10 +9,11 @@ looking a prompt up refreshes its blocks from the last to the first, so that a p
 evicted from its end and never loses a block that later blocks need while they stay.
 
 The scheduler looks each admitted prompt up, starts its cache from the longest run of blocks
-found (copies: a request never shares arrays with the pool, so a block evicted while a request
-that read it still runs changes nothing) and prefills only the rest; once a prompt is
-prefilled, its full blocks the pool lacks are copied in. Only whole blocks are kept, and only a
-prompt's: the answer's tokens come back as part of the next turn's prompt, and are kept then.
+found (copied into the request's cache: a request never shares arrays with the pool, so a
+block evicted while a request that read it still runs changes nothing) and prefills only the
+rest; once a prompt is prefilled, its full blocks the pool lacks are copied in. Only whole
+blocks are kept, and only a prompt's: the answer's tokens come back as part of the next turn's
+prompt, and are kept then.
 
 Reuse is exact where the backend computes a token's K/V from the tokens before it alone,
 whatever else shares its call: the GroupQueryAttention graph does (on every variant), and the
@@ -55,8 +56,15 @@ class Prefix:
     """The longest cached run of blocks at the start of a prompt."""
 
     tokens: int  # cached prompt tokens (a multiple of the block)
-    columns: Array | None  # (2L, Hkv, tokens, D), a copy; None when nothing is cached
+    # the pool's arrays of those blocks, (2L, Hkv, block, D) each, in order: read, never
+    # written (a backend copies them into its cache: `from_prefixes`)
+    blocks: list[Array]
     digests: list[bytes]  # the digest of every full block of the prompt, in order
+
+    @property
+    def columns(self) -> Array | None:
+        """The blocks as one (2L, Hkv, tokens, D) array (a copy); None when none."""
+        return np.concatenate(self.blocks, axis=2) if self.blocks else None
 
 
 class PrefixCache:
@@ -91,7 +99,7 @@ class PrefixCache:
         return out
 
     def lookup(self, tokens: Sequence[int], salt: str | None = None) -> Prefix:
-        """The longest run of cached blocks at the start of `tokens`, copied out."""
+        """The longest run of cached blocks at the start of `tokens`."""
         digests = self.digests(tokens, salt)
         with self._lock:
             found: list[Array] = []
@@ -104,8 +112,7 @@ class PrefixCache:
                 self._blocks.move_to_end(digest)
             self.stats.queries += len(tokens)
             self.stats.hits += len(found) * self.block
-            columns = np.concatenate(found, axis=2) if found else None
-        return Prefix(len(found) * self.block, columns, digests)
+        return Prefix(len(found) * self.block, found, digests)
 
     def insert(self, prefix: Prefix, columns: Callable[[int], Array]) -> int:
         """Add the prompt's full blocks that the pool lacks; `columns(n)` returns the prompt's

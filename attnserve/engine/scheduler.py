@@ -521,7 +521,7 @@ class Scheduler:
         if cache is None:
             return None
         if not reuse:
-            return [Prefix(0, None, cache.digests(r.source, r.cache_salt)) for r in requests]
+            return [Prefix(0, [], cache.digests(r.source, r.cache_salt)) for r in requests]
         prefixes = [cache.lookup(r.source, r.cache_salt) for r in requests]
         for request, prefix in zip(requests, prefixes, strict=True):
             request.cached_tokens = prefix.tokens
@@ -554,7 +554,7 @@ class Scheduler:
         ids, mask = self._rest(requests, prefixes if hit else None)
         if hit:
             assert prefixes is not None
-            state = backend.from_prefixes([p.columns for p in prefixes])
+            state = backend.from_prefixes([p.blocks for p in prefixes])
         else:
             state = backend.empty(len(requests))
         used = mask.any(axis=0)
@@ -565,7 +565,7 @@ class Scheduler:
     def _resume(self, requests: Sequence[Request], prefixes: Sequence[Prefix]) -> Any:
         """The state of prompts whose cached prefixes are read back and the rest prefilled."""
         backend: Any = self.backend
-        state = backend.from_prefixes([p.columns for p in prefixes])
+        state = backend.from_prefixes([p.blocks for p in prefixes])
         ids, mask = self._rest(requests, prefixes)
         used = mask.any(axis=0)
         if used.any():

@@ -128,27 +128,29 @@ class TorchLMBackend:
         tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
         return torch.stack([t[row][:, columns] for t in tensors]).float().cpu().numpy()
 
-    def from_prefixes(self, prefixes: Sequence[np.ndarray | None]) -> LMState:
-        """A state of one row per prefix whose cache holds it ((2L, Hkv, n, D) K/V of n
-        tokens; None: nothing), left-padded to the longest."""
+    def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> LMState:
+        """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
+        (2L, Hkv, n, D) each, in order (none: nothing cached), left-padded to the longest."""
         import torch
 
         from attnserve.model.cache import KVCache
 
         rows = len(prefixes)
-        width = max((p.shape[2] for p in prefixes if p is not None), default=0)
+        lengths = [sum(b.shape[2] for b in p) for p in prefixes]
+        width = max(lengths, default=0)
         empty = self.model.empty_cache(rows)
-        dtype = empty.keys[0].dtype if empty.keys else torch.float32
+        dtype = empty.keys[0].dtype
         layers = len(empty.keys)
         heads, dim = empty.keys[0].shape[1], empty.keys[0].shape[3]
         kv = torch.zeros((2 * layers, rows, heads, width, dim), dtype=dtype, device=self.device)
         mask = torch.zeros((rows, width), dtype=torch.bool, device=self.device)
-        for row, prefix in enumerate(prefixes):
-            if prefix is None or prefix.shape[2] == 0:
-                continue
-            n = prefix.shape[2]
-            kv[:, row, :, width - n :] = torch.from_numpy(prefix).to(dtype)
-            mask[row, width - n :] = True
+        for row, (blocks, n) in enumerate(zip(prefixes, lengths, strict=True)):
+            start = width - n
+            mask[row, start:] = True
+            for block in blocks:
+                end = start + block.shape[2]
+                kv[:, row, :, start:end] = torch.from_numpy(block).to(dtype)
+                start = end
         keys = [kv[2 * i] for i in range(layers)]
         values = [kv[2 * i + 1] for i in range(layers)]
         return LMState(KVCache(keys, values, mask))

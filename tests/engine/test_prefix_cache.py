@@ -140,7 +140,7 @@ def test_the_cached_keys_and_values_are_a_fresh_prefills(
     hit = cache.lookup(prompt)
     assert hit.tokens == 32 and hit.columns is not None
     assert np.array_equal(hit.columns, backend.prefix_columns(fresh, 0, 32))
-    state = backend.from_prefixes([hit.columns])
+    state = backend.from_prefixes([hit.blocks])
     _, state = backend.extend(state, np.array([prompt[32:]]), np.ones((1, n - 32), np.int64))
     resumed, whole = backend.prefix_columns(state, 0, n), backend.prefix_columns(fresh, 0, n)
     if name.startswith("gqa"):

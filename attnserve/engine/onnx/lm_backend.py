@@ -310,21 +310,22 @@ class OnnxLMBackend:
             return np.stack([np.asarray(t)[row, :, start : start + n] for t in state.past])
         return np.stack([np.asarray(t)[row][:, columns] for t in state.past])
 
-    def from_prefixes(self, prefixes: Sequence[np.ndarray | None]) -> LMState:
-        """A state of one row per prefix whose cache holds it ((2L, Hkv, n, D) K/V of n
-        tokens; None: nothing), left-padded to the longest."""
+    def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> LMState:
+        """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
+        (2L, Hkv, n, D) each, in order (none: nothing cached), left-padded to the longest."""
         heads, dim = self._kv_shape
-        width = max((p.shape[2] for p in prefixes if p is not None), default=0)
-        rows = len(prefixes)
+        lengths = [sum(b.shape[2] for b in p) for p in prefixes]
+        width, rows = max(lengths, default=0), len(prefixes)
         new = [np.zeros((rows, heads, width, dim), dtype=self.kv_dtype) for _ in self._past]
         mask = np.zeros((rows, width), dtype=np.int64)
-        for row, prefix in enumerate(prefixes):
-            if prefix is None or prefix.shape[2] == 0:
-                continue
-            n = prefix.shape[2]
-            for i, tensor in enumerate(new):
-                tensor[row, :, width - n :] = prefix[i]
-            mask[row, width - n :] = 1
+        for row, (blocks, n) in enumerate(zip(prefixes, lengths, strict=True)):
+            start = width - n
+            mask[row, start:] = 1
+            for block in blocks:
+                end = start + block.shape[2]
+                for i, tensor in enumerate(new):
+                    tensor[row, :, start:end] = block[i]
+                start = end
         return self._grow(self.empty(rows), list(new), mask)
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:

@@ -270,15 +270,18 @@ class OnnxGqaLMBackend(OnnxLMBackend):
             raise ValueError(f"row {row} holds {int(state.lengths[row])} tokens, not {n}")
         return np.stack([t[row, :, :n] for t in state.past])
 
-    def from_prefixes(self, prefixes: Sequence[np.ndarray | None]) -> GqaState:  # type: ignore[override]
-        """A state of one row per prefix whose cache holds it ((2L, Hkv, n, D) K/V of n
-        tokens; None: nothing)."""
-        lengths = np.array([0 if p is None else p.shape[2] for p in prefixes], dtype=np.int64)
+    def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> GqaState:  # type: ignore[override]
+        """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
+        (2L, Hkv, n, D) each, in order (none: nothing cached)."""
+        lengths = np.array([sum(b.shape[2] for b in p) for p in prefixes], dtype=np.int64)
         past = self._buffers(len(prefixes), self._room(int(lengths.max(initial=0))))
-        for row, prefix in enumerate(prefixes):
-            if prefix is not None and prefix.shape[2]:
+        for row, blocks in enumerate(prefixes):
+            start = 0
+            for block in blocks:
+                end = start + block.shape[2]
                 for i, tensor in enumerate(past):
-                    tensor[row, :, : prefix.shape[2]] = prefix[i]
+                    tensor[row, :, start:end] = block[i]
+                start = end
         return GqaState(past, lengths, _Owner(), 0)
 
     def reorder(self, state: GqaState, rows: IntArray) -> GqaState:  # type: ignore[override]
