@@ -73,14 +73,16 @@ def create_app(
     app.state.service = service
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(openai_router)
-    app.include_router(libretranslate_router)
-    app.include_router(tokenization_router)
-    app.include_router(server_info_router)
-    if settings.ui:
-        app.include_router(ui_router)
-    known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
+    routers = [router, openai_router, libretranslate_router, tokenization_router]
+    routers += [server_info_router, *([ui_router] if settings.ui else [])]
+    for included in routers:
+        app.include_router(included)
+    # The metrics' route label of a request the middleware answers itself (401, 413, 503):
+    # app.routes lists the included routers, not their routes, so those are read here.
+    known_paths = frozenset(
+        str(getattr(route, "path", ""))
+        for route in [*app.routes, *(r for included in routers for r in included.routes)]
+    )
     app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
     if settings.cors_origins:
         app.add_middleware(
