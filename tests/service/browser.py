@@ -6,6 +6,7 @@ the `selenium` package (the test extra). Without them the tests skip, saying wha
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import time
@@ -20,20 +21,31 @@ WINDOW = (1000, 720)  # CSS pixels: the screenshots' size
 NETWORK_ERROR = re.compile(r"Failed to load resource: the server responded with a status of (\d+)")
 
 
-def chrome(window: tuple[int, int] = WINDOW) -> Any:
-    """A headless Chromium session that keeps the browser's console log; skips without one."""
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install -e '.[test]')")
-    binary = next((found for name in BROWSERS if (found := shutil.which(name))), None)
-    driver_path = shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        pytest.skip(
+def _binary() -> str | None:
+    return next((found for name in BROWSERS if (found := shutil.which(name))), None)
+
+
+def missing() -> str | None:
+    """Why the browser tests cannot run here (None: they can)."""
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install -e '.[test]')"
+    if _binary() is None or shutil.which("chromedriver") is None:
+        return (
             "no chromium / chromedriver: apt-get install chromium chromium-driver "
             "(`make test` does it when run as root)"
         )
+    return None
+
+
+def chrome(window: tuple[int, int] = WINDOW) -> Any:
+    """A headless Chromium session that keeps the browser's console log; skips without one."""
+    reason = missing()
+    if reason is not None:
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = _binary(), shutil.which("chromedriver")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in (

@@ -9,6 +9,7 @@ export const REFRESH_MS = 3000;
 let info = null;
 let previous = null; // {at, samples} of the last scrape
 let timer = 0;
+let loops = 0;
 
 // Prometheus text exposition -> [{name, labels, value}] (comments and blank lines skipped).
 export function parseMetrics(text) {
@@ -91,7 +92,7 @@ export function init(serverInfo) {
       cell(m.kind === "generation" ? "language model" : "translation"),
       cell(m.variant ? `${m.backend} ${m.variant}` : m.backend),
       cell(m.threads === null ? "auto" : String(m.threads)),
-      cell(`${formatNumber(m.context_length)} tokens`),
+      cell(formatNumber(m.context_length)),
       cell(languages(m)),
       cell("–"),
       cell("–"),
@@ -110,6 +111,8 @@ export function init(serverInfo) {
     ["Queue", `${formatNumber(limits.max_waiting)} waiting per model`],
     ["Timeout", `${formatNumber(limits.default_timeout_ms)} ms (max ${formatNumber(limits.max_timeout_ms)})`],
   ];
+  previous = null;
+  loop(); // the rows' figures now, if the view is shown
   $("server-limits").replaceChildren(
     ...entries.flatMap(([term, value]) => {
       const dt = document.createElement("dt");
@@ -161,10 +164,12 @@ async function refresh() {
   show("server-updated", `Updated ${new Date().toLocaleTimeString()} from /metrics, every ${REFRESH_MS / 1000} s.`);
 }
 
+// One refresh now, the next in REFRESH_MS; a later call takes over (the older one stops).
 async function loop() {
+  const run = ++loops;
   clearTimeout(timer);
   if (!$("view-server").hidden && document.visibilityState === "visible") await refresh();
-  timer = setTimeout(loop, REFRESH_MS);
+  if (run === loops) timer = setTimeout(loop, REFRESH_MS);
 }
 
 export function start() {
