@@ -87,6 +87,7 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def screenshot(driver: Any, shots: Path, name: str) -> None:
+    driver.execute_script("document.activeElement?.blur()")  # no focus ring in the picture
     path = save_png(driver, shots / f"ui-{name}.png")
     target = os.environ.get("ATTNSERVE_UI_SCREENSHOTS")
     if target:

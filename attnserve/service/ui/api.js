@@ -52,7 +52,8 @@ async function failure(response) {
   return error;
 }
 
-// fetch() with the key and a JSON body; throws ApiError unless the answer is 2xx.
+// fetch() with the key and a JSON body; throws ApiError unless the answer is 2xx. Paths are
+// relative to the page (a proxy may serve attnserve under a prefix).
 export async function call(path, { body, signal, method } = {}) {
   const headers = {};
   const key = apiKey();

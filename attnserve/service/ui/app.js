@@ -85,7 +85,7 @@ function bindKey() {
 async function load() {
   let info;
   try {
-    info = await callJson("/v1/server");
+    info = await callJson("v1/server");
   } catch (error) {
     if (error.needsKey) {
       status("");

@@ -141,7 +141,7 @@ async function generate() {
   let finish = null;
   let usage = null;
   try {
-    const response = await call("/v1/chat/completions", { body, signal: controller.signal });
+    const response = await call("v1/chat/completions", { body, signal: controller.signal });
     for await (const chunk of jsonEvents(response)) {
       if (chunk.usage) usage = chunk.usage;
       const [choice] = chunk.choices || [];

@@ -139,7 +139,7 @@ function ttftText(ttft) {
 async function refresh() {
   let now;
   try {
-    const text = await (await call("/metrics")).text();
+    const text = await (await call("metrics")).text();
     now = { at: performance.now(), samples: parseMetrics(text) };
   } catch (error) {
     show("server-updated", `Could not read /metrics: ${error.message}`);

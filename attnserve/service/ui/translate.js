@@ -126,7 +126,7 @@ async function detect() {
     return null;
   }
   try {
-    const ranked = await callJson("/detect", { body: { q: text.slice(0, DETECT_CHARS) } });
+    const ranked = await callJson("detect", { body: { q: text.slice(0, DETECT_CHARS) } });
     if (run !== detectRun) return detected;
     detected = ranked[0] || null;
     showDetected(
@@ -230,7 +230,7 @@ export async function translate() {
 async function translateStream(body, signal) {
   setOutput("");
   $("translate-info").textContent = "Translating…";
-  const response = await call("/v1/generate", {
+  const response = await call("v1/generate", {
     body: { ...body, stream: true, beam_size: 1 },
     signal,
   });
@@ -254,7 +254,7 @@ async function translateWhole(body, model, html, beam, signal) {
     request.beam_size = width;
     request.num_hypotheses = Math.min(ALTERNATIVES + 1, width);
   }
-  const answer = await callJson("/v1/translate", { body: request, signal });
+  const answer = await callJson("v1/translate", { body: request, signal });
   const [first] = answer.translations;
   setOutput(first.text);
   if (first.detected_language) {
