@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,9 +28,12 @@ from attnserve.service.models import wait_idle as wait_models_idle
 from attnserve.service.openai_api import router as openai_router
 from attnserve.service.routes import router
 from attnserve.service.schemas import FinalEvent, TokenEvent
+from attnserve.service.server_info import package_version
+from attnserve.service.server_info import router as server_info_router
 from attnserve.service.settings import Settings
 from attnserve.service.state import ServiceState
 from attnserve.service.tokenization import router as tokenization_router
+from attnserve.service.ui import router as ui_router
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,9 @@ Translation with encoder-decoder Transformers, decoded with continuous batching.
 Errors are JSON `{"error": {"type", "message", "param", "request_id"}}`: 422 invalid request
 (`param` names the field), 404 unknown model, 413 body too large, 429 queue full (Retry-After),
 503 not ready or shutting down, 504 deadline exceeded, 401 missing API key (when the server has
-one: `Authorization: Bearer <key>`; /healthz, /readyz, /metrics and the docs stay open), 500 a
-decoding failure of this request (quote its request id). Every response carries `X-Request-ID`
-(the client's, when it sent a valid one).
+one: `Authorization: Bearer <key>`; /healthz, /readyz, /metrics, the docs and the page at /
+stay open), 500 a decoding failure of this request (quote its request id). Every response
+carries `X-Request-ID` (the client's, when it sent a valid one).
 """
 
 
@@ -64,18 +66,23 @@ def create_app(
 
     app = FastAPI(
         title="attnserve",
-        version=_version(),
+        version=package_version(),
         description=DESCRIPTION,
         lifespan=lifespan,
     )
     app.state.service = service
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(openai_router)
-    app.include_router(libretranslate_router)
-    app.include_router(tokenization_router)
-    known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
+    routers = [router, openai_router, libretranslate_router, tokenization_router]
+    routers += [server_info_router, *([ui_router] if settings.ui else [])]
+    for included in routers:
+        app.include_router(included)
+    # The metrics' route label of a request the middleware answers itself (401, 413, 503):
+    # app.routes lists the included routers, not their routes, so those are read here.
+    known_paths = frozenset(
+        str(getattr(route, "path", ""))
+        for route in [*app.routes, *(r for included in routers for r in included.routes)]
+    )
     app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
     if settings.cors_origins:
         app.add_middleware(
@@ -107,13 +114,6 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
         return schema
 
     return openapi
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("attnserve")
-    except importlib.metadata.PackageNotFoundError:
-        return "0"
 
 
 async def load_models(service: ServiceState, factory: BackendFactory) -> None:

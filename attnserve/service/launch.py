@@ -86,6 +86,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "are missing (default: on; env ATTNSERVE_AUTO_EXPORT)",
     )
     p.add_argument(
+        "--ui",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the page for people at / (default: on; env ATTNSERVE_UI)",
+    )
+    p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -101,7 +107,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export", "spinning"):
+    for field in ("log_json", "auto_export", "spinning", "ui"):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     drain_seconds: float = Field(default=30.0, ge=0)
     log_json: bool = True
+    # The page for people at / (service/ui.py): static files only; its data comes from the API
+    # routes, with the API key the user types in.
+    ui: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The syntax language models write tool calls in (service/tool_parsers.py): "auto" reads
     # it from the chat template's markers; a template without a tools section gets the
