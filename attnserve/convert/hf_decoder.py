@@ -1,15 +1,19 @@
-"""Hugging Face decoder-only directories (Llama, Mistral, Qwen2/2.5, Qwen3) -> `DecoderOnly`.
+"""Hugging Face decoder-only directories (Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
+text) -> `DecoderOnly`.
 
 One importer for every family built on Llama's blocks: `FAMILIES` says, per config.json
-`model_type`, what its architecture fixes (q/k/v and output biases, per-head q/k norms) and the
-defaults of its config class, and `decoder_config_from_hf` reads the rest with the families'
-own config names (rope_parameters / rope_scaling, sliding_window / use_sliding_window /
-layer_types, head_dim) into `DecoderConfig`'s switches. Never imports transformers. Our parameter
-names are Hugging Face's without the `model.` prefix, and Hugging Face stores q/k projections in
-the rotate-half order our rotary embeddings use, so the weights are renamed, not permuted (GGUF
-files store them interleaved: convert/gguf.py undoes that). Weights are converted to float32.
-`import_hf_decoder` writes the weights and config of a Hugging Face directory as a model
-directory, with its tokenizer.json, tokenizer_config.json (chat template) and
+`model_type`, what its architecture fixes (q/k/v and output biases, per-head q/k norms, Gemma's
+norms and scaled embeddings) and the defaults of its config class, and `decoder_config_from_hf`
+reads the rest with the families' own config names (rope_parameters / rope_scaling, per layer
+type for Gemma 3 or its older rope_local_base_freq; sliding_window / use_sliding_window /
+layer_types / sliding_window_pattern; head_dim; hidden_act or Gemma's hidden_activation;
+query_pre_attn_scalar and the soft caps) into `DecoderConfig`'s switches. Never imports
+transformers. Our parameter names are Hugging Face's without the `model.` prefix, and Hugging
+Face stores q/k projections in the rotate-half order our rotary embeddings use, so the weights
+are renamed, not permuted (GGUF files store them interleaved: convert/gguf.py undoes that);
+Gemma's norm weights keep Gemma's meaning (the norm multiplies by 1 + w). Weights are converted
+to float32. `import_hf_decoder` writes the weights and config of a Hugging Face directory as a
+model directory, with its tokenizer.json, tokenizer_config.json (chat template) and
 generation_config.json, whose eos_token_id joins the model's stop tokens.
 """
 
@@ -26,7 +30,7 @@ from torch import Tensor
 
 from attnserve.model.checkpoint import ModelDirError, read_json_object
 from attnserve.model.decoder_checkpoint import save_decoder_dir
-from attnserve.model.decoder_config import ROPE_SCALING_KEYS, DecoderConfig
+from attnserve.model.decoder_config import ROPE_SCALING_KEYS, Activation, DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
 
 logger = logging.getLogger(__name__)
@@ -61,6 +65,17 @@ class Family:
     qk_norm: bool = False
     # the config class's defaults where they differ from LlamaConfig's (HF_DEFAULTS)
     defaults: dict[str, Any] = field(default_factory=dict)
+    # the config key naming the MLP's activation (Gemma: hidden_activation)
+    activation_key: str = "hidden_act"
+    # other DecoderConfig switches the architecture fixes (Gemma's norms and embeddings)
+    switches: dict[str, Any] = field(default_factory=dict)
+    # without layer_types: every `window_pattern`-th layer attends to the whole context, the
+    # others through the window (a config's sliding_window_pattern replaces it); None: all
+    # layers are windowed (Mistral)
+    window_pattern: int | None = None
+    # the rotary base of the sliding-window layers when rope_parameters is not per layer type
+    # (an older config's rope_local_base_freq, else this default); None: as the other layers
+    local_rope_theta: float | None = None
 
 
 _QWEN_DEFAULTS: dict[str, Any] = {
@@ -69,6 +84,27 @@ _QWEN_DEFAULTS: dict[str, Any] = {
     "max_position_embeddings": 32768,
     "bos_token_id": None,
     "eos_token_id": None,
+}
+# Gemma2Config's and Gemma3TextConfig's shared defaults (the 2B / 1B shapes)
+_GEMMA_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+    "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+}
+_GEMMA_SWITCHES: dict[str, Any] = {
+    "norm_unit_offset": True,
+    "sandwich_norms": True,
+    "scale_embeddings": True,
 }
 FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaForCausalLM"),
@@ -85,12 +121,50 @@ FAMILIES: dict[str, Family] = {
     ),
     "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True, out_bias=False, defaults=_QWEN_DEFAULTS),
     "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
+    "gemma2": Family(
+        "Gemma2ForCausalLM",
+        defaults={
+            **_GEMMA_DEFAULTS,
+            "vocab_size": 256000,
+            "max_position_embeddings": 8192,
+            "rope_theta": 10000.0,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+        },
+        activation_key="hidden_activation",
+        switches=_GEMMA_SWITCHES,
+        window_pattern=2,
+    ),
+    "gemma3_text": Family(
+        "Gemma3ForCausalLM",
+        qk_norm=True,
+        defaults={
+            **_GEMMA_DEFAULTS,
+            "vocab_size": 262208,
+            "max_position_embeddings": 131072,
+            "rope_theta": 1_000_000.0,
+            "sliding_window_pattern": 6,
+        },
+        activation_key="hidden_activation",
+        switches=_GEMMA_SWITCHES,
+        window_pattern=6,
+        local_rope_theta=10_000.0,
+    ),
 }
 # Flags that change the network; the value we can run.
 SUPPORTED_FLAGS: dict[str, Any] = {
     "mlp_bias": False,
     "rope_interleaved": False,  # nanotron's name for GGUF-style pair order
+    "use_bidirectional_attention": False,  # Gemma's encoder-style variants
 }
+# hidden_act / hidden_activation -> DecoderConfig.activation
+ACTIVATIONS: dict[str, Activation] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
+# the layer types of transformers' per-layer-type rope_parameters (Gemma 3)
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 _LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # Old checkpoints store the rotary table; we compute it from rope_theta.
 _IGNORED_LAYER_PARAMS = ("self_attn.rotary_emb.inv_freq",)
@@ -136,15 +210,50 @@ def _rope(hf: dict[str, Any], get: Any, problems: list[str]) -> tuple[float, dic
     return theta, {"rope_type": rope_type, **params}
 
 
+def _layer_ropes(
+    hf: dict[str, Any], get: Any, family: Family, problems: list[str]
+) -> tuple[float, dict[str, Any] | None, float | None]:
+    """rope_theta, the scaling and the sliding-window layers' own base (None: theirs are the
+    others'). transformers 5 writes Gemma 3's rope_parameters per layer type; an older config
+    has rope_theta / rope_scaling for the full-attention layers and rope_local_base_freq."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict) and params and set(params) <= set(_LAYER_TYPES):
+        full = params.get("full_attention") or {}
+        theta, scaling = _rope({**hf, "rope_parameters": full}, get, problems)
+        sliding = params.get("sliding_attention")
+        if sliding is None:
+            return theta, scaling, None
+        if "rope_theta" not in sliding and family.local_rope_theta is not None:
+            sliding = {**sliding, "rope_theta": family.local_rope_theta}
+        local, local_scaling = _rope({**hf, "rope_parameters": sliding}, get, problems)
+        if local_scaling is not None:
+            problems.append(
+                f"sliding_attention rope_type {local_scaling['rope_type']!r} (the "
+                "sliding-window layers' rotary embeddings must be plain)"
+            )
+    else:
+        theta, scaling = _rope(hf, get, problems)
+        if family.local_rope_theta is None:
+            return theta, scaling, None
+        local = float(hf.get("rope_local_base_freq") or family.local_rope_theta)
+    return theta, scaling, None if (local == theta and scaling is None) else local
+
+
 def _sliding_window(
-    hf: dict[str, Any], get: Any, num_layers: int, problems: list[str]
+    hf: dict[str, Any], get: Any, num_layers: int, pattern: int | None, problems: list[str]
 ) -> tuple[int | None, tuple[int, ...]]:
     """The window and the layers exempt from it: `layer_types` when the config lists them, else
-    Qwen2/3's `use_sliding_window` from layer `max_window_layers` on, else `sliding_window` in
-    every layer (Mistral)."""
+    Qwen2/3's `use_sliding_window` from layer `max_window_layers` on, else every `pattern`-th
+    layer full (Gemma's `sliding_window_pattern`), else `sliding_window` in every layer
+    (Mistral)."""
     # an explicit null is no window (Mistral v0.2 on); a missing key the class default
     window = hf["sliding_window"] if "sliding_window" in hf else get("sliding_window")
     layer_types = hf.get("layer_types")
+    if layer_types is None and pattern is not None:  # Gemma: layer i is full when (i+1) % n == 0
+        n = int(hf.get("sliding_window_pattern") or pattern)
+        layer_types = [
+            "sliding_attention" if (i + 1) % n else "full_attention" for i in range(num_layers)
+        ]
     if layer_types is None and "use_sliding_window" in hf:  # Qwen2 / Qwen3
         if not hf["use_sliding_window"]:
             return None, ()
@@ -164,6 +273,10 @@ def _sliding_window(
         return None, ()
     full = tuple(i for i, kind in enumerate(layer_types) if kind == "full_attention")
     return (None, ()) if len(full) == num_layers else (int(window), full)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _eos_ids(value: Any, problems: list[str]) -> tuple[int, ...]:
@@ -207,9 +320,17 @@ def decoder_config_from_hf(
         value = hf.get(name)
         if value is not None and value != supported:
             problems.append(f"{name}={value!r} (only {supported!r} is supported)")
-    if get("hidden_act") not in ("silu", "swish"):
-        problems.append(f"hidden_act {get('hidden_act')!r} (only silu is supported)")
-    rope_theta, rope_scaling = _rope(hf, get, problems)
+    activation = get(family.activation_key)
+    if activation not in ACTIVATIONS:
+        problems.append(
+            f"{family.activation_key} {activation!r} (supported: {', '.join(ACTIVATIONS)})"
+        )
+
+    def explicit(key: str) -> Any:
+        """A key whose null means none (a soft cap), the class default when missing."""
+        return hf[key] if key in hf else defaults.get(key)
+
+    rope_theta, rope_scaling, local_rope_theta = _layer_ropes(hf, get, family, problems)
     eos = get("eos_token_id") if "eos_token_id" not in hf else hf["eos_token_id"]
     eos_ids = _eos_ids(eos, problems)
     extra = (generation or {}).get("eos_token_id")
@@ -217,7 +338,7 @@ def decoder_config_from_hf(
         if i not in eos_ids:
             eos_ids = (*eos_ids, i)
     num_layers = int(get("num_hidden_layers"))
-    window, full_layers = _sliding_window(hf, get, num_layers, problems)
+    window, full_layers = _sliding_window(hf, get, num_layers, family.window_pattern, problems)
     if problems:
         raise DecoderImportError(f"unsupported {model_type} model: " + "; ".join(problems))
 
@@ -248,6 +369,12 @@ def decoder_config_from_hf(
             rope_scaling=rope_scaling,
             sliding_window=window,
             full_attention_layers=full_layers,
+            activation=ACTIVATIONS[activation],
+            query_pre_attn_scalar=_optional_float(get("query_pre_attn_scalar")),
+            attn_logit_softcapping=_optional_float(explicit("attn_logit_softcapping")),
+            final_logit_softcapping=_optional_float(explicit("final_logit_softcapping")),
+            local_rope_theta=local_rope_theta if window is not None else None,
+            **family.switches,
         )
     except ValueError as exc:
         raise DecoderImportError(f"unsupported {model_type} config: {exc}") from exc

@@ -1,5 +1,8 @@
 """Rotary embeddings' frequencies: plain, or scaled as `DecoderConfig.rope_scaling` says.
 
+A model whose sliding-window layers have a rotary base of their own (`local_rope_theta`, Gemma
+3) has two sets: `rope_frequencies(config, local=True)` are theirs, plain frequencies of that base.
+
 Each function computes what transformers' `ROPE_INIT_FUNCTIONS` computes for the same
 parameters, with the same float32 torch operations, so the angles (and everything after them)
 equal Hugging Face's. Both the torch model and the exported graphs (export/lm_graph.py) read
@@ -84,10 +87,15 @@ def _yarn(head_dim: int, theta: float, params: dict[str, Any]) -> Tensor:
     return interpolation * (1 - keep) + extrapolation * keep
 
 
-def rope_frequencies(config: DecoderConfig) -> tuple[Tensor, float]:
+def rope_frequencies(config: DecoderConfig, local: bool = False) -> tuple[Tensor, float]:
     """(D/2,) float32 inverse frequencies and the factor cos and sin are multiplied by (YaRN's
-    attention factor; 1 otherwise)."""
+    attention factor; 1 otherwise); with `local`, those of the layers `config.local_rope` names
+    (plain, of `local_rope_theta`)."""
     d, theta, params = config.head_dim, config.rope_theta, config.rope_scaling
+    if local:
+        if config.local_rope_theta is None:
+            raise ValueError("the config has no local_rope_theta")
+        return plain_frequencies(d, config.local_rope_theta), 1.0
     if params is None:
         return plain_frequencies(d, theta), 1.0
     rope_type = params["rope_type"]
