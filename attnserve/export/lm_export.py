@@ -76,6 +76,22 @@ WINDOW_FALLBACK = (
     "sliding window: ONNX Runtime's GroupQueryAttention (local_window_size) in the layers it "
     "covers; attnserve's CausalGroupAttention has no window"
 )
+# ... and of a model whose attention scores are soft-capped (Gemma 2).
+SOFTCAP_FALLBACK = (
+    "attention logit soft cap: ONNX Runtime's GroupQueryAttention (softcap) in every layer; "
+    "attnserve's CausalGroupAttention has no soft cap"
+)
+
+
+def attention_fallback(config: DecoderConfig) -> str | None:
+    """What a GroupQueryAttention graph of `config` keeps on ONNX Runtime's node rather than
+    attnserve's kernel, and why (the manifest's `attention_fallback`); None: nothing."""
+    reasons = []
+    if config.sliding_window is not None:
+        reasons.append(WINDOW_FALLBACK)
+    if config.attn_logit_softcapping is not None:
+        reasons.append(SOFTCAP_FALLBACK)
+    return "; ".join(reasons) or None
 
 
 def gqa_supported(config: DecoderConfig) -> bool:
@@ -281,8 +297,9 @@ def export_lm_variants(
                 )
                 options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention
-            if attention == LM_GQA and model.config.sliding_window is not None:
-                options["attention_fallback"] = WINDOW_FALLBACK
+            fallback = attention_fallback(model.config) if attention == LM_GQA else None
+            if fallback is not None:
+                options["attention_fallback"] = fallback
             parity: dict[str, Any] = {}
             write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)
             if reference is not None:

@@ -1,8 +1,11 @@
 """The families' switches in the exported step graph: q/k/v and output biases, per-head q/k norms
-with a head size apart from hidden / heads, llama3 and yarn rotary scaling, and a sliding window
-(in some layers), each exported with both attentions. fp32 equals torch (the export's own gate,
-plus decoded tokens here), int8 passes its gate, a batch decodes as each prompt alone, and a
-windowed GroupQueryAttention graph says in its manifest that it stays on ONNX Runtime's node."""
+with a head size apart from hidden / heads, llama3 and yarn rotary scaling, a sliding window
+(in some layers), and Gemma 2's and Gemma 3's (norms of 1 + w around both branches, GELU-tanh,
+scaled embeddings, query_pre_attn_scalar, attention and final soft caps, a second rotary base
+for the windowed layers), each exported with both attentions. fp32 equals torch (the export's
+own gate, plus decoded tokens here), int8 (and for Gemma int4) passes its gate, a batch decodes
+as each prompt alone, and a GroupQueryAttention graph whose windowed or soft-capped layers stay
+on ONNX Runtime's node says so in its manifest."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from attnserve.engine.generator import Generator
 from attnserve.engine.onnx.lm_open import open_lm_backend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.torch_lm import TorchLMBackend
-from attnserve.export.lm_export import WINDOW_FALLBACK, export_lm_variants
+from attnserve.export.lm_export import attention_fallback, export_lm_variants
 from attnserve.model.decoder_config import DecoderConfig
 from attnserve.model.decoder_only import DecoderOnly
 from tests.export.test_lm_export import IdTokenizer
@@ -46,6 +49,19 @@ SWITCHES: dict[str, dict[str, Any]] = {
     },
     "mistral": {"family": "mistral", "sliding_window": 4, "full_attention_layers": (0,)},
 }
+GEMMA: dict[str, Any] = {
+    "norm_unit_offset": True, "sandwich_norms": True, "activation": "gelu_tanh",
+    "scale_embeddings": True, "hidden_size": 48, "query_pre_attn_scalar": 24.0,
+    "sliding_window": 4, "full_attention_layers": (1,),
+}  # fmt: skip
+SWITCHES["gemma2"] = {
+    **GEMMA, "family": "gemma2", "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0,
+}  # fmt: skip
+SWITCHES["gemma3"] = {
+    **GEMMA, "family": "gemma3_text", "qk_norm": True, "rope_theta": 1e6,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "local_rope_theta": 10000.0,
+    "final_logit_softcapping": 5.0,
+}  # fmt: skip
 
 
 def family_model(name: str) -> DecoderOnly:
@@ -76,7 +92,8 @@ def exported(
     name, attention = request.param
     model = family_model(name)
     root = tmp_path_factory.mktemp(f"lm-{name}-{attention}") / "onnx"
-    export_lm_variants(model, root, ("fp32", "int8"), attention=attention)  # raises if off
+    variants = ("fp32", "int8", "int4") if name.startswith("gemma") else ("fp32", "int8")
+    export_lm_variants(model, root, variants, attention=attention)  # raises if off
     return name, attention, model, root
 
 
@@ -128,15 +145,27 @@ def test_manifests_record_parity_and_the_attention(
     int8 = json.loads((root / "int8" / "manifest.json").read_text())
     assert fp32["parity"]["max_abs_log_prob_diff"] < 1e-4
     assert int8["parity"]["top1_agreement"] >= int8["parity"]["gate"]["top1_agreement"]
-    for manifest in (fp32, int8):
+    manifests = [fp32, int8]
+    if (root / "int4").is_dir():
+        int4 = json.loads((root / "int4" / "manifest.json").read_text())
+        assert int4["parity"]["top1_agreement"] >= int4["parity"]["gate"]["top1_agreement"]
+        manifests.append(int4)
+    cfg = model.config
+    fallback = attention_fallback(cfg) if attention == "gqa" else None
+    assert (fallback is not None) == (
+        attention == "gqa"
+        and (cfg.sliding_window is not None or cfg.attn_logit_softcapping is not None)
+    )
+    for manifest in manifests:
         options = manifest["options"]
         assert options["attention"] == attention
-        windowed = attention == "gqa" and model.config.sliding_window is not None
-        assert options.get("attention_fallback") == (WINDOW_FALLBACK if windowed else None)
+        assert options.get("attention_fallback") == fallback
     graph = onnx.load(str(root / "fp32" / "step.onnx"), load_external_data=False)
     ops = Counter(node.op_type for node in graph.graph.node)
-    if attention == "gqa":  # a windowed layer keeps ONNX Runtime's node, the others the kernel
-        cfg = model.config
-        windowed = sum(cfg.window(i) is not None for i in range(cfg.num_layers))
-        assert ops["GroupQueryAttention"] == windowed
-        assert ops["CausalGroupAttention"] == cfg.num_layers - windowed
+    if (
+        attention == "gqa"
+    ):  # a windowed or capped layer keeps ONNX Runtime's node, others the kernel
+        capped = cfg.attn_logit_softcapping is not None
+        stock = sum(capped or cfg.window(i) is not None for i in range(cfg.num_layers))
+        assert ops["GroupQueryAttention"] == stock
+        assert ops["CausalGroupAttention"] == cfg.num_layers - stock
