@@ -4,7 +4,10 @@ template as it is (rendered as transformers renders it), and generation_config.j
 tokens joining config.json's.
 
 Each directory is written here by transformers' save_pretrained: a tiny random model and a
-byte-level tokenizer with the family's special tokens (nothing downloaded).
+byte-level tokenizer with the family's special tokens (nothing downloaded). Gemma's templates
+(tests/fixtures/chat_templates/gemma2.jinja, gemma3.jinja, written in Gemma's format) write
+<bos> themselves; Gemma 3's folds a system message into the first user turn, Gemma 2's refuses
+one, in our rendering as in transformers'.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from attnserve.convert import import_model
 from attnserve.model.decoder_checkpoint import directory_family, load_decoder_dir
-from attnserve.model.text_tokenizer import TextTokenizer
+from attnserve.model.text_tokenizer import ChatTemplateError, TextTokenizer
 from tests.conftest import byte_tokenizer
 from tests.model.test_decoder_only import randomize
 
@@ -30,6 +33,7 @@ MESSAGES = [
     {"role": "assistant", "content": "7"},
     {"role": "user", "content": "Another?"},
 ]
+GEMMA_SPECIALS = ["<bos>", "<start_of_turn>", "<end_of_turn>"]
 SHAPE: dict[str, Any] = {
     "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
@@ -60,7 +64,21 @@ CASES: dict[str, tuple[str, str, str, list[str], str, dict[str, Any]]] = {
                                                                      "[/INST]"], "</s>",
         {"sliding_window": 8},
     ),
+    "gemma2": (
+        "Gemma2Config", "Gemma2ForCausalLM", "gemma2.jinja", GEMMA_SPECIALS, "<end_of_turn>",
+        {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8, "pad_token_id": 0},
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig", "Gemma3ForCausalLM", "gemma3.jinja", GEMMA_SPECIALS,
+        "<end_of_turn>",
+        {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8, "pad_token_id": 0,
+         "sliding_window_pattern": 2},
+    ),
 }  # fmt: skip
+# the beginning-of-sequence token among a family's specials
+BOS = {"mistral": "<s>", "gemma2": "<bos>", "gemma3_text": "<bos>"}
+# Gemma 2's template refuses a system message
+FAMILY_MESSAGES = {"gemma2": MESSAGES[1:]}
 
 
 def write_hf_dir(family: str, out: Path) -> tuple[Any, Any]:
@@ -68,7 +86,7 @@ def write_hf_dir(family: str, out: Path) -> tuple[Any, Any]:
     config_class, model_class, template, specials, end, settings = CASES[family]
     tok = byte_tokenizer()
     tok.add_special_tokens(specials)
-    first_special = "<s>" if family == "mistral" else "<|begin_of_text|>"
+    first_special = BOS.get(family, "<|begin_of_text|>")
     bos = tok.token_to_id(first_special) if first_special in specials else None
     hf_tok = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -106,9 +124,10 @@ def test_import_keeps_weights_tokenizer_template_and_stop_tokens(
     assert saved["eos_token_id"] == [end_id, 0]
 
     tokenizer = TextTokenizer.load(out)
-    ids = tokenizer.encode_chat(MESSAGES)
+    messages = FAMILY_MESSAGES.get(family, MESSAGES)
+    ids = tokenizer.encode_chat(messages)
     expected = hf_tok.apply_chat_template(
-        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=True
+        messages, tokenize=True, add_generation_prompt=True, return_dict=True
     )["input_ids"]
     assert ids == list(expected)
     assert end_id in tokenizer.stop_ids
@@ -117,3 +136,24 @@ def test_import_keeps_weights_tokenizer_template_and_stop_tokens(
         want = hf(input_ids=prompt).logits
         got = ours(prompt, torch.ones_like(prompt, dtype=torch.bool))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_gemma_templates_render_system_messages_as_transformers(
+    family: str, tmp_path: Path
+) -> None:
+    """Gemma 3's template puts the system message at the head of the first user turn, after
+    <bos>; Gemma 2's raises, and so does our rendering (ChatTemplateError)."""
+    _, hf_tok = write_hf_dir(family, tmp_path / "hf")
+    import_model(tmp_path / "hf", tmp_path / "model")
+    tokenizer = TextTokenizer.load(tmp_path / "model")
+    if family == "gemma2":
+        with pytest.raises(Exception, match="System role not supported"):
+            hf_tok.apply_chat_template(MESSAGES, tokenize=False)
+        with pytest.raises(ChatTemplateError, match="System role not supported"):
+            tokenizer.encode_chat(MESSAGES)
+        return
+    text = hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<bos><start_of_turn>user\nYou are terse.\n\nName a prime.<end_of_turn>")
+    assert text.endswith("<start_of_turn>model\n")
+    assert tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True) == text
