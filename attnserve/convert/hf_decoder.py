@@ -14,7 +14,10 @@ are renamed, not permuted (GGUF files store them interleaved: convert/gguf.py un
 Gemma's norm weights keep Gemma's meaning (the norm multiplies by 1 + w). Weights are converted
 to float32. `import_hf_decoder` writes the weights and config of a Hugging Face directory as a
 model directory, with its tokenizer.json, tokenizer_config.json (chat template) and
-generation_config.json, whose eos_token_id joins the model's stop tokens.
+generation_config.json, whose eos_token_id joins the model's stop tokens. A multimodal checkpoint
+whose language model is one of these (`MULTIMODAL`: Gemma 3 4B and larger) imports as that
+text model: its text_config is the config, its language model's weights the weights, the vision
+tower and projector are left out.
 """
 
 from __future__ import annotations
@@ -165,6 +168,20 @@ ACTIVATIONS: dict[str, Activation] = {
 }
 # the layer types of transformers' per-layer-type rope_parameters (Gemma 3)
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+# model_type of a multimodal checkpoint -> (its architecture, its language model's model_type)
+MULTIMODAL: dict[str, tuple[str, str]] = {
+    "gemma3": ("Gemma3ForConditionalGeneration", "gemma3_text"),
+}
+# a multimodal checkpoint's language model weights -> the text model's names (transformers 5's
+# layout, and the one its save_pretrained and 4.5x write)
+_LANGUAGE_MODEL_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("lm_head.", "lm_head."),
+)
+# top-level keys of a multimodal config that the generation reads (they win over text_config's)
+_TOP_LEVEL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
 _LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # Old checkpoints store the rotary table; we compute it from rope_theta.
 _IGNORED_LAYER_PARAMS = ("self_attn.rotary_emb.inv_freq",)
@@ -296,6 +313,8 @@ def decoder_config_from_hf(
 
     A missing pad_token_id becomes the first eos id, as in Hugging Face's `generate()`.
     """
+    if hf.get("model_type") in MULTIMODAL:
+        hf = text_config(hf)
     problems: list[str] = []
     model_type = hf.get("model_type", "llama")
     family = FAMILIES.get(model_type)
@@ -380,6 +399,40 @@ def decoder_config_from_hf(
         raise DecoderImportError(f"unsupported {model_type} config: {exc}") from exc
 
 
+def text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of a `MULTIMODAL` checkpoint's language model: its text_config, with the
+    top-level token ids and tying; DecoderImportError when it has none."""
+    architecture, text_type = MULTIMODAL[hf["model_type"]]
+    architectures = hf.get("architectures") or [architecture]
+    text = hf.get("text_config")
+    if architecture not in architectures or not isinstance(text, dict):
+        raise DecoderImportError(
+            f"unsupported {hf['model_type']} model: an {architecture} config with a text_config "
+            f"is expected (architectures {architectures})"
+        )
+    top = {key: hf[key] for key in _TOP_LEVEL_KEYS if hf.get(key) is not None}
+    return {
+        **text,
+        **top,
+        "model_type": text.get("model_type", text_type),
+        "architectures": [FAMILIES[text_type].architecture],
+    }
+
+
+def language_model_weights(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A multimodal checkpoint's language model tensors under the text model's names; the
+    others (vision tower, projector) are left out."""
+    ours: dict[str, Tensor] = {}
+    for key, tensor in hf_state.items():
+        for prefix, replacement in _LANGUAGE_MODEL_PREFIXES:
+            if key.startswith(prefix):
+                ours[replacement + key.removeprefix(prefix)] = tensor
+                break
+    logger.info("multimodal checkpoint: %d tensors of %d left out (not the language model's)",
+                len(hf_state) - len(ours), len(hf_state))  # fmt: skip
+    return ours
+
+
 def parameter_names(config: DecoderConfig) -> set[str]:
     """The names of DecoderOnly's stored parameters for `config` (built on the meta device:
     nothing allocated)."""
@@ -447,7 +500,8 @@ def build_decoder(config: DecoderConfig, state: dict[str, Tensor]) -> DecoderOnl
 
 
 def import_hf_decoder(hf_dir: str | Path, out_dir: str | Path) -> Path:
-    """A Hugging Face directory of a FAMILIES model_type -> a decoder-only model directory."""
+    """A Hugging Face directory of a FAMILIES (or MULTIMODAL) model_type -> a decoder-only
+    model directory."""
     from attnserve.convert.marian import load_hf_state_dict  # the shared HF weight reader
 
     hf_dir = Path(hf_dir)
@@ -456,8 +510,12 @@ def import_hf_decoder(hf_dir: str | Path, out_dir: str | Path) -> Path:
         if (hf_dir / "generation_config.json").is_file()
         else None
     )
-    config = decoder_config_from_hf(read_json_object(hf_dir, "config.json"), generation)
-    model = build_decoder(config, convert_decoder_state_dict(load_hf_state_dict(hf_dir), config))
+    hf_config = read_json_object(hf_dir, "config.json")
+    config = decoder_config_from_hf(hf_config, generation)
+    hf_state = load_hf_state_dict(hf_dir)
+    if hf_config.get("model_type") in MULTIMODAL:
+        hf_state = language_model_weights(hf_state)
+    model = build_decoder(config, convert_decoder_state_dict(hf_state, config))
     out = save_decoder_dir(model, out_dir, {"source": str(hf_dir), "format": "huggingface"})
     copy_tokenizer_files(hf_dir, out)
     return out

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from attnserve.convert import import_model
+from attnserve.convert.hf_decoder import convert_decoder_state_dict, language_model_weights
 from attnserve.model.decoder_checkpoint import directory_family, load_decoder_dir
 from attnserve.model.text_tokenizer import ChatTemplateError, TextTokenizer
 from tests.conftest import byte_tokenizer
@@ -157,3 +158,54 @@ def test_gemma_templates_render_system_messages_as_transformers(
     assert text.startswith("<bos><start_of_turn>user\nYou are terse.\n\nName a prime.<end_of_turn>")
     assert text.endswith("<start_of_turn>model\n")
     assert tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True) == text
+
+
+def test_gemma3_multimodal_checkpoint_imports_its_language_model(tmp_path: Path) -> None:
+    """A Gemma3ForConditionalGeneration directory (Gemma 3 4B and larger): its text_config and
+    language model weights become a gemma3_text model (the vision tower is left out) whose
+    logits on text equal the multimodal model's."""
+    tok = byte_tokenizer()
+    tok.add_special_tokens(GEMMA_SPECIALS)
+    bos, end = tok.token_to_id("<bos>"), tok.token_to_id("<end_of_turn>")
+    text = transformers.Gemma3TextConfig(
+        vocab_size=tok.get_vocab_size(), bos_token_id=bos, eos_token_id=0, pad_token_id=0,
+        **{**SHAPE, "hidden_size": 48}, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=8, sliding_window_pattern=2,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )  # fmt: skip
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        image_size=28, patch_size=14,
+    )  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+        eos_token_id=[0, end], image_token_index=3, boi_token_index=4, eoi_token_index=5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    randomize(hf, seed=4)
+    hf.save_pretrained(tmp_path / "hf")
+    template = (TEMPLATES / "gemma3.jinja").read_text(encoding="utf-8")
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<end_of_turn>", bos_token="<bos>", chat_template=template
+    ).save_pretrained(tmp_path / "hf")
+
+    out = tmp_path / "model"
+    assert import_model(tmp_path / "hf", out) == "gemma3"
+    assert directory_family(out) == "gemma3_text"
+    ours = load_decoder_dir(out)
+    cfg = ours.config
+    assert cfg.eos_ids == (0, end)  # the top-level eos_token_id, as generate() reads it
+    assert cfg.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert cfg.local_rope_theta == 10000.0 and cfg.full_attention_layers == (1,)
+    # the in-memory names (model.language_model.*) read as the saved ones (language_model.*)
+    in_memory = convert_decoder_state_dict(language_model_weights(hf.state_dict()), cfg)
+    assert set(in_memory) == set(ours.state_dict()) - ours.alias_names()
+    for name, tensor in in_memory.items():
+        assert torch.equal(tensor, ours.state_dict()[name]), name
+    ids = TextTokenizer.load(out).encode_chat(MESSAGES)
+    with torch.no_grad():
+        prompt = torch.tensor([ids])
+        want = hf(input_ids=prompt).logits
+        got = ours(prompt, torch.ones_like(prompt, dtype=torch.bool))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
