@@ -407,8 +407,8 @@ def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     text = hf.get("text_config")
     if architecture not in architectures or not isinstance(text, dict):
         raise DecoderImportError(
-            f"unsupported {hf['model_type']} model: an {architecture} config with a text_config "
-            f"is expected (architectures {architectures})"
+            f"unsupported {hf['model_type']} model: expected a {architecture} config with a "
+            f"text_config (architectures {architectures})"
         )
     top = {key: hf[key] for key in _TOP_LEVEL_KEYS if hf.get(key) is not None}
     return {
