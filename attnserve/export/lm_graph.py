@@ -41,6 +41,13 @@ norm would undo it in q's projection), scaled rotary frequencies and YaRN's atte
 only other constants (model/rope.py), and a sliding window its own pair of mask biases, built
 from the key and query positions, for the layers it covers. GroupQueryAttention takes the window
 as `local_window_size`, which attnserve's kernel does not run: such graphs keep ONNX Runtime's.
+Gemma's: norms stored as their scale (1 + w), a norm on each branch's output before its residual
+Add, Gelu (tanh) for the MLP's activation, a Mul for the embedding scale, query_pre_attn_scalar
+folded into q as the default scale is (GroupQueryAttention's own scale stays 1/sqrt(D), the
+ratio folded), the attention soft cap a Tanh and a Mul before each mask bias (1 / cap folded
+into q) or GroupQueryAttention's `softcap` (which also keeps ONNX Runtime's node), the final
+soft cap after the head, and a second rotary pair (or table pair) for Gemma 3's sliding-window
+layers' own base.
 """
 
 from __future__ import annotations
