@@ -19,6 +19,8 @@ scores and the logits, and (Gemma 3) a rotary base of its own for the sliding-wi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -122,8 +124,10 @@ class GroupedQueryAttention(nn.Module):
         k_all = k.repeat_interleave(groups, dim=1)  # (B, H, P+T, D): kv head j serves jG..jG+G-1
         v_all = v.repeat_interleave(groups, dim=1)
         if self.softcap is None:
+            # the scale only where a config sets one: the other families' call is unchanged
+            given: dict[str, Any] = {} if self.scale is None else {"scale": self.scale}
             out = F.scaled_dot_product_attention(
-                q, k_all, v_all, attn_mask=mask[:, None], scale=self.scale
+                q, k_all, v_all, attn_mask=mask[:, None], **given
             )  # (B, H, T, D)
         else:  # the cap applies to the scaled scores, before the mask (Gemma 2)
             scale = self.scale if self.scale is not None else self.head_dim**-0.5
