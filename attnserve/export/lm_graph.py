@@ -531,9 +531,9 @@ def _build_gqa_graph(model: DecoderOnly, opset: int) -> onnx.ModelProto:
     x = _embed(g, model, ids)
     # the node's scale stays 1/sqrt(D) (attnserve's kernel computes that one); another
     # (query_pre_attn_scalar) is folded into q's projection or norm, by their ratio
-    q_scale = cfg.attention_scale * math.sqrt(d)
-    if abs(q_scale - 1.0) < 1e-12:
-        q_scale = 1.0
+    q_scale = 1.0
+    if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != d:
+        q_scale = cfg.attention_scale * math.sqrt(d)
     softcap: dict[str, Any] = {}
     if cfg.attn_logit_softcapping is not None:  # attnserve's kernel has none: ORT's node stays
         softcap["softcap"] = cfg.attn_logit_softcapping

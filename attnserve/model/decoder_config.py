@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -179,9 +180,11 @@ class DecoderConfig(ConfigFile):
 
     @property
     def attention_scale(self) -> float:
-        """What q.k is multiplied by before the softmax (and the soft cap)."""
-        base = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
-        return float(base) ** -0.5
+        """What q.k is multiplied by before the softmax (and the soft cap): as transformers
+        computes it, 1 / sqrt(head_dim) or query_pre_attn_scalar ** -0.5."""
+        if self.query_pre_attn_scalar is None:
+            return 1.0 / math.sqrt(self.head_dim)
+        return float(self.query_pre_attn_scalar) ** -0.5
 
     @property
     def kv_groups(self) -> int:
