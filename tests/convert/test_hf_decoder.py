@@ -114,6 +114,25 @@ def test_unsupported_configs_are_refused(changes: dict[str, Any], message: str) 
         decoder_config_from_hf({**TINY_HF, **changes})
 
 
+def test_gemma3_layer_types_rotate_the_same_channels() -> None:
+    """Gemma 3's per-layer-type rope_parameters: partial rotation is refused (said once, though
+    both layer types read the top-level factor), and so is a factor of one layer type's own."""
+    layer_ropes = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    config = {**TINY_HF, **GEMMA3, "rope_parameters": layer_ropes}
+    assert decoder_config_from_hf(config).local_rope_theta == 1e4
+    with pytest.raises(DecoderImportError) as refused:
+        decoder_config_from_hf({**config, "partial_rotary_factor": 0.5})
+    assert str(refused.value).count("partial_rotary_factor 0.5") == 1
+    sliding = {**layer_ropes["sliding_attention"], "partial_rotary_factor": 0.5}
+    with pytest.raises(DecoderImportError, match="sliding_attention partial_rotary_factor"):
+        decoder_config_from_hf(
+            {**config, "rope_parameters": {**layer_ropes, "sliding_attention": sliding}}
+        )
+
+
 def hf_state(config: DecoderConfig) -> dict[str, Tensor]:
     """A LlamaForCausalLM state dict (bfloat16, head stored) of a random DecoderOnly."""
     torch.manual_seed(0)

@@ -528,6 +528,44 @@ def test_switches_round_trip_and_are_checked(tmp_path: Path) -> None:
             DecoderConfig.preset("tiny", **changes)
 
 
+def test_local_rope_layers_keep_their_plain_base_beside_per_row_frequencies() -> None:
+    """Gemma 3's windowed layers rotate by their own plain base over the rotated channels
+    (`rotary_dim`, phi's partial rotation), whatever the row's length; only the other layers
+    take a length-dependent scaling's per-row frequencies (`rope_lengths`)."""
+    from attnserve.model.rope import rope_frequencies
+
+    longrope = {
+        "rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0], "long_factor": [3.0, 5.0, 9.0],
+        "original_max_position_embeddings": 4,
+    }  # fmt: skip
+    config = DecoderConfig.preset(
+        "tiny", family="gemma3_text", rotary_dim=6, rope_scaling=longrope, sliding_window=3,
+        local_rope_theta=100.0, norm_unit_offset=True, sandwich_norms=True, qk_norm=True,
+    )  # fmt: skip
+    local, factor = rope_frequencies(config, local=True)
+    assert local.shape == (3,) and factor == 1.0
+    torch.testing.assert_close(local, 100.0 ** (-torch.arange(0, 6, 2).float() / 6))
+    ids = torch.tensor([[5, 17, 33]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+
+    def logits(cfg: DecoderConfig, rope_length: int) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = DecoderOnly(cfg).eval()
+        randomize(model, seed=2)
+        with torch.no_grad():
+            out, _ = model.prefill(
+                ids, mask, model.empty_cache(1), rope_lengths=torch.tensor([rope_length])
+            )
+        assert out is not None
+        return out
+
+    # every layer windowed: none reads the per-row frequencies
+    torch.testing.assert_close(logits(config, 3), logits(config, 9), atol=0, rtol=0)
+    # a full-attention layer takes the long factors past 4 positions
+    full = config.replace(full_attention_layers=(1,))
+    assert not torch.allclose(logits(full, 3), logits(full, 9))
+
+
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 def test_gemma_window_semantics_are_transformers(family: str) -> None:
     """transformers' Gemma window: a query sees `sliding_window` positions, itself included
