@@ -76,20 +76,28 @@ WINDOW_FALLBACK = (
     "sliding window: ONNX Runtime's GroupQueryAttention (local_window_size) in the layers it "
     "covers; attnserve's CausalGroupAttention has no window"
 )
-# ... and of one whose q and k are rotated before the attention (lm_graph.rotates_outside).
+# ... of one whose q and k are rotated before the attention (lm_graph.rotates_outside) ...
 ROTARY_FALLBACK = (
     "partial rotation or per-row rotary frequencies: q and k rotated before ONNX Runtime's "
     "GroupQueryAttention (do_rotary 0) in every layer; attnserve's CausalGroupAttention "
     "rotates whole heads by one table"
 )
+# ... and of one whose attention scores are soft-capped (Gemma 2).
+SOFTCAP_FALLBACK = (
+    "attention logit soft cap: ONNX Runtime's GroupQueryAttention (softcap) in every layer; "
+    "attnserve's CausalGroupAttention has no soft cap"
+)
 
 
 def gqa_fallback(config: DecoderConfig) -> str | None:
     """Why layers of the model's GroupQueryAttention graph stay on ONNX Runtime's node rather
-    than attnserve's CausalGroupAttention (the manifest's `attention_fallback`); None: none."""
+    than attnserve's CausalGroupAttention (the manifest's `attention_fallback`), every reason
+    that applies; None: none."""
     reasons = [WINDOW_FALLBACK] if config.sliding_window is not None else []
     if rotates_outside(config):
         reasons.append(ROTARY_FALLBACK)
+    if config.attn_logit_softcapping is not None:
+        reasons.append(SOFTCAP_FALLBACK)
     return "; ".join(reasons) or None
 
 

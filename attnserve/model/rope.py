@@ -24,6 +24,11 @@ its cache and recomputes the whole sequence with the long factors (prepare_input
 attnserve keeps the cached keys (the short factors' rotation), so from that token on its scores
 differ from transformers' (a prompt already longer than that uses the long factors throughout,
 and one that never grows past it the short ones, exactly as transformers).
+
+A model whose sliding-window layers have a rotary base of their own (`local_rope_theta`, Gemma
+3) has two sets: `rope_frequencies(config, local=True)` are theirs, plain frequencies of that base
+over the same rotated channels; `rope_scaling` (and so any length dependence) applies only to the
+other layers.
 """
 
 from __future__ import annotations
@@ -172,12 +177,17 @@ def row_frequencies(config: DecoderConfig, lengths: Tensor) -> Tensor:
     raise ValueError(f"rope_type {params.get('rope_type')!r} does not depend on the length")
 
 
-def rope_frequencies(config: DecoderConfig) -> tuple[Tensor, float]:
+def rope_frequencies(config: DecoderConfig, local: bool = False) -> tuple[Tensor, float]:
     """(D/2,) float32 inverse frequencies and the factor cos and sin are multiplied by (YaRN's
     and LongRoPE's attention factor; 1 otherwise). For a length-dependent scaling, the
     frequencies of a sequence no longer than `original_max_position_embeddings`
-    (`row_frequencies` gives each row's)."""
+    (`row_frequencies` gives each row's). With `local`, those of the layers `config.local_rope`
+    names: plain, of `local_rope_theta`, over the same rotated channels (`rope_dim`)."""
     d, theta, params = config.rope_dim, config.rope_theta, config.rope_scaling
+    if local:
+        if config.local_rope_theta is None:
+            raise ValueError("the config has no local_rope_theta")
+        return plain_frequencies(d, config.local_rope_theta), 1.0
     if params is None:
         return plain_frequencies(d, theta), 1.0
     rope_type = params["rope_type"]

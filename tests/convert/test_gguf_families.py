@@ -3,7 +3,10 @@
 window) and Phi-3 (fused attn_qkv and ffn_up; a window; partial rotation with LongRoPE's
 rope_factors tensors) models, and Llama 3's rope scaling (`rope_freqs`), written as llama.cpp's
 converter writes them, give transformers' logits, and a Phi-3 file the model its Hugging Face
-directory imports as; rope_freqs no llama3 setting reproduces are refused."""
+directory imports as; rope_freqs no llama3 setting reproduces are refused. Gemma 2 and Gemma 3
+files (norm weights plus 1, Gemma's tensor and metadata names, the window pattern llama.cpp
+fixes or one the file states) give transformers' logits and the config of the Hugging Face
+import, `<end_of_turn>` among the stop tokens."""
 
 from __future__ import annotations
 
@@ -12,19 +15,22 @@ import math
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGUFWriter
 
+from attnserve.convert import import_model
 from attnserve.convert.gguf import GGUFImportError, convert_gguf, read_gguf
 from attnserve.convert.hf_decoder import (
     build_decoder,
     convert_decoder_state_dict,
     decoder_config_from_hf,
 )
+from attnserve.model.decoder_checkpoint import load_decoder_dir
 from attnserve.model.rope import longrope_frequencies
-from tests.convert.test_gguf import IDS, TINY, Q, write_gguf
+from tests.convert.test_gguf import HF_TO_GGUF, IDS, TINY, Q, write_gguf
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,6 +54,43 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi3-longrope": ("Phi3ForCausalLM", "phi3", {"original_max_position_embeddings": 4,
                                                   "rope_parameters": LONGROPE}),
 }  # fmt: skip
+
+
+# name -> (model class, config settings beyond TINY, a per-layer window pattern to write)
+GEMMA_CASES: dict[str, tuple[str, dict[str, Any], list[bool] | None]] = {
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        {"num_hidden_layers": 3, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0},
+        None,
+    ),
+    # 6 layers: llama.cpp's pattern leaves the last one unwindowed
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        {
+            "num_hidden_layers": 6, "final_logit_softcapping": 5.0,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        },
+        None,
+    ),
+    "gemma3-pattern": (
+        "Gemma3ForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+        [True, False, True],
+    ),
+}  # fmt: skip
+GEMMA_TO_GGUF = {
+    **HF_TO_GGUF,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+END_OF_TURN = 90  # the vocabulary's <end_of_turn> (TINY has 96 tokens)
 
 
 def hf_model(family: str) -> Any:
@@ -196,3 +239,107 @@ def test_rope_freqs_no_llama3_setting_reproduces_are_refused(tmp_path: Path) -> 
     write_gguf(hf, tmp_path / "m.gguf", Q.F32, extra={"rope_freqs.weight": freqs})
     with pytest.raises(GGUFImportError, match="no llama3 rope_scaling reproduces"):
         read_gguf(tmp_path / "m.gguf")
+
+
+def gemma_model(name: str) -> Any:
+    """A tiny random Gemma 2 / Gemma 3 (head_dim 16, apart from hidden / heads; the
+    query_pre_attn_scalar that llama.cpp assumes for a model that is not a 27B: head_dim)."""
+    model_class, settings, _ = GEMMA_CASES[name]
+    settings = {
+        **TINY,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 3,
+        **settings,
+    }
+    settings.pop("rope_theta")
+    torch.manual_seed(0)
+    config = getattr(transformers, model_class).config_class(**settings)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():  # norms away from their init so that a misplaced one shows
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.uniform_(-0.5, 0.5)
+    return model
+
+
+def write_gemma_gguf(model: Any, path: Path, pattern: list[bool] | None) -> None:
+    """As convert_hf_to_gguf.py's Gemma2Model / Gemma3Model write it: Gemma's metadata, norm
+    weights plus 1, the tied head left out, a SentencePiece vocabulary with <end_of_turn>."""
+    cfg = model.config
+    arch = "gemma2" if cfg.model_type == "gemma2" else "gemma3"
+    writer = GGUFWriter(str(path), arch)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    else:
+        full = cfg.rope_parameters["full_attention"]
+        writer.add_rope_freq_base(full["rope_theta"])
+        if full["rope_type"] == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(full["factor"])
+        if cfg.final_logit_softcapping:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if pattern is not None:
+            writer.add_sliding_window_pattern(pattern)
+    writer.add_tokenizer_model("llama")
+    tokens = [f"<t{i}>" for i in range(cfg.vocab_size)]
+    tokens[END_OF_TURN] = "<end_of_turn>"
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * cfg.vocab_size)
+    writer.add_token_types([1] * cfg.vocab_size)
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    writer.add_pad_token_id(cfg.pad_token_id)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        values = tensor.detach().float().numpy()
+        if name.endswith("norm.weight"):
+            values = values + np.float32(1.0)
+        base, _, suffix = name.rpartition(".")
+        fixed = {"model.embed_tokens": "token_embd", "model.norm": "output_norm"}
+        if base in fixed:
+            gguf_name = f"{fixed[base]}.{suffix}"
+        else:
+            _, _, index, rest = base.split(".", 3)
+            gguf_name = f"blk.{index}.{GEMMA_TO_GGUF[rest]}.{suffix}"
+        writer.add_tensor(gguf_name, values, raw_dtype=Q.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("name", list(GEMMA_CASES))
+def test_gemma_files_equal_the_hugging_face_import(tmp_path: Path, name: str) -> None:
+    hf = gemma_model(name)
+    write_gemma_gguf(hf, tmp_path / "m.gguf", GEMMA_CASES[name][2])
+    config, state = read_gguf(tmp_path / "m.gguf")
+    expected = decoder_config_from_hf(json.loads(hf.config.to_json_string()))
+    assert config == expected.replace(eos_ids=(*expected.eos_ids, END_OF_TURN))
+    assert config.full_attention_layers == {"gemma2": (1,), "gemma3": (5,)}.get(name, (1,))
+    norm = state["layers.0.post_feedforward_layernorm.weight"]  # Gemma's w again, not 1 + w
+    theirs = hf.model.layers[0].post_feedforward_layernorm.weight
+    torch.testing.assert_close(norm, theirs, atol=1e-7, rtol=0)
+    # the directory: Gemma's family, <end_of_turn> a stop token (the SentencePiece vocabulary
+    # itself is not imported: gguf_tokenizer builds byte-level BPE only)
+    assert import_model(tmp_path / "m.gguf", tmp_path / "out") == expected.family
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [*expected.eos_ids, END_OF_TURN]
+    model = load_decoder_dir(tmp_path / "out")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(IDS, torch.ones_like(IDS)), hf(IDS).logits, rtol=1e-4, atol=1e-5
+        )

@@ -57,6 +57,10 @@ def test_transformers_5_config_and_defaults() -> None:
     assert (bare.tie_embeddings, bare.max_positions, bare.num_layers) == (False, 2048, 32)
 
 
+# Gemma 3 text, every other key LlamaConfig's TINY_HF (a window so that its layers differ)
+GEMMA3 = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "sliding_window": 4}
+
+
 def test_token_ids() -> None:
     config = decoder_config_from_hf({**TINY_HF, "eos_token_id": [2, 7], "pad_token_id": None})
     assert config.eos_ids == (2, 7) and config.pad_id == 2  # no pad: the first eos, as HF
@@ -66,7 +70,7 @@ def test_token_ids() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "gemma2"}, "model_type 'gemma2' is not a supported"),
+        ({"model_type": "gemma"}, "model_type 'gemma' is not a supported"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "LlamaForCausalLM"),
         ({"mlp_bias": True}, "mlp_bias=True"),
         ({"rope_interleaved": True}, "rope_interleaved=True"),
@@ -92,11 +96,41 @@ def test_token_ids() -> None:
         ({"eos_token_id": None}, "eos_token_id must be set"),
         ({"num_key_value_heads": 3}, "not divisible"),
         ({"pad_token_id": 500}, "outside the vocabulary"),
+        (GEMMA3 | {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+        (GEMMA3 | {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        (
+            GEMMA3
+            | {"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2}}},
+            "sliding_attention rope_type 'linear'",
+        ),
+        (
+            {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]},
+            "a Gemma3ForConditionalGeneration config with a text_config",
+        ),
     ],
 )
 def test_unsupported_configs_are_refused(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(DecoderImportError, match=message):
         decoder_config_from_hf({**TINY_HF, **changes})
+
+
+def test_gemma3_layer_types_rotate_the_same_channels() -> None:
+    """Gemma 3's per-layer-type rope_parameters: partial rotation is refused (said once, though
+    both layer types read the top-level factor), and so is a factor of one layer type's own."""
+    layer_ropes = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    config = {**TINY_HF, **GEMMA3, "rope_parameters": layer_ropes}
+    assert decoder_config_from_hf(config).local_rope_theta == 1e4
+    with pytest.raises(DecoderImportError) as refused:
+        decoder_config_from_hf({**config, "partial_rotary_factor": 0.5})
+    assert str(refused.value).count("partial_rotary_factor 0.5") == 1
+    sliding = {**layer_ropes["sliding_attention"], "partial_rotary_factor": 0.5}
+    with pytest.raises(DecoderImportError, match="sliding_attention partial_rotary_factor"):
+        decoder_config_from_hf(
+            {**config, "rope_parameters": {**layer_ropes, "sliding_attention": sliding}}
+        )
 
 
 def hf_state(config: DecoderConfig) -> dict[str, Tensor]:

@@ -1,15 +1,19 @@
 """The families beyond plain Llama against transformers: Qwen2 (q/k/v biases, tied or untied,
 rope theta 1e6, a sliding window from layer `max_window_layers` on), Qwen3 (per-head q/k norms, a
 head size apart from hidden / heads), Llama 3.x rotary scaling (llama3, linear, yarn), dynamic NTK
-scaling, Mistral (a sliding window in every layer) and Phi-3 (fused q/k/v and gate/up split at
-import; a sliding window; partial rotation with LongRoPE).
+scaling, Mistral (a sliding window in every layer), Phi-3 (fused q/k/v and gate/up split at
+import; a sliding window; partial rotation with LongRoPE), Gemma 2 (norms of 1 + w around both
+branches, GELU-tanh, scaled embeddings, query_pre_attn_scalar, attention and final soft caps, a
+window in every other layer) and Gemma 3 text (q/k norms, windowed layers with a rotary base of
+their own, linear scaling of the others', an optional final soft cap).
 
 Each model is tiny, random (fixed seed) and built here with transformers' own class; ours is
 imported from its config dict and state dict. Logits, greedy and beam generate() tokens and
-scores equal Hugging Face's, seeded sampling follows Hugging Face's distributions along its path,
-and a batch decodes as each prompt alone. The length-dependent scalings (dynamic, longrope) run
-prompts longer and shorter than the length where their frequencies change: each prompt alone
-equals generate() of it alone (a fresh rotary state each time: transformers' dynamic NTK keeps the
+scores equal Hugging Face's, seeded sampling follows Hugging Face's distributions along its path
+and its tokens (both drawing from the same uniform numbers) equal Hugging Face's, and a batch
+decodes as each prompt alone. The length-dependent scalings (dynamic, longrope) run prompts
+longer and shorter than the length where their frequencies change: each prompt alone equals
+generate() of it alone (a fresh rotary state each time: transformers' dynamic NTK keeps the
 longest length it has seen), and a batch mixing them decodes as each alone.
 """
 
@@ -20,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +88,16 @@ DYNAMIC = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
 
 def _phi3(**kw: Any) -> Any:
     return transformers.Phi3Config(**{**SHAPE, **kw})
+
+
+# a head size apart from hidden / heads and query_pre_attn_scalar apart from it; a window of 4
+GEMMA_SHAPE: dict[str, Any] = {
+    **SHAPE, "hidden_size": 48, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4,
+}  # fmt: skip
+
+
+def _gemma3(**kw: Any) -> Any:
+    return transformers.Gemma3TextConfig(**{**GEMMA_SHAPE, **kw})
 
 
 # name -> (HF config, model class, what DecoderConfig must read)
@@ -186,8 +201,69 @@ FAMILIES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
             },
         },
     ),
+    # caps low enough to bend these scores and logits
+    "gemma2": (
+        lambda: transformers.Gemma2Config(
+            **GEMMA_SHAPE, attn_logit_softcapping=2.0, final_logit_softcapping=5.0
+        ),
+        "Gemma2ForCausalLM",
+        {
+            "family": "gemma2",
+            "norm_unit_offset": True,
+            "sandwich_norms": True,
+            "activation": "gelu_tanh",
+            "scale_embeddings": True,
+            "query_pre_attn_scalar": 24.0,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 5.0,
+            "sliding_window": 4,
+            "full_attention_layers": (1,),
+            "local_rope_theta": None,
+            "tie_embeddings": True,
+        },
+    ),
+    "gemma3": (
+        lambda: _gemma3(
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+        "Gemma3ForCausalLM",
+        {
+            "family": "gemma3_text",
+            "qk_norm": True,
+            "norm_unit_offset": True,
+            "rope_theta": 1e6,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "local_rope_theta": 10000.0,
+            "full_attention_layers": (1,),
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+        },
+    ),
+    # read from an older config.json's names: rope_theta, rope_local_base_freq and
+    # sliding_window_pattern (no rope_parameters, no layer_types)
+    "gemma3-capped": (
+        lambda: _gemma3(
+            rope_theta=1e6,
+            rope_local_base_freq=500.0,
+            sliding_window_pattern=3,
+            final_logit_softcapping=5.0,
+        ),
+        "Gemma3ForCausalLM",
+        {
+            "rope_theta": 1e6,
+            "rope_scaling": None,
+            "local_rope_theta": 500.0,
+            "full_attention_layers": (2,),
+            "final_logit_softcapping": 5.0,
+        },
+    ),
 }
 FAMILY_PROMPTS = {"phi3-partial-longrope": LONGROPE_PROMPTS}
+OLD_GEMMA3_KEYS = {"rope_theta": 1e6, "rope_local_base_freq": 500.0, "sliding_window_pattern": 3}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -222,7 +298,11 @@ def build(family: str) -> tuple[Any, DecoderOnly]:
     hf_config = make_config()
     hf = getattr(transformers, class_name)(hf_config).eval()
     randomize(hf, seed=1)
-    config = decoder_config_from_hf(json.loads(hf_config.to_json_string()))
+    data = json.loads(hf_config.to_json_string())
+    if family == "gemma3-capped":
+        data = {k: v for k, v in data.items() if k not in ("rope_parameters", "layer_types")}
+        data.update(OLD_GEMMA3_KEYS)
+    config = decoder_config_from_hf(data)
     for key, value in expected.items():
         assert getattr(config, key) == value, key
     return hf, build_decoder(config, convert_decoder_state_dict(hf.state_dict(), config))
@@ -241,7 +321,7 @@ def hf_generate(hf: Any, prompt: list[int], **kwargs: Any) -> Any:
     with torch.no_grad():
         return hf.generate(
             ids, attention_mask=torch.ones_like(ids), pad_token_id=PAD, eos_token_id=EOS,
-            return_dict_in_generate=True, output_scores=True, do_sample=False, **kwargs,
+            return_dict_in_generate=True, output_scores=True, **{"do_sample": False, **kwargs},
         )  # fmt: skip
 
 
@@ -312,6 +392,44 @@ def test_seeded_sampling_follows_hugging_face(
         expected = hf_steps(hf, prompt, [chosen.token for chosen in completion.logprobs])
         for step, (chosen, scores) in enumerate(zip(completion.logprobs, expected, strict=True)):
             assert chosen.logprob == pytest.approx(float(scores[chosen.token]), abs=1e-4), step
+
+
+def inverse_cdf(uniforms: np.random.Generator) -> Callable[..., torch.Tensor]:
+    """torch.multinomial for one row and one sample, drawing by inverse CDF from `uniforms`
+    as SamplingSearch does."""
+
+    def multinomial(probs: torch.Tensor, num_samples: int, **_: Any) -> torch.Tensor:
+        assert num_samples == 1 and probs.shape[0] == 1
+        cdf = probs[0].double().cumsum(0)
+        u = torch.tensor([uniforms.random() * float(cdf[-1])], dtype=torch.float64)
+        token = int(torch.searchsorted(cdf, u, right=True))
+        return torch.tensor([[min(token, probs.shape[1] - 1)]])
+
+    return multinomial
+
+
+def test_seeded_sampling_equals_hugging_face_on_the_same_uniforms(
+    hf_and_ours: tuple[Any, DecoderOnly],
+    generator: Generator,
+    prompts: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hugging Face's sampling (its temperature, top-k and top-p warpers, then
+    torch.multinomial) with the multinomial drawing by inverse CDF from the uniform numbers our
+    sampler draws for the same seed: the same tokens."""
+    hf, _ = hf_and_ours
+    options = DecodingOptions(
+        sampling=True, temperature=0.8, top_k=20, top_p=0.9, seed=7, max_new_tokens=12
+    )
+    for prompt in prompts:
+        with monkeypatch.context() as patch:
+            # SamplingSearch's stream for the seed
+            patch.setattr(torch, "multinomial", inverse_cdf(np.random.default_rng(options.seed)))
+            out = hf_generate(
+                hf, prompt, max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20, top_p=0.9
+            )
+        (ours,) = generator.generate([prompt], options)
+        assert ours.completions[0].token_ids == until_eos(out.sequences[0, len(prompt) :].tolist())
 
 
 def test_a_batch_decodes_as_each_prompt_alone(
@@ -402,7 +520,74 @@ def test_switches_round_trip_and_are_checked(tmp_path: Path) -> None:
         ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "must be positive"),
         ({"sliding_window": 0}, "sliding_window=0"),
         ({"full_attention_layers": (5,)}, "no layer 5"),
-        ({"family": "gemma2"}, "unknown decoder family"),
+        ({"family": "gpt2"}, "unknown decoder family"),
+        ({"activation": "relu"}, "activation 'relu'"),
+        ({"attn_logit_softcapping": 0.0}, "attn_logit_softcapping=0.0"),
     ]:
         with pytest.raises(ValueError, match=message):
             DecoderConfig.preset("tiny", **changes)
+
+
+def test_local_rope_layers_keep_their_plain_base_beside_per_row_frequencies() -> None:
+    """Gemma 3's windowed layers rotate by their own plain base over the rotated channels
+    (`rotary_dim`, phi's partial rotation), whatever the row's length; only the other layers
+    take a length-dependent scaling's per-row frequencies (`rope_lengths`)."""
+    from attnserve.model.rope import rope_frequencies
+
+    longrope = {
+        "rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0], "long_factor": [3.0, 5.0, 9.0],
+        "original_max_position_embeddings": 4,
+    }  # fmt: skip
+    config = DecoderConfig.preset(
+        "tiny", family="gemma3_text", rotary_dim=6, rope_scaling=longrope, sliding_window=3,
+        local_rope_theta=100.0, norm_unit_offset=True, sandwich_norms=True, qk_norm=True,
+    )  # fmt: skip
+    local, factor = rope_frequencies(config, local=True)
+    assert local.shape == (3,) and factor == 1.0
+    torch.testing.assert_close(local, 100.0 ** (-torch.arange(0, 6, 2).float() / 6))
+    ids = torch.tensor([[5, 17, 33]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+
+    def logits(cfg: DecoderConfig, rope_length: int) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = DecoderOnly(cfg).eval()
+        randomize(model, seed=2)
+        with torch.no_grad():
+            out, _ = model.prefill(
+                ids, mask, model.empty_cache(1), rope_lengths=torch.tensor([rope_length])
+            )
+        assert out is not None
+        return out
+
+    # every layer windowed: none reads the per-row frequencies
+    torch.testing.assert_close(logits(config, 3), logits(config, 9), atol=0, rtol=0)
+    # a full-attention layer takes the long factors past 4 positions
+    full = config.replace(full_attention_layers=(1,))
+    assert not torch.allclose(logits(full, 3), logits(full, 9))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_window_semantics_are_transformers(family: str) -> None:
+    """transformers' Gemma window: a query sees `sliding_window` positions, itself included
+    (the key at distance sliding_window - 1, not the one at sliding_window), as ours does. One
+    sliding layer: changing token q - 4 leaves position q alone, changing token q - 3 does not."""
+    make_config, class_name, _ = FAMILIES[family]
+    hf_config = make_config()
+    hf_config.num_hidden_layers, hf_config.layer_types = 1, ["sliding_attention"]
+    torch.manual_seed(0)
+    hf = getattr(transformers, class_name)(hf_config).eval()
+    randomize(hf, seed=3)
+    config = decoder_config_from_hf(json.loads(hf_config.to_json_string()))
+    assert config.sliding_window == 4 and config.window(0) == 4
+    ours = build_decoder(config, convert_decoder_state_dict(hf.state_dict(), config))
+    base = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    far, near = list(base), list(base)
+    far[8 - 4], near[8 - 3] = 50, 50
+    ids = torch.tensor([base, far, near])
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits[:, 8]
+        mine = ours(ids, torch.ones_like(ids, dtype=torch.bool))[:, 8]
+    for logits in (theirs, mine):
+        torch.testing.assert_close(logits[0], logits[1])
+        assert not torch.allclose(logits[0], logits[2])
+    torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=0)
