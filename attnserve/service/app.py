@@ -3,6 +3,8 @@
 Start-up: the server answers at once (/healthz 200, /readyz 503 "loading"); the models load on a
 worker thread, each is warmed up with one short translation through its engine, then /readyz
 turns 200. A model that fails to load makes the process exit (Lifecycle.on_fatal).
+`wait_for_models` (a Ray Serve replica, service/ray_serve.py): the lifespan's start-up itself
+loads the models and raises if one fails, so the replica counts as started only once it is ready.
 Shutdown (SIGTERM, see server.py): /readyz and new API requests answer 503 at once, in-flight
 requests finish within drain_seconds, then the engine threads stop.
 """
@@ -48,7 +50,10 @@ decoding failure of this request (quote its request id). Every response carries 
 
 
 def create_app(
-    settings: Settings | None = None, *, backend_factory: BackendFactory = default_backend_factory
+    settings: Settings | None = None,
+    *,
+    backend_factory: BackendFactory = default_backend_factory,
+    wait_for_models: bool = False,
 ) -> FastAPI:
     """A new app with its own settings, metrics registry and models (loaded by lifespan)."""
     settings = settings or Settings()
@@ -57,6 +62,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(load_models(service, backend_factory))
+        if wait_for_models:
+            await loader
+            if service.lifecycle.phase == "failed":
+                await asyncio.to_thread(service.registry.stop, 5.0)  # the models that loaded
+                raise RuntimeError(f"loading the models failed: {service.lifecycle.detail}")
         try:
             yield
         finally:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from attnserve.defaults import default_model_dir
+from attnserve.service import replicas
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ONNX Runtime's threads spin between nodes: faster with 2+ threads on a dedicated "
         "machine, CPU burnt while idle (default: off; env ATTNSERVE_SPINNING)",
     )
+    replicas.add_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -128,12 +130,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from attnserve.service.logs import configure_logging
 
     try:
+        options = replicas.options_from_args(args)
         settings = settings_from_args(args)
+    except (ServeError, replicas.ReplicaError) as exc:
+        sys.stderr.write(f"attnserve serve: {exc}\n")
+        return 2
+    if options.on_ray and not replicas.ray_installed():
+        sys.stderr.write(replicas.missing_ray_message(options) + "\n")
+        return 2
+    try:
         configure_logging(settings.log_level, settings.log_json)
         check_models(settings)
     except ServeError as exc:
         sys.stderr.write(f"attnserve serve: {exc}\n")
         return 2
+    if options.on_ray:
+        return replicas.serve_on_ray(settings, options)
     from attnserve.service.server import serve
 
     return serve(settings)
