@@ -142,7 +142,9 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument(
         "--servers",
         default="attnserve,llama-server,llama-cpp-python",
-        help="--http: servers to start in turn (llama.cpp's run the model's GGUF source)",
+        help="--http: servers to start in turn: attnserve, attnserve-ray (--threads replicas of "
+        "one thread on Ray Serve), attnserve-ray-one (one replica behind Serve's proxy), "
+        "llama-server, llama-cpp-python (llama.cpp's run the model's GGUF source)",
     )
     p.add_argument(
         "--max-tokens",

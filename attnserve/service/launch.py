@@ -145,7 +145,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sys.stderr.write(f"attnserve serve: {exc}\n")
         return 2
     if options.on_ray:
-        return replicas.serve_on_ray(settings, options)
+        import os
+
+        from attnserve.service.ray_serve import run
+
+        threads = replicas.replica_threads(settings, options, os.cpu_count())
+        return run(settings.model_copy(update={"threads": threads}), options)
     from attnserve.service.server import serve
 
     return serve(settings)

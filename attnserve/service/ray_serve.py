@@ -203,7 +203,7 @@ def application(settings: Settings, options: ReplicaOptions) -> Application:
         deployment_config["ray_actor_options"]["runtime_env"] = {
             "env_vars": {"ATTNSERVE_API_KEY": settings.api_key.get_secret_value()}
         }
-    return serve.deployment(AttnserveReplica, **deployment_config).bind(overrides)
+    return serve.deployment(**deployment_config)(AttnserveReplica).bind(overrides)
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -211,14 +211,15 @@ def build_app(args: dict[str, Any]) -> Application:
     `args` are Settings fields over the ATTNSERVE_* environment, the replicas' too. The models
     are checked (and, with auto_export, exported) here, once, as `attnserve serve` does; a
     config file's `deployments` entry overrides the replica count and the other options."""
-    from attnserve.service.launch import check_models
+    from attnserve.provision import provision
 
     settings = Settings(**args)
     if settings.threads is None:
         settings = settings.model_copy(update={"threads": 1})
-    check_models(settings)
+    for directory in settings.model_dirs:  # FileNotFoundError: names it and how to get a model
+        provision(directory, settings.runtime)
     deployment_config = deployment_options(settings, ReplicaOptions())
-    return serve.deployment(AttnserveReplica, **deployment_config).bind(dict(args))
+    return serve.deployment(**deployment_config)(AttnserveReplica).bind(dict(args))
 
 
 class _Stop(BaseException):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -177,14 +176,6 @@ def ray_installed() -> bool:
     except ImportError:
         return False
     return True
-
-
-def serve_on_ray(settings: Settings, options: ReplicaOptions) -> int:
-    """Deploy the replicas and block until SIGINT / SIGTERM (service/ray_serve.py)."""
-    from attnserve.service.ray_serve import run
-
-    threads = replica_threads(settings, options, os.cpu_count())
-    return run(settings.model_copy(update={"threads": threads}), options)
 
 
 def missing_ray_message(options: ReplicaOptions) -> str:
