@@ -1,7 +1,8 @@
-"""`attnserve serve`: flags over ATTNSERVE_* settings, the models provisioned, uvicorn.
+"""`attnserve serve`: flags over ATTNSERVE_* settings, the models provisioned, uvicorn; with
+`--replicas N` / `--ray`, replicas on Ray Serve instead (service/replicas.py, ray_serve.py).
 
 Imported by the CLI only when `serve` runs (FastAPI and uvicorn load then, torch only if a model
-must be exported first).
+must be exported first, Ray only for replicas).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnserve.service.app import create_app
 from attnserve.service.errors import LIBRETRANSLATE_PATHS, error_body
-from attnserve.service.logs import JsonFormatter, RequestIdFilter
+from attnserve.service.logs import stderr_handler
 from attnserve.service.replicas import (
     APP_NAME,
     ReplicaOptions,
@@ -102,16 +101,8 @@ class AttnserveReplica:
 def _replica_logging(settings: Settings) -> None:
     """attnserve's log lines (JSON with the request id) on the replica's stderr, which Ray
     keeps in its worker logs and a local driver prints; Ray's own loggers are left alone."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(RequestIdFilter())
-    if settings.log_json:
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")
-        )
     root = logging.getLogger("attnserve")
-    root.handlers[:] = [handler]
+    root.handlers[:] = [stderr_handler(settings.log_json)]
     root.setLevel(settings.log_level.upper())
     root.propagate = False
 
