@@ -8,6 +8,10 @@ through `CHAT_PROMPTS`) for `seconds`. Servers:
 
 * ``attnserve``: `attnserve serve --model MODEL --variant VARIANT` (int8 unless told;
   continuous batching);
+* ``attnserve-ray``: the same on Ray Serve as `threads` replicas of one thread each, behind
+  Serve's HTTP proxy (`--ray --replicas THREADS --threads 1`; the `ray` extra);
+* ``attnserve-ray-one``: one replica of `threads` threads behind the proxy (`--ray`): against
+  ``attnserve``, the proxy's own cost;
 * ``llama-server``: llama.cpp's own server (`--server-bin`, built from the llama.cpp sources
   with cmake) on the model's GGUF source, one parallel slot per client (`-np`) and an HTTP
   thread for each, continuous batching;
@@ -47,7 +51,9 @@ from attnserve.loadtest.runner import free_port, stop_server, wait_ready
 
 log = logging.getLogger(__name__)
 
-SERVERS = ("attnserve", "llama-server", "llama-cpp-python")
+SERVERS = ("attnserve", "attnserve-ray", "attnserve-ray-one", "llama-server", "llama-cpp-python")
+# What `attnserve serve --ray` logs once every replica is up (service/ray_serve.py).
+RAY_READY = b"serving on"
 # Tokens a llama-server slot holds: a chat prompt and its answer fit with room to spare.
 SLOT_CONTEXT = 512
 CHAT_PROMPTS = (
@@ -96,10 +102,18 @@ def server_command(
 ) -> list[str]:
     """The command that serves `model_dir` (or its GGUF source) on 127.0.0.1:`port`."""
     host = ["--host", "127.0.0.1", "--port", str(port)]
-    if server == "attnserve":
+    if server.startswith("attnserve"):
+        replicas = {
+            "attnserve": [],
+            "attnserve-ray": ["--ray", "--replicas", str(threads)],
+            "attnserve-ray-one": ["--ray"],
+        }
+        if server not in replicas:
+            raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
+        per_replica = 1 if server == "attnserve-ray" else threads
         return [
             sys.executable, "-m", "attnserve.cli", "serve", "--model", str(model_dir),
-            "--threads", str(threads), "--variant", variant, *host,
+            "--threads", str(per_replica), "--variant", variant, *host, *replicas[server],
             *(["--spinning"] if spinning else []),
         ]  # fmt: skip
     gguf = str(gguf_source(model_dir))
@@ -140,13 +154,21 @@ async def _stream(http: Any, url: str, body: dict[str, Any]) -> AsyncIterator[An
 
 
 @contextmanager
-def running(command: list[str], port: int, log_path: Path, timeout: float) -> Iterator[str]:
-    """The server of `command`, ready (GET /v1/models answers 200), stopped on exit."""
+def running(
+    command: list[str], port: int, log_path: Path, timeout: float, ready_line: bytes | None = None
+) -> Iterator[str]:
+    """The server of `command`, ready (GET /v1/models answers 200, and its log holds
+    `ready_line`: Ray Serve's proxy answers once one replica is up), stopped on exit."""
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as server_log:
         process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
         try:
             wait_ready(url, process, timeout, log_path, path="/v1/models")
+            end = time.monotonic() + timeout
+            while ready_line is not None and ready_line not in log_path.read_bytes():
+                if process.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"{command[0]}: no {ready_line!r} in {log_path}")
+                time.sleep(0.5)
             yield url
         finally:
             stop_server(process)
@@ -258,7 +280,8 @@ def bench_chat_http(
             command = server_command(server, model_dir, port, threads, count, server_bin, variant)
             log_path = work_dir / f"{server}-{count}.log"
             log.info("starting %s for %d clients: %s", server, count, " ".join(command))
-            with running(command, port, log_path, ready_timeout) as url:
+            ready_line = RAY_READY if server.startswith("attnserve-ray") else None
+            with running(command, port, log_path, ready_timeout, ready_line) as url:
                 asyncio.run(chat_load(url, model_dir.name, 1, 5.0, 8))  # warm up
                 started = time.perf_counter()
                 finished, tokens, ttft, unfinished, errors = asyncio.run(

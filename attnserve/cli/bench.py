@@ -144,8 +144,10 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument(
         "--servers",
         default=SERVERS_DEFAULT,
-        help="--http: servers to start in turn (llama.cpp's run the model's GGUF source; "
-        "--conversations: default attnserve,attnserve-no-cache)",
+        help="--http: servers to start in turn: attnserve, attnserve-ray (--threads replicas of "
+        "one thread on Ray Serve), attnserve-ray-one (one replica behind Serve's proxy), "
+        "llama-server, llama-cpp-python (llama.cpp's run the model's GGUF source); "
+        "--conversations: default attnserve,attnserve-no-cache",
     )
     p.add_argument(
         "--max-tokens",

@@ -3,6 +3,8 @@
 Start-up: the server answers at once (/healthz 200, /readyz 503 "loading"); the models load on a
 worker thread, each is warmed up with one short translation through its engine, then /readyz
 turns 200. A model that fails to load makes the process exit (Lifecycle.on_fatal).
+`wait_for_models` (a Ray Serve replica, service/ray_serve.py): the lifespan's start-up itself
+loads the models and raises if one fails, so the replica counts as started only once it is ready.
 Shutdown (SIGTERM, see server.py): /readyz and new API requests answer 503 at once, in-flight
 requests finish within drain_seconds, then the engine threads stop.
 """
@@ -50,7 +52,10 @@ carries `X-Request-ID` (the client's, when it sent a valid one).
 
 
 def create_app(
-    settings: Settings | None = None, *, backend_factory: BackendFactory = default_backend_factory
+    settings: Settings | None = None,
+    *,
+    backend_factory: BackendFactory = default_backend_factory,
+    wait_for_models: bool = False,
 ) -> FastAPI:
     """A new app with its own settings, metrics registry and models (loaded by lifespan)."""
     settings = settings or Settings()
@@ -59,6 +64,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(load_models(service, backend_factory))
+        if wait_for_models:
+            await loader
+            if service.lifecycle.phase == "failed":
+                await asyncio.to_thread(service.registry.stop, 5.0)  # the models that loaded
+                raise RuntimeError(f"loading the models failed: {service.lifecycle.detail}")
         try:
             yield
         finally:

@@ -143,3 +143,17 @@ def test_streaming_chat_through_a_real_server(lm_dir: Path, tmp_path: Path) -> N
     assert (tmp_path / "report" / "chat.png").stat().st_size > 0
     with pytest.raises(PeerUnavailable, match="GGUF"):  # llama.cpp's servers need the GGUF
         server_command("llama-server", lm_dir, 8000, 1, 2, None)
+
+
+def test_ray_serve_server_commands(tmp_path: Path) -> None:
+    """Two threads: two replicas of one thread, or one replica of two behind Serve's proxy."""
+    plain = server_command("attnserve", tmp_path, 8000, 2, 16, None)
+    assert "--ray" not in plain and plain[plain.index("--threads") + 1] == "2"
+    spread = server_command("attnserve-ray", tmp_path, 8000, 2, 16, None)
+    assert spread[spread.index("--replicas") + 1] == "2" and "--ray" in spread
+    assert spread[spread.index("--threads") + 1] == "1"
+    one = server_command("attnserve-ray-one", tmp_path, 8000, 2, 16, None)
+    assert "--replicas" not in one and "--ray" in one
+    assert one[one.index("--threads") + 1] == "2"
+    with pytest.raises(ValueError, match="unknown server"):
+        server_command("attnserve-k8s", tmp_path, 8000, 2, 16, None)
