@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test quick serve lint typecheck unit venv clean prometheus loadtest data
+.PHONY: test quick serve lint typecheck unit venv clean prometheus browser loadtest data
 
 $(STAMP): pyproject.toml setup.py $(wildcard attnserve/kernels/csrc/*.cc attnserve/kernels/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -32,7 +32,7 @@ typecheck: $(STAMP)
 # (--dist loadfile: a module's fixtures are built once); the session fixtures that export the
 # tiny models build them once for all workers (tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-unit: $(STAMP) prometheus
+unit: $(STAMP) prometheus browser
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The real-Prometheus test (tests/service/test_prometheus.py) and the promtool checks of
@@ -45,6 +45,16 @@ prometheus:
 	    { apt-get update -q >/dev/null && apt-get install -y -q prometheus >/dev/null; } || \
 	    echo "could not install prometheus: its tests will skip"; \
 	  else echo "prometheus not installed (needs root to apt-get it): its tests will skip"; fi; }
+
+# The page's tests (tests/service/test_ui_browser.py) drive headless Chromium: Debian's chromium
+# and chromium-driver, installed like prometheus (as root), else those tests skip and say why.
+browser:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; } || \
+	    echo "could not install chromium: the page's browser tests will skip"; \
+	  else echo "chromium not installed (needs root to apt-get it): the browser tests will skip"; fi; }
 
 test: lint typecheck unit
 

@@ -165,12 +165,12 @@ def test_the_cycle_check_sees_lazy_imports(tmp_path: Path) -> None:
 
 
 def test_building_the_command_line_imports_no_runtime() -> None:
-    """`attnserve --help` stays fast: no torch, ONNX Runtime, FastAPI or transformers."""
+    """`attnserve --help` stays fast: no torch, ONNX Runtime, FastAPI, transformers or Ray."""
     code = (
         "import sys\n"
         "from attnserve.cli import build_parser\n"
         "build_parser()\n"
-        "heavy = ['torch', 'onnxruntime', 'fastapi', 'transformers']\n"
+        "heavy = ['torch', 'onnxruntime', 'fastapi', 'transformers', 'ray']\n"
         "heavy = [m for m in heavy if m in sys.modules]\n"
         "sys.exit(repr(heavy) if heavy else 0)\n"
     )

@@ -8,6 +8,10 @@ through `CHAT_PROMPTS`) for `seconds`. Servers:
 
 * ``attnserve``: `attnserve serve --model MODEL --variant VARIANT` (int8 unless told;
   continuous batching);
+* ``attnserve-ray``: the same on Ray Serve as `threads` replicas of one thread each, behind
+  Serve's HTTP proxy (`--ray --replicas THREADS --threads 1`; the `ray` extra);
+* ``attnserve-ray-one``: one replica of `threads` threads behind the proxy (`--ray`): against
+  ``attnserve``, the proxy's own cost;
 * ``llama-server``: llama.cpp's own server (`--server-bin`, built from the llama.cpp sources
   with cmake) on the model's GGUF source, one parallel slot per client (`-np`) and an HTTP
   thread for each, continuous batching;
@@ -21,8 +25,8 @@ requests finished, mean completion length, requests whose connection dropped (co
 retried), and time to first token (first content chunk, from
 sending; a request still waiting at the window's end counts with its wait so far) p50 / p99.
 The server process's memory: `VmRSS` when ready (after a short warm-up) and `VmHWM`, its peak
-resident set, at the window's end (Linux /proc; NaN elsewhere). Each server writes its log to
-`work_dir`.
+resident set, at the window's end (Linux /proc; NaN elsewhere; for the Ray servers, the process
+the bench started, not the replicas in Ray's workers). Each server writes its log to `work_dir`.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ from attnserve.loadtest.runner import free_port, stop_server, wait_ready
 
 log = logging.getLogger(__name__)
 
-SERVERS = ("attnserve", "llama-server", "llama-cpp-python")
+SERVERS = ("attnserve", "attnserve-ray", "attnserve-ray-one", "llama-server", "llama-cpp-python")
+# What `attnserve serve --ray` logs once every replica is up (service/ray_serve.py).
+RAY_READY = b"serving on"
 # Tokens a llama-server slot holds: a chat prompt and its answer fit with room to spare.
 SLOT_CONTEXT = 512
 CHAT_PROMPTS = (
@@ -114,10 +120,18 @@ def server_command(
 ) -> list[str]:
     """The command that serves `model_dir` (or its GGUF source) on 127.0.0.1:`port`."""
     host = ["--host", "127.0.0.1", "--port", str(port)]
-    if server == "attnserve":
+    if server.startswith("attnserve"):
+        replicas = {
+            "attnserve": [],
+            "attnserve-ray": ["--ray", "--replicas", str(threads)],
+            "attnserve-ray-one": ["--ray"],
+        }
+        if server not in replicas:
+            raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
+        per_replica = 1 if server == "attnserve-ray" else threads
         return [
             sys.executable, "-m", "attnserve.cli", "serve", "--model", str(model_dir),
-            "--threads", str(threads), "--variant", variant, *host,
+            "--threads", str(per_replica), "--variant", variant, *host, *replicas[server],
             *(["--spinning"] if spinning else []),
         ]  # fmt: skip
     gguf = str(gguf_source(model_dir))
@@ -159,24 +173,31 @@ async def _stream(http: Any, url: str, body: dict[str, Any]) -> AsyncIterator[An
 
 @contextmanager
 def serving(
-    command: list[str], port: int, log_path: Path, timeout: float
+    command: list[str], port: int, log_path: Path, timeout: float, ready_line: bytes | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """The server of `command` and its URL, ready (GET /v1/models answers 200), stopped on
-    exit."""
+    """The server of `command` and its URL, ready (GET /v1/models answers 200, and its log
+    holds `ready_line`: Ray Serve's proxy answers once one replica is up), stopped on exit."""
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as server_log:
         process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
         try:
             wait_ready(url, process, timeout, log_path, path="/v1/models")
+            end = time.monotonic() + timeout
+            while ready_line is not None and ready_line not in log_path.read_bytes():
+                if process.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"{command[0]}: no {ready_line!r} in {log_path}")
+                time.sleep(0.5)
             yield url, process
         finally:
             stop_server(process)
 
 
 @contextmanager
-def running(command: list[str], port: int, log_path: Path, timeout: float) -> Iterator[str]:
+def running(
+    command: list[str], port: int, log_path: Path, timeout: float, ready_line: bytes | None = None
+) -> Iterator[str]:
     """The URL of the server of `command` (`serving`)."""
-    with serving(command, port, log_path, timeout) as (url, _):
+    with serving(command, port, log_path, timeout, ready_line) as (url, _):
         yield url
 
 
@@ -286,7 +307,8 @@ def bench_chat_http(
             command = server_command(server, model_dir, port, threads, count, server_bin, variant)
             log_path = work_dir / f"{server}-{count}.log"
             log.info("starting %s for %d clients: %s", server, count, " ".join(command))
-            with serving(command, port, log_path, ready_timeout) as (url, process):
+            ready_line = RAY_READY if server.startswith("attnserve-ray") else None
+            with serving(command, port, log_path, ready_timeout, ready_line) as (url, process):
                 asyncio.run(chat_load(url, model_dir.name, 1, 5.0, 8))  # warm up
                 ready_mb, _ = process_memory_mb(process.pid)
                 started = time.perf_counter()

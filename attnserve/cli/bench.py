@@ -14,6 +14,8 @@ from attnserve.defaults import (
     default_model_dir,
 )
 
+SERVERS_DEFAULT = "attnserve,llama-server,llama-cpp-python"
+
 
 def register(sub: Any) -> None:
     from attnserve.bench import documents
@@ -168,8 +170,11 @@ def _add_bench_lm(sub: Any) -> None:
     p.add_argument("--requests", type=int, default=None, help="--json-schema: requests per run")
     p.add_argument(
         "--servers",
-        default="attnserve,llama-server,llama-cpp-python",
-        help="--http: servers to start in turn (llama.cpp's run the model's GGUF source)",
+        default=SERVERS_DEFAULT,
+        help="--http: servers to start in turn: attnserve, attnserve-ray (--threads replicas of "
+        "one thread on Ray Serve), attnserve-ray-one (one replica behind Serve's proxy), "
+        "llama-server, llama-cpp-python (llama.cpp's run the model's GGUF source); "
+        "--conversations: default attnserve,attnserve-no-cache",
     )
     p.add_argument(
         "--max-tokens",
@@ -178,6 +183,17 @@ def _add_bench_lm(sub: Any) -> None:
         help="--http: max_tokens per request; --json-schema: max_new_tokens",
     )
     p.add_argument("--server-bin", type=Path, default=None, help="--http: llama-server binary")
+    p.add_argument(
+        "--conversations",
+        action="store_true",
+        help="--http: instead, --users conversations of --turns turns behind one system prompt "
+        "of --system-tokens (servers: attnserve, attnserve-no-cache, llama-server)",
+    )
+    p.add_argument("--users", type=int, default=16, help="--conversations: concurrent users")
+    p.add_argument("--turns", type=int, default=4, help="--conversations: turns per user")
+    p.add_argument(
+        "--system-tokens", type=int, default=1000, help="--conversations: system prompt's tokens"
+    )
     p.add_argument(
         "--work-dir", type=Path, default=None,
         help="--http: servers' logs (default loadtest/results/bench-lm-http); --attention: the "
@@ -200,6 +216,8 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
         return _prepare_peers(args)
     if args.workload:
         return _workload(args)
+    if args.http and args.conversations:
+        return _conversations(args)
     if args.http:
         return _chat_http(args)
     if args.attention:
@@ -309,6 +327,34 @@ def _chat_http(args: argparse.Namespace) -> int:
             f"{args.threads} thread(s) per server, {args.seconds:.0f} s per setting"
         )
         write_chat_report(results, args.output_dir, args.name, title)
+    return 0
+
+
+def _conversations(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnserve.bench.lm_conversations import (
+        bench_conversations,
+        conversations_markdown,
+        write_conversations_report,
+    )
+
+    servers = args.servers if args.servers != SERVERS_DEFAULT else "attnserve,attnserve-no-cache"
+    results = bench_conversations(
+        args.model,
+        [s.strip() for s in servers.split(",") if s.strip()],
+        users=args.users,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+        server_bin=args.server_bin,
+        variant=args.variant,
+        work_dir=args.work_dir or Path("loadtest/results/bench-lm-conversations"),
+    )
+    sys.stdout.write(conversations_markdown(results))
+    if args.output_dir is not None:
+        write_conversations_report(results, args.output_dir, args.name)
     return 0
 
 

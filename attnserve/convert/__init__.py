@@ -20,6 +20,10 @@ HF_IMPORTERS: dict[str, tuple[str, str]] = {
     "mistral": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
     "qwen2": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
     "qwen3": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "phi3": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "gemma2": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "gemma3_text": ("attnserve.convert.hf_decoder", "import_hf_decoder"),
+    "gemma3": ("attnserve.convert.hf_decoder", "import_hf_decoder"),  # its language model
     "m2m_100": ("attnserve.convert.fairseq", "import_family"),  # M2M100 and NLLB
     "mbart": ("attnserve.convert.fairseq", "import_family"),
     "bart": ("attnserve.convert.fairseq", "import_family"),

@@ -1,5 +1,5 @@
-"""Import a llama.cpp GGUF file (architectures `llama`, Mistral's included, `qwen2` and `qwen3`)
-into a decoder-only model directory.
+"""Import a llama.cpp GGUF file (architectures `llama`, Mistral's included, `qwen2`, `qwen3`,
+`phi3`, `gemma2` and `gemma3`) into a decoder-only model directory.
 
 Reads the `{arch}.*` metadata into a DecoderConfig and every tensor through the `gguf` package
 (GGUFReader, `gguf.quants.dequantize`: F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the other block
@@ -12,9 +12,27 @@ pairs are interleaved (GPT-J style); our rotary embeddings rotate halves (as Hug
 (q/k/v and output biases, per-head q/k norms); `{arch}.attention.sliding_window` sets the window
 of a `llama` file (Mistral). llama.cpp writes Llama 3's rope scaling as `rope_freqs` (divisors of
 the plain frequencies): it is read as the `llama3` rope_scaling that gives the same frequencies,
-and refused when none does. No `output` tensor means the
-output projection is the embedding. The tokenizer and chat template become tokenizer.json and
+and refused when none does. A `phi3` file keeps Hugging Face's q/k order; its fused `attn_qkv`
+and `ffn_up` (gate and up stacked) are split as the Hugging Face import splits Phi-3's
+checkpoints, `rope.dimension_count` below the head size is partial rotation (Phi-4-mini),
+`attention.sliding_window` the window of every layer (0: none), and LongRoPE is the
+`rope_factors_short` / `rope_factors_long` tensors with `rope.scaling.original_context_length`
+(and `rope.scaling.attn_factor`, kept where it is not the one computed from the context
+lengths): the `longrope` rope_scaling. No `output` tensor means the output projection is the
+embedding. The tokenizer and chat template become tokenizer.json and
 tokenizer_config.json (convert/gguf_tokenizer.py).
+
+Gemma (`gemma2`, `gemma3`): llama.cpp's converter adds 1 to every norm weight (Gemma's norms
+multiply by 1 + w, llama.cpp's by w), so the import subtracts it; `ffn_norm` is then the MLP's
+input norm (`pre_feedforward_layernorm`), `post_attention_norm` and `post_ffw_norm` the branch
+outputs' norms. What llama.cpp fixes for these architectures rather than stores, the import
+fixes as llama.cpp does: every 2nd (gemma2) or 6th (gemma3) layer attends to the whole context,
+the others through `attention.sliding_window` (unless `attention.sliding_window_pattern` says
+otherwise), gemma3's windowed layers rotate with base 10000 (`rope.freq_base_swa` when present)
+and only its other layers with the linear `rope.scaling`, and the attention scale is
+1/sqrt(hidden / heads) for the 27B models (46 and 62 layers), 1/sqrt(key_length) otherwise.
+The soft caps are `{arch}.attn_logit_softcapping` and `final_logit_softcapping`; the
+`<end_of_turn>` token, when the vocabulary has it, ends a sequence as EOS does.
 """
 
 from __future__ import annotations
@@ -31,7 +49,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGUF_MAGIC
 from gguf.quants import dequantize
 
-from attnserve.convert.hf_decoder import build_decoder
+from attnserve.convert.hf_decoder import build_decoder, split_fused
 from attnserve.model.checkpoint import ModelDirError, ModelFileInvalidError
 from attnserve.model.decoder_checkpoint import save_decoder_dir
 from attnserve.model.decoder_config import DecoderConfig
@@ -39,9 +57,13 @@ from attnserve.model.decoder_only import DecoderOnly
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 # the architectures whose q/k rows llama.cpp's converter permutes
 _PERMUTED_ARCHITECTURES = ("llama",)
+# the architectures whose ffn_up holds gate and up stacked (Phi-3's gate_up_proj)
+_FUSED_UP_ARCHITECTURES = ("phi3",)
+# the architectures that may rotate part of each head (rope.dimension_count < head size)
+_PARTIAL_ROPE_ARCHITECTURES = ("phi3",)
 GENERATION_CONFIG = "generation_config.json"
 # GGUF tensor name (without ".weight") -> ours; {i} is the layer index.
 _GLOBAL_NAMES = {
@@ -50,6 +72,7 @@ _GLOBAL_NAMES = {
     "output": "lm_head.weight",
 }
 _LAYER_NAMES = {
+    "attn_qkv": "self_attn.qkv_proj.weight",  # fused (Phi-3): split as the HF import does
     "attn_q": "self_attn.q_proj.weight",
     "attn_k": "self_attn.k_proj.weight",
     "attn_v": "self_attn.v_proj.weight",
@@ -66,6 +89,18 @@ _LAYER_NAMES = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.bias": "self_attn.o_proj.bias",
 }
+# Gemma's names for its four layer norms (the MLP input's is `ffn_norm`, as Llama's)
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm.weight",
+    "post_attention_norm": "post_attention_layernorm.weight",
+    "post_ffw_norm": "post_feedforward_layernorm.weight",
+}
+# arch -> (our family, every n-th layer attends to the whole context, 27B's layer count)
+GEMMA_ARCHITECTURES = {"gemma2": ("gemma2", 2, 46), "gemma3": ("gemma3_text", 6, 62)}
+GEMMA_LOCAL_ROPE_THETA = 10000.0  # llama.cpp's gemma3 sliding-window base
+GEMMA2_SLIDING_WINDOW = 4096  # llama.cpp's default when a gemma2 file has none
+END_OF_TURN = "<end_of_turn>"
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Per-frequency divisors llama.cpp stores for Llama 3's scaled rotary embeddings.
 ROPE_FREQS = "rope_freqs.weight"
@@ -73,6 +108,12 @@ ROPE_FREQS = "rope_freqs.weight"
 # a file's rope.scaling.original_context_length replaces the context length.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 LLAMA3_ORIGINAL_CONTEXT = 8192
+# LongRoPE's per-frequency divisors (Phi-3 128k, Phi-3.5, Phi-4-mini): -> short_factor and
+# long_factor of a `longrope` rope_scaling.
+ROPE_FACTORS = {
+    "rope_factors_short.weight": "short_factor",
+    "rope_factors_long.weight": "long_factor",
+}
 
 
 class GGUFImportError(ModelDirError, ValueError):
@@ -98,12 +139,15 @@ def open_gguf(path: str | Path) -> GGUFReader:
 
 
 def metadata(reader: GGUFReader) -> dict[str, Any]:
-    """Scalar and string metadata as Python values; arrays as their item count (`len(...)`)."""
+    """Scalar and string metadata as Python values; arrays as their item count (`len(...)`),
+    but for a per-layer sliding window pattern (a list)."""
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if not field.types:
             continue
-        if field.types[0] == GGUFValueType.ARRAY:
+        if field.types[0] == GGUFValueType.ARRAY and key.endswith(".sliding_window_pattern"):
+            out[key] = list(field.contents())
+        elif field.types[0] == GGUFValueType.ARRAY:
             out[key] = len(field.data)
         else:
             out[key] = field.contents()
@@ -139,13 +183,18 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
     if head_dim is None and hidden is not None and heads:
         head_dim = hidden // heads
     rope_dims = meta.get(f"{arch}.rope.dimension_count", head_dim)
-    if rope_dims != head_dim:
+    partial = arch in _PARTIAL_ROPE_ARCHITECTURES and isinstance(rope_dims, int)
+    if rope_dims != head_dim and not (partial and 0 < rope_dims < (head_dim or 0)):
         problems.append(f"rope.dimension_count {rope_dims} != head_dim {head_dim} (partial rope)")
     value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
     if value_dim != head_dim:
         problems.append(f"attention.value_length {value_dim} != key_length {head_dim}")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    # LongRoPE is its rope_factors tensors (read_gguf); llama.cpp's converter names no type.
+    # gemma3's linear scaling applies to its full-attention layers (gemma_switches).
+    if scaling not in ("none", None) and not (
+        (arch == "phi3" and scaling == "longrope") or (arch == "gemma3" and scaling == "linear")
+    ):
         problems.append(f"rope.scaling.type {scaling!r} (only plain rotary embeddings)")
     if meta.get(f"{arch}.expert_count", 0):
         problems.append("a mixture of experts (expert_count > 0)")
@@ -169,10 +218,16 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
         eos_ids.append(int(eot))
     bos = meta.get("tokenizer.ggml.bos_token_id")
     pad = meta.get("tokenizer.ggml.padding_token_id")
-    window = meta.get(f"{arch}.attention.sliding_window") if arch == "llama" else None
+    # Mistral's (a llama file) and Phi-3's, in every layer; Phi-3's 0 is none (Phi-4-mini)
+    window = meta.get(f"{arch}.attention.sliding_window") if arch in ("llama", "phi3") else None
+    fields: dict[str, Any] = {
+        "family": "mistral" if window and arch == "llama" else arch,
+        "sliding_window": int(window) if window else None,
+    }
+    if arch in GEMMA_ARCHITECTURES:
+        fields.update(gemma_switches(meta, int(values["layers"])))
     try:
         return DecoderConfig(
-            family="mistral" if window else arch,
             vocab_size=int(vocab),
             hidden_size=int(values["hidden"]),
             num_layers=int(values["layers"]),
@@ -187,10 +242,52 @@ def config_from_gguf(meta: dict[str, Any]) -> DecoderConfig:
             bos_id=None if bos is None else int(bos),
             eos_ids=tuple(eos_ids),
             pad_id=eos_ids[0] if pad is None else int(pad),
-            sliding_window=int(window) if window else None,
+            rotary_dim=int(rope_dims) if rope_dims != head_dim else None,
+            **fields,
         )
     except ValueError as exc:
         raise GGUFImportError(f"unsupported GGUF config: {exc}") from exc
+
+
+def gemma_switches(meta: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The DecoderConfig fields a gemma2 / gemma3 file sets beyond Llama's, as llama.cpp reads
+    them (the module docstring says what it fixes rather than stores)."""
+    arch = meta["general.architecture"]
+    family, every, layers_27b = GEMMA_ARCHITECTURES[arch]
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if window is None and arch == "gemma2":
+        window = GEMMA2_SLIDING_WINDOW
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", every)
+    if isinstance(pattern, list):  # per layer: True = sliding
+        full = tuple(i for i, sliding in enumerate(pattern) if not sliding)
+    else:
+        full = tuple(i for i in range(num_layers) if (i + 1) % int(pattern) == 0)
+    if window is None or len(full) == num_layers:
+        window, full = None, ()
+    hidden, heads = meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"]
+    head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
+    out: dict[str, Any] = {
+        "family": family,
+        "norm_unit_offset": True,
+        "sandwich_norms": True,
+        "activation": "gelu_tanh",
+        "scale_embeddings": True,
+        "query_pre_attn_scalar": float(hidden // heads if num_layers == layers_27b else head_dim),
+        "sliding_window": None if window is None else int(window),
+        "full_attention_layers": full,
+    }
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = meta.get(f"{arch}.{cap}")
+        out[cap] = None if value is None else _float32(value)
+    if arch == "gemma3" and window is not None:
+        base = meta.get(f"{arch}.rope.freq_base_swa", GEMMA_LOCAL_ROPE_THETA)
+        out["local_rope_theta"] = _float32(base)
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        out["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": _float32(meta[f"{arch}.rope.scaling.factor"]),
+        }
+    return out
 
 
 def llama3_scaling(
@@ -228,16 +325,17 @@ def unpermute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(weight.shape)
 
 
-def _our_name(gguf_name: str, num_layers: int) -> str | None:
+def _our_name(gguf_name: str, num_layers: int, gemma: bool = False) -> str | None:
     if gguf_name.endswith(".weight") and gguf_name[: -len(".weight")] in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name[: -len(".weight")]]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is None or int(match.group(1)) >= num_layers:
         return None
     kind = match.group(2) if match.group(3) == "weight" else f"{match.group(2)}.bias"
-    if kind not in _LAYER_NAMES:
+    names = _GEMMA_LAYER_NAMES if gemma else _LAYER_NAMES
+    if kind not in names:
         return None
-    return f"layers.{match.group(1)}.{_LAYER_NAMES[kind]}"
+    return f"layers.{match.group(1)}.{names[kind]}"
 
 
 def tensor_to_float32(tensor: Any) -> np.ndarray:
@@ -258,14 +356,23 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
     reader = open_gguf(path)
     meta = metadata(reader)
     config = config_from_gguf(meta)
-    permuted = meta["general.architecture"] in _PERMUTED_ARCHITECTURES
+    arch = meta["general.architecture"]
+    permuted = arch in _PERMUTED_ARCHITECTURES
+    gemma = config.norm_unit_offset
+    if gemma:
+        config = config.replace(eos_ids=_with_end_of_turn(config.eos_ids, reader))
     state: dict[str, torch.Tensor] = {}
     unexpected = []
+    rope_factors: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
-        name = _our_name(tensor.name, config.num_layers)
+        name = _our_name(tensor.name, config.num_layers, gemma)
+        if name is not None and permuted and name.endswith(".qkv_proj.weight"):
+            name = None  # fused rows we would have to un-permute: no converter writes them
         if name is None:
             if tensor.name == ROPE_FREQS:
                 config = _with_rope_freqs(config, tensor_to_float32(tensor), meta, path)
+            elif tensor.name in ROPE_FACTORS and arch == "phi3":
+                rope_factors[ROPE_FACTORS[tensor.name]] = tensor_to_float32(tensor)
             else:
                 unexpected.append(tensor.name)
             continue
@@ -274,9 +381,18 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
             values = unpermute_rows(values, config.num_heads)
         elif permuted and ".k_proj." in name:
             values = unpermute_rows(values, config.num_kv_heads)
-        state[name] = torch.from_numpy(values)
+        elif gemma and name.endswith("norm.weight"):  # llama.cpp stored 1 + w
+            values = values - np.float32(1.0)
+        if arch in _FUSED_UP_ARCHITECTURES and name.endswith(".mlp.up_proj.weight"):
+            name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.")  # gate and up stacked
+        try:
+            state.update(split_fused(name, torch.from_numpy(values), config))
+        except ModelDirError as exc:
+            raise GGUFImportError(f"{path}: {exc}") from exc
     if unexpected:
         raise GGUFImportError(f"unsupported tensors in {path}: {sorted(unexpected)[:10]}")
+    if rope_factors:
+        config = _with_rope_factors(config, rope_factors, meta, path)
     return (
         config.replace(
             tie_embeddings="lm_head.weight" not in state,
@@ -286,6 +402,18 @@ def read_gguf(path: str | Path) -> tuple[DecoderConfig, dict[str, torch.Tensor]]
         ),
         state,
     )
+
+
+def _with_end_of_turn(eos_ids: tuple[int, ...], reader: GGUFReader) -> tuple[int, ...]:
+    """`eos_ids` and, when the vocabulary has it, the id of Gemma's `<end_of_turn>` (llama.cpp
+    ends a generation on it by its text)."""
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        return eos_ids
+    tokens = field.contents()
+    if END_OF_TURN not in tokens or tokens.index(END_OF_TURN) in eos_ids:
+        return eos_ids
+    return (*eos_ids, tokens.index(END_OF_TURN))
 
 
 def _with_rope_freqs(
@@ -301,6 +429,44 @@ def _with_rope_freqs(
             "rope_scaling reproduces: import the model's Hugging Face directory instead"
         )
     return config.replace(rope_scaling=scaling)
+
+
+def longrope_scaling(
+    config: DecoderConfig, factors: dict[str, np.ndarray], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """The `longrope` rope_scaling of a Phi-3 file: its short and long factors, the original
+    context length, and its attention factor where it is not the one transformers computes
+    from max_positions / original (as llama.cpp's converter computes it)."""
+    from attnserve.model.rope import longrope_attention_factor
+
+    arch = meta.get("general.architecture")
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original is None or set(factors) != {"short_factor", "long_factor"}:
+        raise ValueError(
+            "LongRoPE needs rope_factors_short, rope_factors_long and "
+            "rope.scaling.original_context_length"
+        )
+    scaling: dict[str, Any] = {
+        "rope_type": "longrope",
+        **{key: [_float32(v) for v in values.tolist()] for key, values in factors.items()},
+        "original_max_position_embeddings": int(original),
+    }
+    attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if attention is not None:
+        computed = longrope_attention_factor(config.replace(rope_scaling=scaling))
+        if np.float32(computed) != np.float32(attention):
+            scaling["attention_factor"] = _float32(attention)
+    return scaling
+
+
+def _with_rope_factors(
+    config: DecoderConfig, factors: dict[str, np.ndarray], meta: dict[str, Any], path: str | Path
+) -> DecoderConfig:
+    """`config` with the LongRoPE scaling its rope_factors tensors stand for."""
+    try:
+        return config.replace(rope_scaling=longrope_scaling(config, factors, meta))
+    except ValueError as exc:
+        raise GGUFImportError(f"{path}: unsupported LongRoPE scaling: {exc}") from exc
 
 
 def convert_gguf(path: str | Path) -> DecoderOnly:

@@ -61,6 +61,13 @@ class Vocabulary:
             )
         except ValueError as exc:  # a tokenizer llguidance cannot read (a WordPiece decoder)
             raise GrammarError(f"the model's tokenizer cannot be constrained: {exc}") from exc
+        text_tokens = _text_added_tokens(tokenizer_json)
+        if text_tokens:
+            self.tokenizer = llg.LLTokenizer(
+                _TextTokens(self.tokenizer, tokenizer_json, text_tokens, self.stop_ids),
+                n_vocab=vocab_size,
+                eos_token=self.stop_ids,
+            )
 
     def compile(self, grammar: str) -> Constraint:
         """A constraint for llguidance's grammar text (`LLMatcher.grammar_from_*`); raises
@@ -78,6 +85,42 @@ class Vocabulary:
         if not allowed.any() and not matcher.is_accepting():  # nothing to write, nor to end
             raise GrammarError("the grammar matches no text")
         return constraint
+
+
+def _text_added_tokens(tokenizer_json: str) -> set[int]:
+    """The ids of tokenizer.json's added tokens that are text, not control tokens
+    (`"special": false`: Qwen's <think> and <tool_call>)."""
+    import json
+
+    added = json.loads(tokenizer_json).get("added_tokens") or []
+    return {int(t["id"]) for t in added if not t.get("special", False)}
+
+
+class _TextTokens:
+    """The vocabulary as llguidance's `TokenizerWrapper` takes it, for a tokenizer with added
+    tokens that are text. Built from tokenizer.json, llguidance makes every added token a
+    control token, so a grammar's text could never be written with one; yet it tokenizes
+    forced text with the tokenizer, which picks them ("<think>" -> one token), and the matcher
+    then refuses the token it was handed. Here only the tokens marked special are control
+    tokens, and forced text is tokenized with them read as text."""
+
+    def __init__(
+        self, base: Any, tokenizer_json: str, text_ids: set[int], stop_ids: Sequence[int]
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        self.eos_token_id = stop_ids[0]
+        self.bos_token_id = None
+        self.tokens = [base.decode_bytes([i]) for i in range(base.vocab_size)]
+        self.special_token_ids = [
+            i for i in range(base.vocab_size) if base.is_special_token(i) and i not in text_ids
+        ]
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self._tokenizer.encode_special_tokens = True  # "<|im_end|>" in a grammar is text
+        self.is_tokenizer_wrapper = True
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def _first_line(message: str) -> str:

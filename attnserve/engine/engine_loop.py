@@ -55,6 +55,7 @@ class EngineLoop:
         # Read by metrics and /readyz without the lock (ints are updated atomically).
         self.waiting = 0
         self.running = 0
+        self.kv_usage = 0.0  # Scheduler.kv_usage after the last step
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -146,6 +147,7 @@ class EngineLoop:
                     continue
             self.waiting = len(self.scheduler.waiting)
             self.running = len(self.scheduler.running)
+            self.kv_usage = self.scheduler.kv_usage()
             self._deliver(events)
             if self.trimmer is not None:
                 self.trimmer.maybe_trim()

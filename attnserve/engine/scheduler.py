@@ -48,6 +48,7 @@ from attnserve.engine.backend import Backend, IntArray, left_padded, pad_batch
 from attnserve.engine.batch import RunningBatch
 from attnserve.engine.constraints import Constraint
 from attnserve.engine.options import DecodingOptions
+from attnserve.engine.prefix_cache import Prefix, PrefixCache
 from attnserve.engine.scoring import score_positions, score_tokens
 from attnserve.engine.search import (
     GreedySearch,
@@ -94,7 +95,10 @@ class Request:
     prefix: Sequence[int] = ()
     stopper: Stopper | None = None
     constraint: Constraint | None = None  # a grammar the output follows (structured outputs)
+    # Language models: prompts reuse cached prefixes of the same salt only (tenants apart).
+    cache_salt: str | None = None
     # Filled in by the scheduler.
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     arrived: float = 0.0
     admitted: float | None = None
     first_token: float | None = None
@@ -130,6 +134,7 @@ def lm_request(
     stream: bool = False,
     stopper: Stopper | None = None,
     constraint: Constraint | None = None,
+    cache_salt: str | None = None,
 ) -> Request:
     """A language model's request for a (non-empty) prompt."""
     if not prompt:
@@ -144,6 +149,7 @@ def lm_request(
         prefix=list(prompt),
         stopper=stopper,
         constraint=constraint,
+        cache_salt=cache_salt,
     )
 
 
@@ -207,6 +213,8 @@ class _Prefill:
     state: Any
     # A request whose prompt is scored (alone): its tokens' scores so far.
     scores: list[TokenLogprob] | None = None
+    # With a prefix cache: each request's lookup (the prompt's blocks), to fill it when done.
+    prefixes: list[Prefix] | None = None
 
     @property
     def rows(self) -> int:
@@ -221,9 +229,13 @@ class Scheduler:
         backend: Backend[Any],
         limits: SchedulerLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.backend = backend
         self.limits = limits or SchedulerLimits()
+        # Language models whose backend can read its cache out and back: prompt reuse.
+        reuses = getattr(backend, "reuses_prefixes", False) and backend.spec.decoder_only
+        self.prefix_cache = prefix_cache if reuses else None
         self.clock = clock
         self.cohorts: list[RunningBatch[Any]] = []  # oldest first; each holds rows
         self.prefilling: _Prefill | None = None  # long prompts on their way into a cohort
@@ -279,6 +291,12 @@ class Scheduler:
 
     def _tokens_in_batch(self) -> int:
         return sum(self.budget(r) for r in self.running.values())
+
+    def kv_usage(self) -> float:
+        """The share (0-1) of `max_batch_tokens` that admitted requests hold: the cache room
+        admission counts with (rows x (prompt + max new tokens)), what a load-aware router
+        reads as KV-cache utilisation."""
+        return min(self._tokens_in_batch() / self.limits.max_batch_tokens, 1.0)
 
     # -- the step --------------------------------------------------------------------------
 
@@ -445,17 +463,21 @@ class Scheduler:
             ]
             if scored and not getattr(self.backend, "scores_prompts", False):
                 raise ValueError("this model's backend cannot score prompts (prompt_logprobs)")
-            if cohort is None:  # long prompts, or a prompt to score: a chunk per step
-                ids, lengths = pad_batch([r.source for r in admitted], self.backend.spec.pad_id)
-                ids, mask = left_padded(ids, lengths, self.backend.spec.pad_id)
-                state = self.backend.empty(len(admitted))  # type: ignore[attr-defined]
-                used = mask.any(axis=0)
-                start = int(used.argmax()) if used.any() else mask.shape[1]
-                scores: list[TokenLogprob] | None = [] if scored else None
-                self.prefilling = _Prefill(admitted, searches, ids, mask, start, state, scores)
+            prefixes = self._look_up(admitted, reuse=not scored)
+            hit = prefixes is not None and any(p.tokens for p in prefixes)
+            if hit and cohort is None and not scored and not self._chunked_rest(admitted):
+                cohort = self._cohort_to_join(rows)  # the rest of a long prompt fits a call
+            if cohort is None or (hit and self._chunked_rest(admitted)):
+                # long prompts, or a prompt to score: a chunk per step
+                self.prefilling = self._prefill(admitted, searches, prefixes, hit, scored)
                 self._register(admitted, searches, now)
                 return len(admitted)
-            state = cohort.encode([r.source for r in admitted])
+            if hit:
+                assert prefixes is not None
+                state = self._resume(admitted, prefixes)
+            else:
+                state = cohort.encode([r.source for r in admitted])
+            self._fill_cache(admitted, prefixes, state)
         except Exception as exc:
             log.exception("encoder failed for %d requests", len(admitted))
             for request in admitted:
@@ -490,6 +512,86 @@ class Scheduler:
                 return i or 1
         return n
 
+    # -- prompt reuse (engine/prefix_cache.py) ----------------------------------------------
+
+    def _look_up(self, requests: Sequence[Request], reuse: bool) -> list[Prefix] | None:
+        """Each request's cached prefix, its `cached_tokens` set (None without a cache; none
+        reused unless `reuse`: a scored prompt computes every position)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return None
+        if not reuse:
+            return [Prefix(0, [], cache.digests(r.source, r.cache_salt)) for r in requests]
+        prefixes = [cache.lookup(r.source, r.cache_salt) for r in requests]
+        for request, prefix in zip(requests, prefixes, strict=True):
+            request.cached_tokens = prefix.tokens
+        return prefixes
+
+    def _rest(
+        self, requests: Sequence[Request], prefixes: Sequence[Prefix] | None
+    ) -> tuple[IntArray, IntArray]:
+        """The prompts' tokens after their cached prefixes: left-padded (B, S) ids and mask."""
+        skip = [0] * len(requests) if prefixes is None else [p.tokens for p in prefixes]
+        rest = [r.source[n:] for r, n in zip(requests, skip, strict=True)]
+        pad = self.backend.spec.pad_id
+        return left_padded(*pad_batch(rest, pad), pad)
+
+    def _chunked_rest(self, requests: Sequence[Request]) -> bool:
+        """Whether the prompts' uncached rest is prefilled a chunk per step."""
+        chunk = self.limits.prefill_chunk
+        return chunk > 0 and max(len(r.source) - r.cached_tokens for r in requests) > chunk
+
+    def _prefill(
+        self,
+        requests: list[Request],
+        searches: list[Search],
+        prefixes: list[Prefix] | None,
+        hit: bool,
+        scored: bool,
+    ) -> _Prefill:
+        """A prefill a chunk per step of the prompts (after their cached prefixes if `hit`)."""
+        backend: Any = self.backend
+        ids, mask = self._rest(requests, prefixes if hit else None)
+        if hit:
+            assert prefixes is not None
+            state = backend.from_prefixes([p.blocks for p in prefixes])
+        else:
+            state = backend.empty(len(requests))
+        used = mask.any(axis=0)
+        start = int(used.argmax()) if used.any() else mask.shape[1]
+        scores: list[TokenLogprob] | None = [] if scored else None
+        return _Prefill(requests, searches, ids, mask, start, state, scores, prefixes)
+
+    def _resume(self, requests: Sequence[Request], prefixes: Sequence[Prefix]) -> Any:
+        """The state of prompts whose cached prefixes are read back and the rest prefilled."""
+        backend: Any = self.backend
+        state = backend.from_prefixes([p.blocks for p in prefixes])
+        ids, mask = self._rest(requests, prefixes)
+        used = mask.any(axis=0)
+        if used.any():
+            start = int(used.argmax())
+            _, state = backend.extend(state, ids[:, start:], mask[:, start:])
+        return state
+
+    def _fill_cache(
+        self, requests: Sequence[Request], prefixes: Sequence[Prefix] | None, state: Any
+    ) -> None:
+        """Copy the prefilled prompts' full blocks that the cache lacks into it (row i of
+        `state` is request i's)."""
+        cache = self.prefix_cache
+        if cache is None or prefixes is None:
+            return
+        backend: Any = self.backend
+        try:
+            for row, prefix in enumerate(prefixes):
+
+                def columns(n: int, row: int = row) -> Any:
+                    return backend.prefix_columns(state, row, n)
+
+                cache.insert(prefix, columns)
+        except Exception:  # the requests go on without their prompts kept
+            log.exception("keeping %d prompts in the prefix cache failed", len(prefixes))
+
     def _chunked(self, requests: Sequence[Request]) -> bool:
         """Whether these requests' prompts are prefilled a chunk per step (language models
         whose backend can, when the longest prompt is over `prefill_chunk`)."""
@@ -517,10 +619,15 @@ class Scheduler:
                 ids = prefill.ids[:, prefill.done : end]
                 mask = prefill.mask[:, prefill.done : end]
                 extend = self.backend.extend  # type: ignore[attr-defined]
+                # each row's whole prompt (its last token comes in the first step): the
+                # chunks get that length's rotary frequencies, however the prompt is cut
+                prompts = np.array([len(r.source) + 1 for r in prefill.requests])
                 if prefill.scores is None:
-                    _, prefill.state = extend(prefill.state, ids, mask)
+                    _, prefill.state = extend(prefill.state, ids, mask, prompt_lengths=prompts)
                 else:  # one request, no padding: column c holds prompt token c
-                    logits, prefill.state = extend(prefill.state, ids, mask, all_positions=True)
+                    logits, prefill.state = extend(
+                        prefill.state, ids, mask, all_positions=True, prompt_lengths=prompts
+                    )
                     (request,) = prefill.requests
                     targets = request.prefix[prefill.done + 1 : end + 1]
                     top = request.options.prompt_logprobs or 0
@@ -540,6 +647,7 @@ class Scheduler:
         cohort = self._cohort_to_join(prefill.rows, new_anyway=True)
         assert cohort is not None
         try:
+            self._fill_cache(prefill.requests, prefill.prefixes, prefill.state)
             cohort.join(prefill.searches, prefill.state)
         except Exception as exc:
             log.exception("joining %d prefilled requests failed", len(prefill.requests))
@@ -572,6 +680,8 @@ class Scheduler:
         prefill.requests = [prefill.requests[i] for i in keep]
         prefill.searches = [prefill.searches[i] for i in keep]
         prefill.ids, prefill.mask = prefill.ids[rows], prefill.mask[rows]
+        if prefill.prefixes is not None:  # row i's blocks are request i's
+            prefill.prefixes = [prefill.prefixes[i] for i in keep]
 
     def _cohort_to_join(self, rows: int, new_anyway: bool = False) -> RunningBatch[Any] | None:
         """Where `rows` rows of new requests go: the youngest cohort if their rows x its age

@@ -1,8 +1,9 @@
 """A decoder-only PyTorch language model as a Backend (the reference runtime for generation).
 
 `encode` prefills prompts into a left-padded KV cache (all but each prompt's last token, which
-the search feeds to the first step), `step` appends one token per row and returns its logits,
-and `select` / `concat` move cache rows as for the encoder-decoder.
+the search feeds to the first step, with the rotary frequencies of the whole prompt's length),
+`step` appends one token per row and returns its logits, and `select` / `concat` move cache
+rows as for the encoder-decoder.
 """
 
 from __future__ import annotations
@@ -84,18 +85,75 @@ class TorchLMBackend:
         return LMState(self.model.empty_cache(rows))
 
     def extend(
-        self, state: LMState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
+        self,
+        state: LMState,
+        ids: IntArray,
+        mask: IntArray,
+        *,
+        all_positions: bool = False,
+        prompt_lengths: IntArray | None = None,
     ) -> tuple[FloatArray, LMState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
         returns the logits of each row's last position (B, V), or with `all_positions` of
-        every position (B, T, V; padding positions hold garbage), and the grown state."""
+        every position (B, T, V; padding positions hold garbage), and the grown state.
+        `prompt_lengths` (B,): each row's whole prompt, when the chunk is part of it (its
+        rotary frequencies are then the prompt's: model/rope.py)."""
         import torch
 
+        lengths = None if prompt_lengths is None else self._tensor(prompt_lengths)
         with torch.inference_mode():
-            logits, cache = self.model.prefill(self._tensor(ids), self._tensor(mask), state.cache)
+            logits, cache = self.model.prefill(
+                self._tensor(ids), self._tensor(mask), state.cache, rope_lengths=lengths
+            )
         assert logits is not None
         kept = logits if all_positions else logits[:, -1]
         return kept.float().cpu().numpy(), LMState(cache)
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prefix's K/V are the same whatever follows it (not so where the rotary
+        frequencies depend on the prompt's length: dynamic, longrope)."""
+        from attnserve.model.rope import length_dependent
+
+        return not length_dependent(self.model.config)
+
+    def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
+        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+        import torch
+
+        cache = state.cache
+        columns = torch.nonzero(cache.mask[row]).flatten()[:n]
+        if columns.shape[0] < n:
+            raise ValueError(f"row {row} holds {columns.shape[0]} tokens, not {n}")
+        tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
+        return torch.stack([t[row][:, columns] for t in tensors]).float().cpu().numpy()
+
+    def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> LMState:
+        """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
+        (2L, Hkv, n, D) each, in order (none: nothing cached), left-padded to the longest."""
+        import torch
+
+        from attnserve.model.cache import KVCache
+
+        rows = len(prefixes)
+        lengths = [sum(b.shape[2] for b in p) for p in prefixes]
+        width = max(lengths, default=0)
+        empty = self.model.empty_cache(rows)
+        dtype = empty.keys[0].dtype
+        layers = len(empty.keys)
+        heads, dim = empty.keys[0].shape[1], empty.keys[0].shape[3]
+        kv = torch.zeros((2 * layers, rows, heads, width, dim), dtype=dtype, device=self.device)
+        mask = torch.zeros((rows, width), dtype=torch.bool, device=self.device)
+        for row, (blocks, n) in enumerate(zip(prefixes, lengths, strict=True)):
+            start = width - n
+            mask[row, start:] = True
+            for block in blocks:
+                end = start + block.shape[2]
+                kv[:, row, :, start:end] = torch.from_numpy(block).to(dtype)
+                start = end
+        keys = [kv[2 * i] for i in range(layers)]
+        values = [kv[2 * i + 1] for i in range(layers)]
+        return LMState(KVCache(keys, values, mask))
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
         import torch
@@ -104,9 +162,11 @@ class TorchLMBackend:
         cache = self.model.empty_cache(ids.shape[0])
         if int(src_lengths.max(initial=0)) == 0:
             return LMState(cache)
+        # a prompt's last token comes in the first step: its length is one more than prefilled
+        lengths = self._tensor(np.asarray(src_lengths) + 1)
         with torch.inference_mode():
             _, cache = self.model.prefill(
-                self._tensor(ids), self._tensor(mask), cache, logits=False
+                self._tensor(ids), self._tensor(mask), cache, logits=False, rope_lengths=lengths
             )
         return LMState(cache)
 

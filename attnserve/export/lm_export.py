@@ -46,7 +46,7 @@ from attnserve.engine.onnx.layout import (
 )
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
-from attnserve.export.lm_graph import LM_OPSET, build_lm_graph
+from attnserve.export.lm_graph import LM_OPSET, build_lm_graph, rotates_outside
 from attnserve.export.onnx_export import move_into_place, write_manifest
 from attnserve.export.smooth import ALPHA as SMOOTHING_ALPHA
 from attnserve.export.smooth import activation_maxima, smooth
@@ -76,6 +76,29 @@ WINDOW_FALLBACK = (
     "sliding window: ONNX Runtime's GroupQueryAttention (local_window_size) in the layers it "
     "covers; attnserve's CausalGroupAttention has no window"
 )
+# ... of one whose q and k are rotated before the attention (lm_graph.rotates_outside) ...
+ROTARY_FALLBACK = (
+    "partial rotation or per-row rotary frequencies: q and k rotated before ONNX Runtime's "
+    "GroupQueryAttention (do_rotary 0) in every layer; attnserve's CausalGroupAttention "
+    "rotates whole heads by one table"
+)
+# ... and of one whose attention scores are soft-capped (Gemma 2).
+SOFTCAP_FALLBACK = (
+    "attention logit soft cap: ONNX Runtime's GroupQueryAttention (softcap) in every layer; "
+    "attnserve's CausalGroupAttention has no soft cap"
+)
+
+
+def gqa_fallback(config: DecoderConfig) -> str | None:
+    """Why layers of the model's GroupQueryAttention graph stay on ONNX Runtime's node rather
+    than attnserve's CausalGroupAttention (the manifest's `attention_fallback`), every reason
+    that applies; None: none."""
+    reasons = [WINDOW_FALLBACK] if config.sliding_window is not None else []
+    if rotates_outside(config):
+        reasons.append(ROTARY_FALLBACK)
+    if config.attn_logit_softcapping is not None:
+        reasons.append(SOFTCAP_FALLBACK)
+    return "; ".join(reasons) or None
 
 
 def gqa_supported(config: DecoderConfig) -> bool:
@@ -298,8 +321,9 @@ def export_lm_variants(
                 )
                 options[KERNELS_VERSION] = kernels.VERSION
             options["attention"] = attention
-            if attention == LM_GQA and model.config.sliding_window is not None:
-                options["attention_fallback"] = WINDOW_FALLBACK
+            fallback = gqa_fallback(model.config) if attention == LM_GQA else None
+            if fallback is not None:
+                options["attention_fallback"] = fallback
             parity: dict[str, Any] = {}
             write_manifest(out, variant, LM_OPSET, options, parity, files=LM_GRAPHS)
             if reference is not None:

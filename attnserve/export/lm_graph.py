@@ -37,10 +37,30 @@ it loads the graph (the table is stored once).
 The families' switches (`DecoderConfig`) are a few nodes each: projection biases one Add after
 their product (q/k/v's concatenated), per-head q/k norms a Reshape / RMSNormalization / Reshape
 per tensor before the rotation (the attention scale then folded into q's norm weight, since a
-norm would undo it in q's projection), scaled rotary frequencies and YaRN's attention factor
-only other constants (model/rope.py), and a sliding window its own pair of mask biases, built
-from the key and query positions, for the layers it covers. GroupQueryAttention takes the window
-as `local_window_size`, which attnserve's kernel does not run: such graphs keep ONNX Runtime's.
+norm would undo it in q's projection), scaled rotary frequencies and YaRN's and LongRoPE's
+attention factor only other constants (model/rope.py), partial rotation RotaryEmbedding's
+`rotary_embedding_dim`, and a sliding window its own pair of mask biases, built from the key and
+query positions, for the layers it covers. GroupQueryAttention takes the window as
+`local_window_size`, which attnserve's kernel does not run: such graphs keep ONNX Runtime's.
+Gemma's: norms stored as their scale (1 + w), a norm on each branch's output before its residual
+Add, Gelu (tanh) for the MLP's activation, a Mul for the embedding scale, query_pre_attn_scalar
+folded into q as the default scale is (GroupQueryAttention's own scale stays 1/sqrt(D), the
+ratio folded), the attention soft cap a Tanh and a Mul before each mask bias (1 / cap folded
+into q) or GroupQueryAttention's `softcap` (which also keeps ONNX Runtime's node), the final
+soft cap after the head, and a second rotary pair (or table pair) for Gemma 3's sliding-window
+layers' own base.
+
+Dynamic NTK and LongRoPE frequencies depend on a row's length (model/rope.py): such a graph has
+the input `rope_lengths` (B,) int64, the length each row's frequencies are chosen for (the
+runtime passes the row's length after the call, or its whole prompt's during its prefill), and
+computes (B, 1, R/2) frequencies from it: a Where between LongRoPE's long and short tables, or
+dynamic NTK's base grown per row (a few element-wise nodes, float32 as torch computes it), so a
+row's angles never depend on its batch (Gemma 3's sliding-window layers keep their plain
+frequencies of their own base). GroupQueryAttention's own rotation reads one table of
+whole-head frequencies for all rows; a model with partial rotation or per-row frequencies gets
+q and k rotated by RotaryEmbedding before the node (`do_rotary` 0, positions from `seqlens_k`
+as the node counts them, each layer by its own pair of cos/sin), which keeps ONNX Runtime's node
+too (`lm_export.gqa_fallback`).
 """
 
 from __future__ import annotations
@@ -61,13 +81,23 @@ from attnserve.engine.onnx.layout import (
     LM_PLAIN,
     LOGIT_POSITIONS,
     LOGITS,
+    ROPE_LENGTHS,
     lm_new_names,
     lm_past_names,
     lm_present_names,
 )
 from attnserve.model.decoder_config import DecoderConfig
-from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer, GroupedQueryAttention
-from attnserve.model.rope import rope_frequencies
+from attnserve.model.decoder_only import (
+    DecoderOnly,
+    DecoderOnlyLayer,
+    GroupedQueryAttention,
+    RMSNorm,
+)
+from attnserve.model.rope import (
+    length_dependent,
+    longrope_frequencies,
+    rope_frequencies,
+)
 
 # RMSNormalization and RotaryEmbedding are ONNX operators from opset 23 (IR version 11).
 LM_OPSET = 23
@@ -76,11 +106,19 @@ ATTENTIONS = (LM_PLAIN, LM_GQA)
 MS_DOMAIN = "com.microsoft"
 
 
-def inverse_frequencies(config: DecoderConfig) -> tuple[np.ndarray, float]:
-    """(D/2,) float32 frequencies and the cos/sin factor: `rotary_cos_sin`'s, computed by
-    torch as the model computes them."""
-    inv_freq, factor = rope_frequencies(config)
+def inverse_frequencies(config: DecoderConfig, local: bool = False) -> tuple[np.ndarray, float]:
+    """(R/2,) float32 frequencies and the cos/sin factor: `rotary_cos_sin`'s, computed by
+    torch as the model computes them (a length-dependent scaling's for a short sequence;
+    `local`: those of the layers `config.local_rope` names)."""
+    inv_freq, factor = rope_frequencies(config, local)
     return inv_freq.numpy(), factor
+
+
+def rotates_outside(config: DecoderConfig) -> bool:
+    """Whether the GroupQueryAttention graph rotates q and k before its attention nodes (the
+    node's own rotation reads one table of whole-head frequencies for every row): partial
+    rotation, or frequencies chosen per row by its length."""
+    return config.rope_dim != config.head_dim or length_dependent(config)
 
 
 # Initializers of at least this many bytes go to the external data file, when there is one.
@@ -151,12 +189,18 @@ def _weight(linear: torch.nn.Linear) -> np.ndarray:
     return linear.weight.detach().float().numpy().T.copy()
 
 
-def _rms_norm(g: _Graph, x: str, name: str, weight: torch.Tensor, eps: float) -> str:
-    """One RMSNormalization (float32 inside) of x's last axis, `weight` stored as name.weight."""
+def _rms_norm(g: _Graph, x: str, name: str, norm: RMSNorm, eps: float) -> str:
+    """One RMSNormalization (float32 inside) of x's last axis, the norm's scale (Gemma's 1 + w
+    included) stored as name.weight."""
     return g.op(
-        "RMSNormalization", [x, g.const(f"{name}.weight", weight.detach().float().numpy())],
+        "RMSNormalization", [x, g.const(f"{name}.weight", _scale(norm))],
         axis=-1, epsilon=eps, stash_type=1, name=name,
     )  # fmt: skip
+
+
+def _scale(norm: RMSNorm) -> np.ndarray:
+    """What a norm multiplies the normalized x by, float32 (1 + w for Gemma's)."""
+    return norm.scale().detach().float().numpy()
 
 
 def _bias(linear: torch.nn.Linear) -> np.ndarray | None:
@@ -212,30 +256,43 @@ def _qk_norms(
     cfg: DecoderConfig,
     q_scale: float = 1.0,
 ) -> tuple[str, str]:
-    """Qwen3's per-head norms of q and k (B, T, n * D); `q_scale` multiplies q's weight."""
+    """Qwen3's and Gemma 3's per-head norms of q and k (B, T, n * D); `q_scale` multiplies
+    q's weight."""
     assert attn.q_norm is not None and attn.k_norm is not None
     d, eps = cfg.head_dim, cfg.rms_norm_eps
-    q_weight = attn.q_norm.weight.detach().float().numpy() * q_scale
+    q_weight = _scale(attn.q_norm) * np.float32(q_scale)
     q = _head_norm(g, q, f"{p}.q_norm", q_weight, cfg.num_heads, d, eps)
-    k_weight = attn.k_norm.weight.detach().float().numpy()
-    return q, _head_norm(g, k, f"{p}.k_norm", k_weight, cfg.num_kv_heads, d, eps)
+    return q, _head_norm(g, k, f"{p}.k_norm", _scale(attn.k_norm), cfg.num_kv_heads, d, eps)
 
 
 def _mlp(g: _Graph, layer: DecoderOnlyLayer, p: str, x: str, eps: float, split: str) -> str:
-    """x + the layer's SwiGLU MLP of its normed x: gate and up one product, split after."""
+    """x + the layer's gated MLP of its normed x: gate and up one product, split after; silu
+    as x * Sigmoid(x), Gemma's GELU as Gelu (tanh), and Gemma's norm of the output."""
     mlp = layer.mlp
-    h = _rms_norm(g, x, f"{p}.post_attention_layernorm", layer.post_attention_layernorm.weight, eps)
+    norm_name = "pre_feedforward_layernorm" if layer.sandwich else "post_attention_layernorm"
+    h = _rms_norm(g, x, f"{p}.{norm_name}", layer.mlp_norm, eps)
     w_gate_up = np.concatenate([_weight(mlp.gate_proj), _weight(mlp.up_proj)], axis=1)
     gate_up = g.op(
         "MatMul", [h, g.const(f"{p}.gate_up_proj.weight", w_gate_up)], name=f"{p}.gate_up"
     )
     gate, up = g.op("Split", [gate_up, split], n_out=2, axis=-1)
-    act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+    if mlp.activation == "silu":
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+    else:
+        act = g.op("Mul", [g.op("Gelu", [gate], approximate="tanh"), up])
     down = g.op(
         "MatMul", [act, g.const(f"{p}.down_proj.weight", _weight(mlp.down_proj))],
         name=f"{p}.down_proj",
     )  # fmt: skip
-    return g.op("Add", [x, down])
+    post = layer.post_feedforward_layernorm if layer.sandwich else None
+    return _residual(g, x, down, post, f"{p}.post_feedforward_layernorm", eps)
+
+
+def _residual(g: _Graph, x: str, out: str, norm: RMSNorm | None, name: str, eps: float) -> str:
+    """x + a branch's output, normed first by `norm` (Gemma's sandwich norms) when given."""
+    if norm is not None:
+        out = _rms_norm(g, out, name, norm, eps)
+    return g.op("Add", [x, out])
 
 
 def _head(g: _Graph, model: DecoderOnly, x: str) -> None:
@@ -245,12 +302,31 @@ def _head(g: _Graph, model: DecoderOnly, x: str) -> None:
     once)."""
     flat = g.op("Reshape", [x, g.const("rows_shape", [-1, model.config.hidden_size], np.int64)])
     kept = g.op("Gather", [flat, LOGIT_POSITIONS], axis=0, name="logit_rows")  # (R, C)
-    normed = _rms_norm(g, kept, "norm", model.norm.weight, model.config.rms_norm_eps)
+    normed = _rms_norm(g, kept, "norm", model.norm, model.config.rms_norm_eps)
     if model.lm_head.weight is model.embed_tokens.weight:  # tied (a smoothed copy unties it)
         head = g.op("Transpose", ["embed_tokens.weight"], perm=[1, 0], name="lm_head.t")
     else:
         head = g.const("lm_head.weight", _weight(model.lm_head))
-    g.op("MatMul", [normed, head], name="lm_head", outputs=[LOGITS])
+    cap = model.config.final_logit_softcapping
+    if cap is None:
+        g.op("MatMul", [normed, head], name="lm_head", outputs=[LOGITS])
+        return
+    # Gemma's soft cap, cap * tanh(logits / cap), as the model computes it
+    logits = g.op("MatMul", [normed, head], name="lm_head")
+    cap_name = g.const("final_logit_softcap", np.float32(cap))
+    capped = g.op("Tanh", [g.op("Div", [logits, cap_name])])
+    g.op("Mul", [capped, cap_name], name="final_logit_softcapping", outputs=[LOGITS])
+
+
+def _embed(g: _Graph, model: DecoderOnly, ids: str) -> str:
+    """The token embedding of `ids` (B, T) -> (B, T, C), times sqrt(hidden_size) with
+    `scale_embeddings` (Gemma; the float32 factor the model multiplies by)."""
+    table = model.embed_tokens.weight.detach().float().numpy()
+    x = g.op("Gather", [g.const("embed_tokens.weight", table), ids], axis=0, name="embed")
+    if not model.config.scale_embeddings:
+        return x
+    factor = np.float32(torch.tensor(model.config.hidden_size**0.5).item())
+    return g.op("Mul", [x, g.const("embed_scale", factor)], name="embed_scaled")
 
 
 def _positions_input() -> onnx.ValueInfoProto:
@@ -295,6 +371,93 @@ def _window_biases(
         g.op("Unsqueeze", [g.op("Where", [past, zero, low]), axes], name=f"past_bias_w{window}"),
         g.op("Unsqueeze", [g.op("Where", [new, zero, low]), axes], name=f"new_bias_w{window}"),
     )
+
+
+def _row_frequencies(g: _Graph, cfg: DecoderConfig) -> str:
+    """(B, 1, R/2) float32 frequencies of each row from the input `rope_lengths` (B,), as
+    model/rope.py's `row_frequencies` computes them: LongRoPE's long or short ones, or dynamic
+    NTK's base grown with the length (the initial frequencies up to the reference length)."""
+    params = cfg.rope_scaling or {}
+    original = int(params["original_max_position_embeddings"])
+    lengths = g.op("Unsqueeze", [ROPE_LENGTHS, g.const("rope_axes", [1, 2], np.int64)])
+    longer = g.op("Greater", [lengths, g.const("rope_original", original, np.int64)])  # (B,1,1)
+    if params["rope_type"] == "longrope":
+        short, long = (f.numpy() for f in longrope_frequencies(cfg))
+        return g.op(
+            "Where", [longer, g.const("inv_freq_long", long), g.const("inv_freq_short", short)],
+            name="row_inv_freq",
+        )  # fmt: skip
+    d, factor, f32 = cfg.rope_dim, float(params["factor"]), np.float32
+    initial, _ = inverse_frequencies(cfg)
+    exponents = np.arange(0, d, 2, dtype=np.int64).astype(f32) / f32(d)
+    # theta * (factor * length / reference - (factor - 1)) ** (d / (d - 2)), in float32
+    scaled = g.op(
+        "Mul", [g.op("Cast", [lengths], to=TensorProto.FLOAT), g.const("ntk_factor", f32(factor))]
+    )
+    ratio = g.op("Div", [scaled, g.const("ntk_reference", f32(original))])
+    shifted = g.op("Sub", [ratio, g.const("ntk_factor_minus_1", f32(factor - 1))])
+    grown_by = g.op("Pow", [shifted, g.const("ntk_power", f32(d / (d - 2)))])
+    base = g.op("Mul", [g.const("ntk_theta", f32(cfg.rope_theta)), grown_by])  # (B, 1, 1)
+    powers = g.op("Pow", [base, g.const("ntk_exponents", exponents.astype(f32))])
+    grown = g.op("Reciprocal", [powers])  # (B, 1, R/2)
+    return g.op("Where", [longer, grown, g.const("inv_freq", initial)], name="row_inv_freq")
+
+
+def _cos_sin(g: _Graph, cfg: DecoderConfig, positions: str, *, local: bool) -> tuple[str, str]:
+    """cos and sin (B, T, R/2) of the angles of `positions` (B, T, 1) float, as `rotary_cos_sin`
+    computes them: the positions times the frequencies, times YaRN's or LongRoPE's attention
+    factor. The global layers' frequencies are the same for every row, or each row's own (a
+    length-dependent scaling); with `local`, the sliding-window layers' own (Gemma 3: plain)."""
+    inv_freq, rope_factor = inverse_frequencies(cfg, local)
+    stem = "rotary_local" if local else "rotary"
+    if length_dependent(cfg) and not local:
+        frequencies = _row_frequencies(g, cfg)  # (B, 1, R/2)
+    else:
+        frequencies = g.const(f"{stem}_inv_freq", inv_freq)  # (R/2,)
+    angles = g.op("Mul", [positions, frequencies])  # (B, T, R/2)
+    cos_name = g.op("Cos", [angles], name=f"{stem}_cos")
+    sin_name = g.op("Sin", [angles], name=f"{stem}_sin")
+    if rope_factor != 1.0:  # YaRN's or LongRoPE's attention factor
+        factor = g.const(f"{stem}_factor", np.float32(rope_factor))
+        cos_name, sin_name = g.op("Mul", [cos_name, factor]), g.op("Mul", [sin_name, factor])
+    return cos_name, sin_name
+
+
+def _rotations(g: _Graph, cfg: DecoderConfig, positions: str) -> dict[bool, tuple[str, str]]:
+    """cos and sin (B, T, R/2) of `positions` (B, T) int64 for the layers of each rotary base,
+    keyed by `cfg.local_rope(layer)`: the global layers' pair, and a second one for Gemma 3's
+    sliding-window layers' own base."""
+    angle_positions = g.op(
+        "Unsqueeze",
+        [g.op("Cast", [positions], to=TensorProto.FLOAT), g.const("axis_last", [-1], np.int64)],
+    )  # (B, T, 1)
+    rotations = {False: _cos_sin(g, cfg, angle_positions, local=False)}
+    if cfg.local_rope_theta is not None:
+        rotations[True] = _cos_sin(g, cfg, angle_positions, local=True)
+    return rotations
+
+
+def _rotate(g: _Graph, cfg: DecoderConfig, x: str, cos: str, sin: str, heads: int) -> str:
+    """One RotaryEmbedding of x (B, T, heads * D), rotate-half, over the first R channels of
+    each head (the rest pass through)."""
+    partial: dict[str, Any] = {}
+    if cfg.rope_dim != cfg.head_dim:
+        partial["rotary_embedding_dim"] = cfg.rope_dim
+    rotated: str = g.op("RotaryEmbedding", [x, cos, sin], interleaved=0, num_heads=heads, **partial)
+    return rotated
+
+
+def _rope_lengths_input(cfg: DecoderConfig) -> list[onnx.ValueInfoProto]:
+    """The `rope_lengths` input, for a model whose frequencies depend on a row's length."""
+    if not length_dependent(cfg):
+        return []
+    return [helper.make_tensor_value_info(ROPE_LENGTHS, TensorProto.INT64, ["batch"])]
+
+
+def _capped(g: _Graph, scores: str, cap: str | None) -> str:
+    """cap * tanh(scores) of scores already divided by the cap (folded into q), before the
+    mask (Gemma 2's attention soft cap); the scores themselves without one."""
+    return scores if cap is None else g.op("Mul", [g.op("Tanh", [scores]), cap])
 
 
 def build_lm_graph(
@@ -360,26 +523,9 @@ def build_lm_graph(
     t_1d = g.op("Unsqueeze", [t, g.const("axis_0b", [0], np.int64)])
     split_wt = g.op("Concat", [width, t_1d], axis=0, name="split_past_new")
 
-    # rotary angles (B, T, D/2) of this step's positions, as `rotary_cos_sin` computes them
-    inv_freq, rope_factor = inverse_frequencies(cfg)
-    angles = g.op(
-        "Mul",
-        [
-            g.op(
-                "Unsqueeze",
-                [
-                    g.op("Cast", [positions], to=TensorProto.FLOAT),
-                    g.const("axis_last", [-1], np.int64),
-                ],
-            ),
-            g.const("inv_freq", inv_freq),
-        ],
-    )
-    cos_name = g.op("Cos", [angles], name="rotary_cos")
-    sin_name = g.op("Sin", [angles], name="rotary_sin")
-    if rope_factor != 1.0:  # YaRN's attention factor
-        factor = g.const("rotary_factor", np.float32(rope_factor))
-        cos_name, sin_name = g.op("Mul", [cos_name, factor]), g.op("Mul", [sin_name, factor])
+    # rotary angles' cos/sin (B, T, R/2) of this step's positions; a second pair for the
+    # sliding-window layers' own base (Gemma 3)
+    rotations = _rotations(g, cfg, positions)
     q_shape = g.const("q_shape", [0, 0, kv, groups, d], np.int64)
     kv_shape = g.const("kv_shape", [0, 0, kv, d], np.int64)
     merged_shape = g.const("merged_shape", [0, 0, heads * d], np.int64)
@@ -387,26 +533,25 @@ def build_lm_graph(
     split_qkv = g.const("split_qkv", [heads * d, kv * d, kv * d], np.int64)
     split_mlp = g.const("split_gate_up", [cfg.intermediate_size] * 2, np.int64)
 
-    table = model.embed_tokens.weight.detach().float().numpy()
-    x = g.op("Gather", [g.const("embed_tokens.weight", table), ids], axis=0, name="embed")
+    x = _embed(g, model, ids)
+    softcap = cfg.attn_logit_softcapping
+    cap = None if softcap is None else g.const("attn_logit_softcap", np.float32(softcap))
     for i, module in enumerate(model.layers):
         layer: DecoderOnlyLayer = module  # type: ignore[assignment]
         attn = layer.self_attn
         p = f"layers.{i}"
-        h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
-        # the attention scale in q's projection, or in its norm (which would undo it there)
-        scale = 1.0 / math.sqrt(d)
+        h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm, eps)
+        # the attention scale (and a soft cap's 1 / cap) in q's projection, or in its norm
+        # (which would undo it there)
+        scale = cfg.attention_scale / (1.0 if softcap is None else softcap)
         qkv = _qkv(g, attn, p, h, q_scale=1.0 if cfg.qk_norm else scale)
         q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
         if cfg.qk_norm:
             q, k = _qk_norms(g, attn, p, q, k, cfg, q_scale=scale)
         past_bias, new_bias = biases[cfg.window(i)]
-        q = g.op(
-            "RotaryEmbedding", [q, cos_name, sin_name], interleaved=0, num_heads=heads,
-        )  # fmt: skip
-        k = g.op(
-            "RotaryEmbedding", [k, cos_name, sin_name], interleaved=0, num_heads=kv,
-        )  # fmt: skip
+        cos_name, sin_name = rotations[cfg.local_rope(i)]
+        q = _rotate(g, cfg, q, cos_name, sin_name, heads)
+        k = _rotate(g, cfg, k, cos_name, sin_name, kv)
         q5 = g.op("Transpose", [g.op("Reshape", [q, q_shape])], perm=[0, 2, 3, 1, 4])
         for value, out_name in ((k, new_names[2 * i]), (v, new_names[2 * i + 1])):
             reshaped = g.op("Reshape", [value, kv_shape])
@@ -415,14 +560,10 @@ def build_lm_graph(
         past_v5 = g.op("Unsqueeze", [past_names[2 * i + 1], axis_2])
         new_k5 = g.op("Unsqueeze", [new_names[2 * i], axis_2])  # (B, Hkv, 1, T, D)
         new_v5 = g.op("Unsqueeze", [new_names[2 * i + 1], axis_2])
-        scores_past = g.op(
-            "Add",
-            [g.op("MatMul", [q5, g.op("Transpose", [past_k5], perm=[0, 1, 2, 4, 3])]), past_bias],
-        )  # (B, Hkv, G, T, W)
-        scores_new = g.op(
-            "Add",
-            [g.op("MatMul", [q5, g.op("Transpose", [new_k5], perm=[0, 1, 2, 4, 3])]), new_bias],
-        )  # (B, Hkv, G, T, T)
+        qk_past = g.op("MatMul", [q5, g.op("Transpose", [past_k5], perm=[0, 1, 2, 4, 3])])
+        qk_new = g.op("MatMul", [q5, g.op("Transpose", [new_k5], perm=[0, 1, 2, 4, 3])])
+        scores_past = g.op("Add", [_capped(g, qk_past, cap), past_bias])  # (B, Hkv, G, T, W)
+        scores_new = g.op("Add", [_capped(g, qk_new, cap), new_bias])  # (B, Hkv, G, T, T)
         probs = g.op("Softmax", [g.op("Concat", [scores_past, scores_new], axis=-1)], axis=-1)
         p_past, p_new = g.op("Split", [probs, split_wt], n_out=2, axis=-1)
         out = g.op(
@@ -431,7 +572,9 @@ def build_lm_graph(
         out = g.op(
             "Reshape", [g.op("Transpose", [out], perm=[0, 3, 1, 2, 4]), merged_shape]
         )  # (B, T, H * D)
-        x = g.op("Add", [x, _out_proj(g, attn, p, out)])
+        attended = _out_proj(g, attn, p, out)
+        post = layer.post_attention_layernorm if layer.sandwich else None
+        x = _residual(g, x, attended, post, f"{p}.post_attention_layernorm", eps)
         x = _mlp(g, layer, p, x, eps, split_mlp)
 
     _head(g, model, x)
@@ -444,6 +587,7 @@ def build_lm_graph(
         helper.make_tensor_value_info(past_mask, TensorProto.INT64, ["batch", "past"]),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
         _positions_input(),
+        *_rope_lengths_input(cfg),
     ]
     outputs = [
         _logits_output(cfg.vocab_size),
@@ -455,6 +599,34 @@ def build_lm_graph(
         opset_imports=[helper.make_opsetid("", opset)],
         producer_name="attnserve",
         ir_version=LM_IR_VERSION,
+    )
+
+
+def _gqa_positions(g: _Graph, ids: str, seqlens: str, total: str) -> str:
+    """(B, T) int64 positions of a GroupQueryAttention step's tokens, as the node places them:
+    t in a first prompt (T == total_sequence_length: rows from column 0), else
+    seqlens_k + 1 - T + t (the row's cached tokens before them)."""
+    t = g.op("Gather", [g.op("Shape", [ids]), g.const("index_1", 1, np.int64)], axis=0)
+    steps = g.op("Range", [g.const("start_0", 0, np.int64), t, g.const("delta_1", 1, np.int64)])
+    first = g.op("Equal", [g.op("Cast", [total], to=TensorProto.INT64), t])
+    lengths = g.op("Cast", [seqlens], to=TensorProto.INT64)  # (B,) each row's, minus one
+    past = g.op("Sub", [g.op("Add", [lengths, g.const("one_i64", 1, np.int64)]), t])
+    offset = g.op("Where", [first, g.const("zero_i64", 0, np.int64), past])
+    column = g.op("Unsqueeze", [offset, g.const("axis_1", [1], np.int64)])  # (B, 1)
+    return g.op("Add", [column, g.op("Unsqueeze", [steps, g.const("axis_0", [0], np.int64)])])
+
+
+def _rotary_tables(g: _Graph, cfg: DecoderConfig, *, local: bool) -> tuple[str, str]:
+    """GroupQueryAttention's cos and sin tables (P, D/2) of every position, as
+    `rotary_cos_sin` computes them; with `local` the sliding-window layers' own."""
+    inv_freq, rope_factor = inverse_frequencies(cfg, local)
+    angles = np.outer(np.arange(cfg.max_positions, dtype=np.float32), inv_freq).astype(
+        np.float32
+    )  # (P, D/2)
+    stem = "rotary_local" if local else "rotary"
+    return (
+        g.const(f"{stem}_cos_cache", np.cos(angles) * np.float32(rope_factor)),
+        g.const(f"{stem}_sin_cache", np.sin(angles) * np.float32(rope_factor)),
     )
 
 
@@ -485,39 +657,56 @@ def _build_gqa_graph(
     past_names, present_names = lm_past_names(cfg.num_layers), lm_present_names(cfg.num_layers)
     ids, seqlens, total = LM_GQA_INPUTS
 
-    inv_freq, rope_factor = inverse_frequencies(cfg)
-    angles = np.outer(np.arange(cfg.max_positions, dtype=np.float32), inv_freq).astype(
-        np.float32
-    )  # (P, D/2), as `rotary_cos_sin` computes them
-    cos_cache = g.const("rotary_cos_cache", np.cos(angles) * np.float32(rope_factor))
-    sin_cache = g.const("rotary_sin_cache", np.sin(angles) * np.float32(rope_factor))
+    outside = rotates_outside(cfg)
+    rotations: dict[bool, tuple[str, str]] = {}
+    tables: dict[bool, tuple[str, str]] = {}
+    if outside:  # q and k rotated before the node: each row's cos/sin (B, T, R/2)
+        rotations = _rotations(g, cfg, _gqa_positions(g, ids, seqlens, total))
+    else:  # the node rotates, from tables of the context's positions
+        tables[False] = _rotary_tables(g, cfg, local=False)
+        if cfg.local_rope_theta is not None:  # the sliding-window layers' own base (Gemma 3)
+            tables[True] = _rotary_tables(g, cfg, local=True)
     split_qkv = g.const("split_qkv", [heads * d, kv * d, kv * d], np.int64)
     split_mlp = g.const("split_gate_up", [cfg.intermediate_size] * 2, np.int64)
 
-    table = model.embed_tokens.weight.detach().float().numpy()
-    x = g.op("Gather", [g.const("embed_tokens.weight", table), ids], axis=0, name="embed")
+    x = _embed(g, model, ids)
+    # the node's scale stays 1/sqrt(D) (attnserve's kernel computes that one); another
+    # (query_pre_attn_scalar) is folded into q's projection or norm, by their ratio
+    q_scale = 1.0
+    if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != d:
+        q_scale = cfg.attention_scale * math.sqrt(d)
+    softcap: dict[str, Any] = {}
+    if cfg.attn_logit_softcapping is not None:  # attnserve's kernel has none: ORT's node stays
+        softcap["softcap"] = cfg.attn_logit_softcapping
     for i, module in enumerate(model.layers):
         layer: DecoderOnlyLayer = module  # type: ignore[assignment]
         attn, p = layer.self_attn, f"layers.{i}"
-        h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm.weight, eps)
-        qkv = _qkv(g, attn, p, h)
-        if cfg.qk_norm:  # normed q and k packed again: the attention reads one tensor
-            q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
-            q, k = _qk_norms(g, attn, p, q, k, cfg)
+        h = _rms_norm(g, x, f"{p}.input_layernorm", layer.input_layernorm, eps)
+        qkv = _qkv(g, attn, p, h, q_scale=1.0 if cfg.qk_norm else q_scale)
+        if cfg.qk_norm or outside:  # q and k normed / rotated, packed again: the attention
+            q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)  # reads one tensor
+            if cfg.qk_norm:
+                q, k = _qk_norms(g, attn, p, q, k, cfg, q_scale=q_scale)
+            if outside:
+                cos_name, sin_name = rotations[cfg.local_rope(i)]
+                q = _rotate(g, cfg, q, cos_name, sin_name, heads)
+                k = _rotate(g, cfg, k, cos_name, sin_name, kv)
             qkv = g.op("Concat", [q, k, v], axis=-1)
+        rotary = [] if outside else list(tables[cfg.local_rope(i)])  # the node's cos/sin tables
         # GroupQueryAttention's local_window_size counts the query's own key, as ours does
         # (measured against the torch model: window - 1 and window + 1 both differ)
         window = cfg.window(i)
         out, _, _ = g.op(
             "GroupQueryAttention",
-            [qkv, "", "", past_names[2 * i], past_names[2 * i + 1], seqlens, total,
-             cos_cache, sin_cache],
+            [qkv, "", "", past_names[2 * i], past_names[2 * i + 1], seqlens, total, *rotary],
             outputs=[f"{p}.attention", present_names[2 * i], present_names[2 * i + 1]],
-            domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv, do_rotary=1,
+            domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv, do_rotary=int(not outside),
             rotary_interleaved=0, scale=1.0 / math.sqrt(d), name=f"{p}.self_attn",
-            **({} if window is None else {"local_window_size": window}),
+            **({} if window is None else {"local_window_size": window}), **softcap,
         )  # fmt: skip
-        x = g.op("Add", [x, _out_proj(g, attn, p, out)])
+        attended = _out_proj(g, attn, p, out)
+        post = layer.post_attention_layernorm if layer.sandwich else None
+        x = _residual(g, x, attended, post, f"{p}.post_attention_layernorm", eps)
         x = _mlp(g, layer, p, x, eps, split_mlp)
 
     _head(g, model, x)
@@ -530,6 +719,7 @@ def _build_gqa_graph(
         helper.make_tensor_value_info(total, TensorProto.INT32, []),
         *(helper.make_tensor_value_info(nm, TensorProto.FLOAT, past_shape) for nm in past_names),
         _positions_input(),
+        *_rope_lengths_input(cfg),
     ]
     outputs = [
         _logits_output(cfg.vocab_size),

@@ -11,7 +11,8 @@ that quantize better and weights that still do (per output column). Here every d
 on a weight the float graph already multiplies by, so the smoothed model computes the same
 function with no extra node:
 
-* q/k/v and gate/up inputs are RMSNorm outputs: the norm's weight takes 1 / s;
+* q/k/v and gate/up inputs are RMSNorm outputs: the norm's scale takes 1 / s (Gemma's norms
+  scale by 1 + w: w becomes (1 + w) / s - 1);
 * the down projection's input is silu(gate) * up: up's output rows take 1 / s;
 * the output projection's input is attention over V: V's output rows (and bias) take 1 / s, one
   factor per key/value channel shared by the query heads of its group (grouped-query attention);
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer
+from attnserve.model.decoder_only import DecoderOnly, DecoderOnlyLayer, RMSNorm
 
 ALPHA = 0.5
 EPS = 1e-5
@@ -69,6 +70,14 @@ def _factors(x_max: Tensor, weights: Sequence[Tensor], alpha: float) -> Tensor:
     return s.clamp(min=EPS)
 
 
+def _divide_norm(norm: RMSNorm, s: Tensor) -> None:
+    """The norm's output divided by s (per channel): its scale, 1 + w for Gemma's, over s."""
+    if norm.unit_offset:
+        norm.weight.copy_(norm.scale() / s - 1.0)
+    else:
+        norm.weight.div_(s)
+
+
 def _scale_inputs(linears: Sequence[nn.Linear], s: Tensor) -> None:
     for linear in linears:
         linear.weight.mul_(s[None, :])
@@ -88,12 +97,12 @@ def smooth(
             attn, mlp = layer.self_attn, layer.mlp
             qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
             s = _factors(maxima[f"layers.{i}.self_attn.q_proj"], [m.weight for m in qkv], alpha)
-            layer.input_layernorm.weight.div_(s)
+            _divide_norm(layer.input_layernorm, s)
             _scale_inputs(qkv, s)
 
             gate_up = (mlp.gate_proj, mlp.up_proj)
             s = _factors(maxima[f"layers.{i}.mlp.gate_proj"], [m.weight for m in gate_up], alpha)
-            layer.post_attention_layernorm.weight.div_(s)
+            _divide_norm(layer.mlp_norm, s)
             _scale_inputs(gate_up, s)
 
             s = _factors(maxima[f"layers.{i}.mlp.down_proj"], [mlp.down_proj.weight], alpha)
@@ -115,6 +124,6 @@ def smooth(
             _scale_inputs([attn.o_proj], s_query)
 
         s = _factors(maxima["lm_head"], [out.lm_head.weight], alpha)
-        out.norm.weight.div_(s)
+        _divide_norm(out.norm, s)
         out.lm_head.weight = nn.Parameter(out.lm_head.weight.detach().clone() * s[None, :])
     return out

@@ -3,6 +3,8 @@
 Start-up: the server answers at once (/healthz 200, /readyz 503 "loading"); the models load on a
 worker thread, each is warmed up with one short translation through its engine, then /readyz
 turns 200. A model that fails to load makes the process exit (Lifecycle.on_fatal).
+`wait_for_models` (a Ray Serve replica, service/ray_serve.py): the lifespan's start-up itself
+loads the models and raises if one fails, so the replica counts as started only once it is ready.
 Shutdown (SIGTERM, see server.py): /readyz and new API requests answer 503 at once, in-flight
 requests finish within drain_seconds, then the engine threads stop.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,9 +30,12 @@ from attnserve.service.models import wait_idle as wait_models_idle
 from attnserve.service.openai_api import router as openai_router
 from attnserve.service.routes import router
 from attnserve.service.schemas import FinalEvent, TokenEvent
+from attnserve.service.server_info import package_version
+from attnserve.service.server_info import router as server_info_router
 from attnserve.service.settings import Settings
 from attnserve.service.state import ServiceState
 from attnserve.service.tokenization import router as tokenization_router
+from attnserve.service.ui import router as ui_router
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +45,17 @@ Translation with encoder-decoder Transformers, decoded with continuous batching.
 Errors are JSON `{"error": {"type", "message", "param", "request_id"}}`: 422 invalid request
 (`param` names the field), 404 unknown model, 413 body too large, 429 queue full (Retry-After),
 503 not ready or shutting down, 504 deadline exceeded, 401 missing API key (when the server has
-one: `Authorization: Bearer <key>`; /healthz, /readyz, /metrics and the docs stay open), 500 a
-decoding failure of this request (quote its request id). Every response carries `X-Request-ID`
-(the client's, when it sent a valid one).
+one: `Authorization: Bearer <key>`; /healthz, /readyz, /metrics, the docs and the page at /
+stay open), 500 a decoding failure of this request (quote its request id). Every response
+carries `X-Request-ID` (the client's, when it sent a valid one).
 """
 
 
 def create_app(
-    settings: Settings | None = None, *, backend_factory: BackendFactory = default_backend_factory
+    settings: Settings | None = None,
+    *,
+    backend_factory: BackendFactory = default_backend_factory,
+    wait_for_models: bool = False,
 ) -> FastAPI:
     """A new app with its own settings, metrics registry and models (loaded by lifespan)."""
     settings = settings or Settings()
@@ -57,6 +64,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(load_models(service, backend_factory))
+        if wait_for_models:
+            await loader
+            if service.lifecycle.phase == "failed":
+                await asyncio.to_thread(service.registry.stop, 5.0)  # the models that loaded
+                raise RuntimeError(f"loading the models failed: {service.lifecycle.detail}")
         try:
             yield
         finally:
@@ -64,18 +76,23 @@ def create_app(
 
     app = FastAPI(
         title="attnserve",
-        version=_version(),
+        version=package_version(),
         description=DESCRIPTION,
         lifespan=lifespan,
     )
     app.state.service = service
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(openai_router)
-    app.include_router(libretranslate_router)
-    app.include_router(tokenization_router)
-    known_paths = frozenset(str(getattr(route, "path", "")) for route in app.routes)
+    routers = [router, openai_router, libretranslate_router, tokenization_router]
+    routers += [server_info_router, *([ui_router] if settings.ui else [])]
+    for included in routers:
+        app.include_router(included)
+    # The metrics' route label of a request the middleware answers itself (401, 413, 503):
+    # app.routes lists the included routers, not their routes, so those are read here.
+    known_paths = frozenset(
+        str(getattr(route, "path", ""))
+        for route in [*app.routes, *(r for included in routers for r in included.routes)]
+    )
     app.add_middleware(ServiceMiddleware, service=service, known_paths=known_paths)
     if settings.cors_origins:
         app.add_middleware(
@@ -107,13 +124,6 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
         return schema
 
     return openapi
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("attnserve")
-    except importlib.metadata.PackageNotFoundError:
-        return "0"
 
 
 async def load_models(service: ServiceState, factory: BackendFactory) -> None:

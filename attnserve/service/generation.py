@@ -56,7 +56,7 @@ MIN_LOGPROB = -9999.0
 # Fields only a language model takes (a translation model answers 422 naming them).
 LM_ONLY = (
     "messages", "chat_template_kwargs", "min_p", "presence_penalty", "frequency_penalty",
-    "logprobs", "prompt_logprobs", "n", "stop",
+    "logprobs", "prompt_logprobs", "n", "stop", "cache_salt",
 )  # fmt: skip
 LM_OPTIONS = ("min_p", "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs")
 
@@ -234,6 +234,7 @@ def lm_requests(
     stream: bool,
     stopper: StopStrings | None,
     constraint: Constraint | None = None,
+    cache_salt: str | None = None,
 ) -> list[Request]:
     deadline = time.monotonic() + timeout
     serial = next_serial()
@@ -252,6 +253,7 @@ def lm_requests(
                 stream=stream,
                 stopper=stopper,
                 constraint=constraint,
+                cache_salt=cache_salt,
             )
         )
     return requests
@@ -298,6 +300,7 @@ async def start_lm(
         stream=body.stream,
         stopper=stopper,
         constraint=constraint,
+        cache_salt=body.cache_salt,
     )
     return EngineRun(model, requests, submit_all(service, model, requests), stopper, timeout)
 

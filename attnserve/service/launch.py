@@ -1,7 +1,8 @@
-"""`attnserve serve`: flags over ATTNSERVE_* settings, the models provisioned, uvicorn.
+"""`attnserve serve`: flags over ATTNSERVE_* settings, the models provisioned, uvicorn; with
+`--replicas N` / `--ray`, replicas on Ray Serve instead (service/replicas.py, ray_serve.py).
 
 Imported by the CLI only when `serve` runs (FastAPI and uvicorn load then, torch only if a model
-must be exported first).
+must be exported first, Ray only for replicas).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from attnserve.defaults import default_model_dir
+from attnserve.service import replicas
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-join-padding": ("max_join_padding", int),
     "--lm-max-join-padding": ("lm_max_join_padding", int),
     "--prefill-chunk": ("prefill_chunk", int),
+    "--prefix-cache-bytes": ("prefix_cache_bytes", int),
+    "--prefix-block": ("prefix_block", int),
     "--max-prompt-tokens": ("max_prompt_tokens", int),
     "--default-timeout-ms": ("default_timeout_ms", int),
     "--max-timeout-ms": ("max_timeout_ms", int),
@@ -50,6 +54,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--trim-seconds": ("trim_seconds", float),
     "--log-level": ("log_level", str),
     "--tool-call-parser": ("tool_call_parser", str),
+    "--reasoning-parser": ("reasoning_parser", str),
 }
 
 
@@ -83,12 +88,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "are missing (default: on; env ATTNSERVE_AUTO_EXPORT)",
     )
     p.add_argument(
+        "--ui",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the page for people at / (default: on; env ATTNSERVE_UI)",
+    )
+    p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="ONNX Runtime's threads spin between nodes: faster with 2+ threads on a dedicated "
         "machine, CPU burnt while idle (default: off; env ATTNSERVE_SPINNING)",
     )
+    replicas.add_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -98,7 +110,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export", "spinning"):
+    for field in ("log_json", "auto_export", "spinning", "ui"):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:
@@ -128,12 +140,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from attnserve.service.logs import configure_logging
 
     try:
+        options = replicas.options_from_args(args)
         settings = settings_from_args(args)
+    except (ServeError, replicas.ReplicaError) as exc:
+        sys.stderr.write(f"attnserve serve: {exc}\n")
+        return 2
+    if options.on_ray and not replicas.ray_installed():
+        sys.stderr.write(replicas.missing_ray_message(options) + "\n")
+        return 2
+    try:
         configure_logging(settings.log_level, settings.log_json)
         check_models(settings)
     except ServeError as exc:
         sys.stderr.write(f"attnserve serve: {exc}\n")
         return 2
+    if options.on_ray:
+        import os
+
+        from attnserve.service.ray_serve import run
+
+        threads = replicas.replica_threads(settings, options, os.cpu_count())
+        return run(settings.model_copy(update={"threads": threads}), options)
     from attnserve.service.server import serve
 
     return serve(settings)

@@ -56,8 +56,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def configure_logging(level: str = "info", json_lines: bool = True) -> None:
-    """Root logging for the server process (uvicorn's loggers included)."""
+def stderr_handler(json_lines: bool = True) -> logging.Handler:
+    """A handler writing JSON lines (or plain lines) with the request id to stderr."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if json_lines:
@@ -66,6 +66,12 @@ def configure_logging(level: str = "info", json_lines: bool = True) -> None:
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")
         )
+    return handler
+
+
+def configure_logging(level: str = "info", json_lines: bool = True) -> None:
+    """Root logging for the server process (uvicorn's loggers included)."""
+    handler = stderr_handler(json_lines)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -6,7 +6,7 @@ Labels are bounded: `route` is a route template (or "other"), `status` an HTTP s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -16,7 +16,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from attnserve.engine.prefix_cache import PrefixCache
 from attnserve.engine.scheduler import Outcome, StepEvents
 
 PREFIX = "attnserve_"
@@ -39,12 +42,60 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
+class PrefixCacheCollector(Collector):
+    """The prefix caches' counters, read from them at scrape time."""
+
+    def __init__(self, caches: dict[str, PrefixCache]) -> None:
+        self.caches = caches
+
+    def describe(self) -> Iterable[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterable[Metric]:
+        name = PREFIX + "prefix_cache_"
+        queries = CounterMetricFamily(
+            name + "queries", "Prompt tokens looked up in the prefix cache", labels=["model"]
+        )
+        hits = CounterMetricFamily(
+            name + "hits", "Prompt tokens whose K/V came from the prefix cache", labels=["model"]
+        )
+        evictions = CounterMetricFamily(
+            name + "evictions", "Blocks dropped from the prefix cache for room", labels=["model"]
+        )
+        size = GaugeMetricFamily(name + "bytes", "Bytes the prefix cache holds", labels=["model"])
+        blocks = GaugeMetricFamily(
+            name + "blocks", "Blocks the prefix cache holds", labels=["model"]
+        )
+        capacity = GaugeMetricFamily(
+            name + "capacity_bytes", "The prefix cache's limit", labels=["model"]
+        )
+        # vLLM's cache_config_info, which the Gateway API Inference Extension's prefix scorer
+        # reads (--cache-info-metric): the block size and how many blocks fit
+        info = GaugeMetricFamily(
+            name.removesuffix("prefix_cache_") + "cache_config_info",
+            "The prefix cache's block size (tokens) and capacity (blocks)",
+            labels=["model", "block_size", "num_gpu_blocks"],
+        )
+        for model, cache in self.caches.items():
+            info.add_metric([model, str(cache.block), str(cache.capacity_blocks)], 1)
+            stats = cache.snapshot()
+            queries.add_metric([model], stats.queries)
+            hits.add_metric([model], stats.hits)
+            evictions.add_metric([model], stats.evictions)
+            size.add_metric([model], stats.bytes)
+            blocks.add_metric([model], stats.blocks)
+            capacity.add_metric([model], cache.max_bytes)
+        yield from (queries, hits, evictions, size, blocks, capacity, info)
+
+
 class Metrics:
     """Every attnserve_* metric, in its own registry (tests build many apps in one process)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.prefix_caches: dict[str, PrefixCache] = {}
+        r.register(PrefixCacheCollector(self.prefix_caches))
         self.requests = Counter(
             PREFIX + "requests", "HTTP requests answered", ["route", "status"], registry=r
         )
@@ -105,6 +156,13 @@ class Metrics:
         self.requests_waiting = Gauge(
             PREFIX + "requests_waiting", "Requests queued for the batch", ["model"], registry=r
         )
+        self.kv_cache_usage = Gauge(
+            PREFIX + "kv_cache_usage_perc",
+            "Share (0-1) of the batch's token budget (max_batch_tokens) that admitted requests "
+            "hold: KV-cache utilisation as a load-aware router reads it",
+            ["model"],
+            registry=r,
+        )
         self.rejected = Counter(
             PREFIX + "rejected", "Requests refused before decoding", ["reason"], registry=r
         )
@@ -130,11 +188,17 @@ class Metrics:
         provider: str,
         running: Callable[[], float],
         waiting: Callable[[], float],
+        prefix_cache: PrefixCache | None = None,
+        kv_usage: Callable[[], float] | None = None,
     ) -> None:
         """Declare a model: its info gauge, and gauges read from its engine at scrape time."""
+        if prefix_cache is not None:
+            self.prefix_caches[name] = prefix_cache
         self.model_info.labels(name, variant, provider).set(1)
         self.requests_running.labels(name).set_function(running)
         self.requests_waiting.labels(name).set_function(waiting)
+        if kv_usage is not None:
+            self.kv_cache_usage.labels(name).set_function(kv_usage)
         for outcome in Outcome:
             self.requests_ended.labels(name, outcome.value)
 

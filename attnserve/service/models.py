@@ -14,8 +14,10 @@ from attnserve.engine.backend import Backend
 from attnserve.engine.engine_loop import EngineLoop
 from attnserve.engine.memory import MemoryTrimmer
 from attnserve.engine.options import DecodingOptions
+from attnserve.engine.prefix_cache import PrefixCache
 from attnserve.engine.scheduler import Outcome, Request, Scheduler, SchedulerLimits, lm_request
 from attnserve.service.metrics import Metrics
+from attnserve.service.reasoning import model_thinks
 from attnserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ class ServedModel:
     max_input_tokens: int  # min(settings.max_input_tokens, the model's max positions)
     max_new_tokens: int  # min(settings.max_new_tokens_limit, the model's max positions)
     kind: str = "translation"
+    # writes its reasoning in <think> blocks, answered apart (service/reasoning.py)
+    thinks: bool = False
     created: int = field(default_factory=lambda: int(time.time()))  # loaded at (Unix time)
 
     @property
@@ -74,6 +78,15 @@ class ServedModel:
                 text, target_lang=target_lang, source_lang=source_lang, typed=typed
             )
         )
+
+
+def _thinks(parser: str, tokenizer: Any) -> bool:
+    """Whether a language model's answers are split into reasoning and content."""
+    if parser == "none":
+        return False
+    if parser == "auto":
+        return model_thinks(tokenizer.chat_template, tokenizer.token_to_id)
+    return True  # named: the operator knows the model thinks
 
 
 def scheduler_limits(
@@ -131,8 +144,11 @@ def load_model(
         max_new_tokens=min(defaults.max_new_tokens, max_new),
     )
     limits = scheduler_limits(settings, max_new, generates)
+    prefix_cache = None
+    if generates and settings.prefix_cache_bytes and getattr(backend, "reuses_prefixes", False):
+        prefix_cache = PrefixCache(settings.prefix_cache_bytes, settings.prefix_block)
     engine = EngineLoop(
-        Scheduler(backend, limits),
+        Scheduler(backend, limits, prefix_cache=prefix_cache),
         observer=lambda events, _: metrics.observe_step(name, events),
         trimmer=trimmer,
     )
@@ -150,6 +166,7 @@ def load_model(
         max_input_tokens=max_input,
         max_new_tokens=max_new,
         kind="generation" if generates else "translation",
+        thinks=generates and _thinks(settings.reasoning_parser, tokenizer),
     )
     metrics.add_model(
         name,
@@ -157,6 +174,8 @@ def load_model(
         model.provider or "torch",
         running=lambda: float(engine.running),
         waiting=lambda: float(engine.waiting),
+        prefix_cache=prefix_cache,
+        kv_usage=lambda: engine.kv_usage,
     )
     engine.start()
     log.info(

@@ -51,7 +51,15 @@ from attnserve.service.openai_schemas import (
     CompletionChoice,
     CompletionRequest,
     CompletionUsage,
+    PromptTokensDetails,
     chunk_json,
+)
+from attnserve.service.reasoning import (
+    PROMPT_TAIL_TOKENS,
+    Part,
+    ThinkSplitter,
+    opened_by_prompt,
+    split,
 )
 from attnserve.service.routes import (
     ERROR_RESPONSES,
@@ -83,7 +91,8 @@ router = APIRouter()
 GUIDED = tuple(Guided.model_fields)
 # Language-model fields of /v1/completions a translation model refuses (400).
 LM_ONLY = (
-    "stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo", "prompt_logprobs"
+    "stop", "presence_penalty", "frequency_penalty", "min_p", "logprobs", "echo", "prompt_logprobs",
+    "cache_salt",
 )  # fmt: skip
 # Fields that would change the answer and that attnserve does not implement: refused (400),
 # never silently ignored. `functions` and `function_call` are OpenAI's deprecated names of
@@ -165,6 +174,7 @@ def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel)
         "min_new_tokens": body.min_tokens,
         "length_penalty": body.length_penalty,
         "timeout_ms": body.timeout_ms,
+        "cache_salt": body.cache_salt,
         **{name: getattr(body, name) for name in GUIDED},
     }
     n = body.n or 1
@@ -242,9 +252,25 @@ def _completion_tokens(request: EngineRequest) -> int:
 def _usage(requests: Sequence[EngineRequest]) -> CompletionUsage:
     prompt = sum(prompt_tokens(r) for r in requests)
     completion = sum(_completion_tokens(r) for r in requests)
+    # a language model's (a translation's requests have no prompt prefix to reuse)
+    details = None
+    if requests and requests[0].prefix:
+        details = PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in requests))
     return CompletionUsage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=details,
     )
+
+
+def _thinking(model: ServedModel, run: EngineRun) -> bool | None:
+    """None for a model whose answers are not split into reasoning and content; else whether
+    the prompt leaves a <think> block open (the answer starts inside it)."""
+    if not model.thinks:
+        return None
+    tail = run.requests[0].prefix[-PROMPT_TAIL_TOKENS:]
+    return opened_by_prompt(str(model.tokenizer.decode(tail, skip_special_tokens=False)))
 
 
 def _finish_reason(hyp: EngineHypothesis, request: EngineRequest) -> Literal["stop", "length"]:
@@ -301,11 +327,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     id_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     parses = plan is not None and plan.parses
     decode = decoder(model, plan.syntax) if plan is not None and parses else None
+    inside = _thinking(model, run)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         tools = ToolStream(plan) if plan is not None and parses else None
+        think = None if inside is None else ThinkSplitter(inside=inside)
         return _stream(
-            run, "chat.completion.chunk", id_, created, include_usage, tools=tools, decode=decode
+            run,
+            "chat.completion.chunk",
+            id_,
+            created,
+            include_usage,
+            tools=tools,
+            decode=decode,
+            think=think,
+            reasoning=body.include_reasoning,
         )
     done = await _finish(run, request)
     if isinstance(done, Response):
@@ -314,10 +350,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
 
     def choice(i: int, hyp: EngineHypothesis) -> ChatChoice:
         finish = _finish_reason(hyp, engine_request)
-        message = AssistantMessage(content=text_of(model, hyp, run.stopper))
         if plan is not None and decode is not None:
-            content, calls = tool_answer(plan, answer_text(decode, hyp, run.stopper))
+            text: str | None = answer_text(decode, hyp, run.stopper)
+        else:
+            text = text_of(model, hyp, run.stopper)
+        reasoning = None
+        if inside is not None:
+            reasoning, text = split(text or "", inside=inside)
+        message = AssistantMessage(content=text)
+        if plan is not None and decode is not None:
+            content, calls = tool_answer(plan, text or "")
             message = AssistantMessage(content=content, tool_calls=calls or None)
+        if reasoning is not None and body.include_reasoning:
+            message.reasoning_content = reasoning
         return ChatChoice(
             index=i,
             message=message,
@@ -515,8 +560,12 @@ def _stream(
     decode: Callable[[Sequence[int]], str] | None = None,
     *,
     generated: bool = True,
+    think: ThinkSplitter | None = None,
+    reasoning: bool = True,
 ) -> EventStream:
-    """`generated` False (echo with max_tokens 0): the echo, then the end, no generated text."""
+    """`generated` False (echo with max_tokens 0): the echo, then the end, no generated text.
+    `think`: the text is split into reasoning and content (`reasoning` False: the reasoning is
+    left out)."""
     if isinstance(run, TranslationRun):
         return EventStream(
             _chunks(run, document_deltas(run), kind, id_, created, include_usage, echo),
@@ -524,10 +573,40 @@ def _stream(
         )
     (engine_request,), (future,) = run.requests, run.futures
     deltas = token_deltas(run.model, engine_request, future, run.timeout, run.stopper, decode)
+    if think is not None:
+        deltas = _reasoning_deltas(deltas, think, reasoning)
     return EventStream(
         _chunks(run, deltas, kind, id_, created, include_usage, echo, tools, generated),
         cleanup=lambda: run.model.engine.cancel(engine_request.id),
     )
+
+
+async def _reasoning_deltas(
+    deltas: AsyncIterator[Delta | StreamEnd], think: ThinkSplitter, keep: bool
+) -> AsyncIterator[Delta | StreamEnd]:
+    """The deltas with their text split: content stays `text`, reasoning moves to
+    `reasoning` (dropped unless `keep`); the text held back is released at the end."""
+    last = Delta(0, 0, "")
+    async for item in deltas:
+        if isinstance(item, StreamEnd):
+            if item.error is None and (item.request is not None or item.done):
+                for part in _parts(last, think.finish(), keep):
+                    yield part
+            yield item
+            continue
+        last = item
+        for part in _parts(item, think.feed(item.text), keep):
+            yield part
+
+
+def _parts(delta: Delta, parts: list[Part], keep: bool) -> list[Delta]:
+    out = []
+    for kind, text in parts:
+        if kind == "content":
+            out.append(Delta(delta.index, delta.token, text))
+        elif keep:
+            out.append(Delta(delta.index, delta.token, "", reasoning=text))
+    return out
 
 
 async def _ending(
@@ -600,7 +679,18 @@ async def _chunks(
             if include_usage:
                 yield event([], usage.model_dump())
             break
-        if item.text and tools is not None:
+        if item.reasoning:
+            yield event(
+                [
+                    {
+                        "index": 0,
+                        "delta": {"reasoning_content": item.reasoning},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        elif item.text and tools is not None:
             for delta in tools.feed(item.text):
                 yield tool_event(delta)
         elif item.text and generated:

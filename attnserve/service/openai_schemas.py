@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attnserve.service.schemas import Guided
+from attnserve.service.schemas import Guided, PromptCache
 
 # Types are strict, as OpenAI's are (an int for a float is fine; "4", or false for a number,
 # is a 400); unknown fields are allowed (and ignored unless refused by name).
@@ -104,7 +104,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(Guided):
+class _Sampling(Guided, PromptCache):
     """Options both endpoints take (OpenAI's, then the extras clients send in `extra_body`)."""
 
     model_config = _REQUEST_CONFIG
@@ -192,6 +192,10 @@ class ChatCompletionRequest(_Sampling):
         default=None, description='default "auto" with tools, "none" without'
     )
     parallel_tool_calls: bool | None = Field(default=None, description="default true")
+    include_reasoning: bool = Field(
+        default=True,
+        description="a thinking model's reasoning in reasoning_content (false: left out)",
+    )
 
 
 class CompletionRequest(_Sampling):
@@ -254,7 +258,14 @@ class ToolCall(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None = Field(description="null when the answer is only tool calls")
+    content: str | None = Field(
+        description="null when the answer is only tool calls, or only reasoning"
+    )
+    reasoning_content: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="a thinking model's <think> block (its tags and outer white space left out)",
+    )
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
@@ -265,10 +276,17 @@ class ChatChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens whose K/V came from the prefix cache")
+
+
 class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="language models"
+    )
 
 
 class ChatCompletion(BaseModel):

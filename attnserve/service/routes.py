@@ -234,6 +234,7 @@ class Delta:
     index: int
     token: int | None  # None: source text kept between a document's sentences
     text: str
+    reasoning: str = ""  # a thinking model's reasoning text (service/reasoning.py)
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,19 @@ class Guided(BaseModel):
     )
 
 
-class GenerateRequest(TranslateRequest, Guided):
+class PromptCache(BaseModel):
+    """Language models reuse the K/V of prompt prefixes that earlier requests computed."""
+
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Prompts reuse cached prefixes of requests with the same salt only "
+        "(tenants apart; vLLM's name).",
+    )
+
+
+class GenerateRequest(TranslateRequest, Guided, PromptCache):
     """Full decoding control. `stream: true` needs a single text and beam_size 1.
 
     A language model takes a prompt (`text`) or chat `messages` (rendered by its chat
@@ -353,3 +365,48 @@ class ErrorBody(BaseModel):
 class Status(BaseModel):
     status: Literal["ok", "ready", "loading", "draining", "failed"]
     detail: str | None = None
+
+
+class ServerModel(BaseModel):
+    """A served model as GET /v1/server describes it."""
+
+    name: str
+    kind: Literal["translation", "generation"]
+    default: bool
+    backend: str
+    variant: str | None
+    provider: str | None
+    threads: int | None = Field(description="Intra-op threads; null: one per physical core")
+    context_length: int
+    max_input_tokens: int
+    max_new_tokens: int
+    beam_size: int = Field(description="Default beam size (the model's generation config)")
+    source_languages: list[str] | None = Field(
+        description="Translation models: the languages it translates from (null: it does not "
+        "say); language models: null"
+    )
+    target_languages: list[str]
+
+
+class ServerLimits(BaseModel):
+    """The request limits of the server's settings."""
+
+    max_body_bytes: int
+    max_texts_per_request: int
+    max_sentences_per_request: int
+    max_beam_size: int
+    max_waiting: int
+    default_timeout_ms: int
+    max_timeout_ms: int
+
+
+class ServerInfo(BaseModel):
+    """GET /v1/server: what is served and how (read-only; the page's Server view)."""
+
+    version: str
+    phase: Literal["loading", "ready", "draining", "failed"]
+    batching: str
+    max_batch_rows: int
+    models: list[ServerModel]
+    languages: dict[str, str] = Field(description="Language code -> English name")
+    limits: ServerLimits

@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     # `prefill_chunk` tokens are prefilled a chunk per step between decoding steps.
     lm_max_join_padding: int = Field(default=1 << 30, ge=0)
     prefill_chunk: int = Field(default=512, ge=0)
+    # Language models: the K/V of recent prompts' blocks kept for reuse, per model, up to this
+    # many bytes (0: off; engine/prefix_cache.py), in blocks of `prefix_block` tokens.
+    prefix_cache_bytes: int = Field(default=256 << 20, ge=0)
+    prefix_block: int = Field(default=16, ge=1, le=1024)
 
     # Request limits.
     default_timeout_ms: int = Field(default=30_000, ge=1)
@@ -104,11 +108,19 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     drain_seconds: float = Field(default=30.0, ge=0)
     log_json: bool = True
+    # The page for people at / (service/ui.py): static files only; its data comes from the API
+    # routes, with the API key the user types in.
+    ui: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The syntax language models write tool calls in (service/tool_parsers.py): "auto" reads
     # it from the chat template's markers; a template without a tools section gets the
     # generic tool prompt and its Hermes syntax whatever this says.
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
+    # Where language models' reasoning goes (service/reasoning.py): "auto" splits <think>
+    # blocks off into reasoning_content for models whose template and vocabulary have them;
+    # "qwen3" / "deepseek_r1" (vLLM's names; the same <think> syntax) for every language
+    # model; "none" leaves the blocks in the content.
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = "auto"
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod

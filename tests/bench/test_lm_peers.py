@@ -62,6 +62,27 @@ def test_the_hugging_face_copy_is_the_same_network(lm_dir: Path, tmp_path: Path)
         np.testing.assert_allclose(hf(ids).logits.numpy(), expected.numpy(), atol=1e-4)
 
 
+def test_a_phi3_copy_is_phi3s_network(tmp_path: Path) -> None:
+    """Phi-3's fused projections, partial rotation and LongRoPE (the prompt past its original
+    context of 4) survive the copy."""
+    from transformers import Phi3ForCausalLM
+
+    longrope = {
+        "rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 5.0],
+        "long_factor": [2.0, 3.0, 5.0, 8.0, 13.0, 21.0], "original_max_position_embeddings": 4,
+    }  # fmt: skip
+    out = write_tiny_lm(
+        tmp_path / "phi3", hidden_size=64, head_dim=16, family="phi3", rotary_dim=12,
+        rope_scaling=longrope,
+    )  # fmt: skip
+    hf = Phi3ForCausalLM.from_pretrained(write_hf_llama(out, tmp_path / "hf")).eval()
+    ours = load_decoder_dir(out)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = ours(ids, torch.ones(1, len(PROMPT), dtype=torch.bool))
+        np.testing.assert_allclose(hf(ids).logits.numpy(), expected.numpy(), atol=1e-4)
+
+
 def test_genai_decodes_the_same_greedy_tokens(lm_dir: Path) -> None:
     pytest.importorskip("onnxruntime_genai")
     import onnxruntime_genai as og
@@ -123,3 +144,17 @@ def test_streaming_chat_through_a_real_server(lm_dir: Path, tmp_path: Path) -> N
     assert (tmp_path / "report" / "chat.png").stat().st_size > 0
     with pytest.raises(PeerUnavailable, match="GGUF"):  # llama.cpp's servers need the GGUF
         server_command("llama-server", lm_dir, 8000, 1, 2, None)
+
+
+def test_ray_serve_server_commands(tmp_path: Path) -> None:
+    """Two threads: two replicas of one thread, or one replica of two behind Serve's proxy."""
+    plain = server_command("attnserve", tmp_path, 8000, 2, 16, None)
+    assert "--ray" not in plain and plain[plain.index("--threads") + 1] == "2"
+    spread = server_command("attnserve-ray", tmp_path, 8000, 2, 16, None)
+    assert spread[spread.index("--replicas") + 1] == "2" and "--ray" in spread
+    assert spread[spread.index("--threads") + 1] == "1"
+    one = server_command("attnserve-ray-one", tmp_path, 8000, 2, 16, None)
+    assert "--replicas" not in one and "--ray" in one
+    assert one[one.index("--threads") + 1] == "2"
+    with pytest.raises(ValueError, match="unknown server"):
+        server_command("attnserve-k8s", tmp_path, 8000, 2, 16, None)

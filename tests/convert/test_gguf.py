@@ -3,6 +3,7 @@ q/k permuted) in F32, F16, Q8_0, Q4_0 and Q4_1 is read back into the same weight
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ HF_TO_GGUF = {
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
 }  # fmt: skip
 # max |error| of a block format relative to the block's largest |value|
 TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-3, Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 7, Q.Q4_1: 1 / 15}
@@ -78,9 +80,12 @@ def write_gguf(
     arch: str = "llama",
     extra: dict[str, np.ndarray] | None = None,
     sliding_window: int | None = None,
+    rope_dims: int | None = None,
+    configure: Callable[[GGUFWriter], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write `model` as llama.cpp would (q/k permuted for `llama` only; plus `extra` GGUF
-    tensors, float32); returns the HF tensors (float32) by HF name."""
+    tensors, float32; `rope_dims` rotated channels of a head, default all; `configure` adds
+    metadata); returns the HF tensors (float32) by HF name."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None)
     writer = GGUFWriter(str(path), arch)
@@ -97,7 +102,11 @@ def write_gguf(
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_rope_dimension_count(head_dim or cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_rope_dimension_count(
+        rope_dims or head_dim or cfg.hidden_size // cfg.num_attention_heads
+    )
+    if configure is not None:
+        configure(writer)
     writer.add_file_type(int(qtype))
     writer.add_tokenizer_model("llama")
     writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])

@@ -57,6 +57,10 @@ def test_transformers_5_config_and_defaults() -> None:
     assert (bare.tie_embeddings, bare.max_positions, bare.num_layers) == (False, 2048, 32)
 
 
+# Gemma 3 text, every other key LlamaConfig's TINY_HF (a window so that its layers differ)
+GEMMA3 = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "sliding_window": 4}
+
+
 def test_token_ids() -> None:
     config = decoder_config_from_hf({**TINY_HF, "eos_token_id": [2, 7], "pad_token_id": None})
     assert config.eos_ids == (2, 7) and config.pad_id == 2  # no pad: the first eos, as HF
@@ -66,24 +70,67 @@ def test_token_ids() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "gemma2"}, "model_type 'gemma2' is not a supported"),
+        ({"model_type": "gemma"}, "model_type 'gemma' is not a supported"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "LlamaForCausalLM"),
         ({"mlp_bias": True}, "mlp_bias=True"),
         ({"rope_interleaved": True}, "rope_interleaved=True"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
-        ({"rope_parameters": None, "rope_scaling": {"type": "longrope"}}, "'longrope'"),
+        ({"rope_parameters": {"rope_type": "ntk"}}, "rope_type 'ntk'"),
+        ({"rope_parameters": {"rope_type": "dynamic"}}, "dynamic.*lacks factor"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "longrope"}}, "lacks short_factor"),
+        (
+            {
+                "model_type": "phi3",
+                "architectures": ["Phi3ForCausalLM"],
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "short_factor": [1.0],
+                    "long_factor": [2.0],
+                },
+            },
+            "short_factor must list 4 factors",
+        ),
         ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
         ({"sliding_window": 4, "layer_types": ["full_attention"]}, "layer_types"),
         ({"eos_token_id": None}, "eos_token_id must be set"),
         ({"num_key_value_heads": 3}, "not divisible"),
         ({"pad_token_id": 500}, "outside the vocabulary"),
+        (GEMMA3 | {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+        (GEMMA3 | {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        (
+            GEMMA3
+            | {"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2}}},
+            "sliding_attention rope_type 'linear'",
+        ),
+        (
+            {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]},
+            "a Gemma3ForConditionalGeneration config with a text_config",
+        ),
     ],
 )
 def test_unsupported_configs_are_refused(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(DecoderImportError, match=message):
         decoder_config_from_hf({**TINY_HF, **changes})
+
+
+def test_gemma3_layer_types_rotate_the_same_channels() -> None:
+    """Gemma 3's per-layer-type rope_parameters: partial rotation is refused (said once, though
+    both layer types read the top-level factor), and so is a factor of one layer type's own."""
+    layer_ropes = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    config = {**TINY_HF, **GEMMA3, "rope_parameters": layer_ropes}
+    assert decoder_config_from_hf(config).local_rope_theta == 1e4
+    with pytest.raises(DecoderImportError) as refused:
+        decoder_config_from_hf({**config, "partial_rotary_factor": 0.5})
+    assert str(refused.value).count("partial_rotary_factor 0.5") == 1
+    sliding = {**layer_ropes["sliding_attention"], "partial_rotary_factor": 0.5}
+    with pytest.raises(DecoderImportError, match="sliding_attention partial_rotary_factor"):
+        decoder_config_from_hf(
+            {**config, "rope_parameters": {**layer_ropes, "sliding_attention": sliding}}
+        )
 
 
 def hf_state(config: DecoderConfig) -> dict[str, Tensor]:
@@ -93,6 +140,26 @@ def hf_state(config: DecoderConfig) -> dict[str, Tensor]:
     state = {f"model.{k}": t.to(torch.bfloat16) for k, t in model.state_dict().items()}
     state["lm_head.weight"] = state.pop("model.lm_head.weight")
     return state
+
+
+def test_fused_projections_are_split_by_the_config() -> None:
+    """Phi-3's qkv_proj stacks q, k and v rows by head counts, gate_up_proj gate then up; a
+    fused tensor of another size is refused."""
+    config = DecoderConfig.preset("tiny", family="phi3")
+    state = hf_state(config)
+    fused = dict(state)
+    for i in range(config.num_layers):
+        for name, parts in (("self_attn.qkv", "qkv"), ("mlp.gate_up", ("gate", "up"))):
+            module = name.split(".")[0]
+            stacked = [fused.pop(f"model.layers.{i}.{module}.{p}_proj.weight") for p in parts]
+            fused[f"model.layers.{i}.{name}_proj.weight"] = torch.cat(stacked)
+    split, separate = (convert_decoder_state_dict(s, config) for s in (fused, state))
+    assert split.keys() == separate.keys()
+    assert all(torch.equal(split[name], separate[name]) for name in split)
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    fused[qkv] = fused[qkv][:-1]
+    with pytest.raises(DecoderImportError, match="63 rows, 64 expected"):
+        convert_decoder_state_dict(fused, config)
 
 
 def test_weights_are_renamed_and_made_float32() -> None:

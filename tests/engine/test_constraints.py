@@ -216,3 +216,26 @@ def test_a_tokenizer_llguidance_cannot_read_is_a_grammar_error() -> None:
     words.decoder = decoders.WordPiece(prefix="##")
     with pytest.raises(GrammarError, match="tokenizer"):
         Vocabulary(words.to_str(), [0], 2)
+
+
+def test_added_tokens_that_are_text_can_be_written() -> None:
+    """Qwen's <think> and <tool_call> are added tokens marked `"special": false`: a grammar
+    whose text holds them writes them (as the tokenizer does, one token each), and the
+    control tokens stay out of reach, even spelled out in the grammar."""
+    tok = byte_tokenizer()
+    tok.add_tokens(["<think>", "</think>"])
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    vocabulary = Vocabulary(tok.to_str(), [2], tok.get_vocab_size())
+    constraint = vocabulary.compile(llguidance.LLMatcher.grammar_from_regex(r"<think>ab</think>"))
+    rows = constraint.rows()
+    written = []
+    for _ in range(4):
+        allowed = rows.masks()[0]
+        token = int(np.flatnonzero(allowed)[0])
+        written.append(token)
+        rows.advance([0], [token])
+    assert written[0] == think and end in written
+    assert tok.decode(written[:-1]) + tok.decode(written[-1:]) == "<think>ab</think>"
+    spelled = vocabulary.compile(llguidance.LLMatcher.grammar_from_regex(r"<\|im_end\|>"))
+    first = spelled.allowed(spelled.rows().matchers[0])
+    assert not first[[0, 1, 2]].any()  # the text, never the control token

@@ -36,12 +36,34 @@ class NoText:
         return ""
 
 
-@pytest.fixture(scope="module", params=["torch", "onnx-gqa", "onnx-plain-io-binding"])
+# Rotary frequencies chosen by a row's length (model/rope.py), switching within the prompts: a
+# prompt prefilled a chunk per step must get its whole length's, as prefilled at once alone.
+LENGTH_DEPENDENT = {
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16},
+    "longrope": {
+        "rope_type": "longrope", "original_max_position_embeddings": 16,
+        "short_factor": [1.0 + i / 8 for i in range(8)], "long_factor": [2.0 + i for i in range(8)],
+    },
+}  # fmt: skip
+
+
+BACKENDS = [
+    ("torch", None), ("onnx-gqa", None), ("onnx-plain-io-binding", None),
+    ("torch", "dynamic"), ("onnx-gqa", "longrope"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=BACKENDS, ids=lambda p: "-".join(filter(None, p)))
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The torch backend, the ONNX backend of the GroupQueryAttention graph (its prompt chunks
     go a row at a time once a row has a past), and the plain graph with its cache bound as
-    OrtValues (IO binding, CUDA's path, here on the CPU provider)."""
-    config = DecoderConfig.preset("tiny", max_positions=256, eos_ids=(2,), head_dim=16)
+    OrtValues (IO binding, CUDA's path, here on the CPU provider); and models whose rotary
+    frequencies depend on a row's length."""
+    kind, rope = request.param
+    config = DecoderConfig.preset(
+        "tiny", max_positions=256, eos_ids=(2,), head_dim=16,
+        rope_scaling=None if rope is None else LENGTH_DEPENDENT[rope],
+    )  # fmt: skip
     torch.manual_seed(0)
     model = DecoderOnly(config).eval()
     generator = torch.Generator().manual_seed(0)
@@ -49,9 +71,9 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         for p in model.parameters():
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
-    if request.param == "torch":
+    if kind == "torch":
         return TorchLMBackend(model)
-    if request.param == "onnx-gqa":
+    if kind == "onnx-gqa":
         root = tmp_path_factory.mktemp("gqa-lm") / "onnx"
         export_lm_variants(model, root, ("fp32",), attention="gqa")
         return open_lm_backend(config, root / "fp32", provider="cpu")

@@ -57,9 +57,15 @@ class SlowBackend:
         return self.inner.concat(states)
 
 
-def slow_factory(delay: float) -> BackendFactory:
-    def factory(directory: Path, settings: Settings) -> Backend[Any]:
-        return SlowBackend(default_backend_factory(directory, settings), delay)
+def slow_factory(delay: float, only: str | None = None) -> BackendFactory:
+    """Backends slowed by `delay` s a step (language models too: their stop ids pass through);
+    `only`: just the model of that name."""
+
+    def factory(directory: Path, settings: Settings, *stop_ids: Any) -> Backend[Any]:
+        backend = default_backend_factory(directory, settings, *stop_ids)
+        if only is not None and Settings.model_name(directory) != only:
+            return backend
+        return SlowBackend(backend, delay)
 
     return factory
 

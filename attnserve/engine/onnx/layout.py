@@ -19,7 +19,8 @@ tokens per row (a prompt chunk, or T = 1 while decoding: the same graph) after a
 ``W`` columns: ``input_ids`` (B, T) int64, ``attention_mask`` (B, T) int64 (1 = a real token; a
 chunk is left-padded), ``past_mask`` (B, W) int64, ``past.{i}.key`` / ``.value``
 (B, Hkv, W, D) -> ``logits`` (B, V) float32 of each row's last position and ``new.{i}.key`` /
-``.value`` (B, Hkv, T, D), keys after rotation (the runtime appends them).
+``.value`` (B, Hkv, T, D), keys after rotation (the runtime appends them). A model with dynamic
+or longrope rotary scaling also takes ``rope_lengths`` (B,) int64.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ LOGITS = "logits"
 # last token; a prompt that is scored asks for all of them (prompt logprobs). Graphs exported
 # before it was an input return each row's last token's logits, (B, V).
 LOGIT_POSITIONS = "logit_positions"
+# A model whose rotary frequencies depend on a sequence's length (dynamic, longrope: model/rope.py)
+# has the input int64 (B,): the length each row's frequencies are chosen for (its length after
+# the call, or its whole prompt's while the prompt is prefilled).
+ROPE_LENGTHS = "rope_lengths"
 
 
 def last_positions(rows: int, width: int) -> np.ndarray:

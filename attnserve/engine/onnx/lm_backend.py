@@ -5,7 +5,10 @@ The state is the self-attention cache of every row (left-padded, `past_mask` mar
 in buffers with spare columns: the graph returns only the K/V of its new tokens, which
 `HostRowOps.append` writes after the columns in use, in place when there is room. Prompts longer
 than `prefill_chunk` tokens are prefilled in chunks, so one call's activations stay bounded.
-Rows move (beams, requests joining and leaving) as in the encoder-decoder backend.
+Rows move (beams, requests joining and leaving) as in the encoder-decoder backend. A graph whose
+rotary frequencies depend on a row's length (dynamic, longrope: model/rope.py) is fed each row's
+`rope_lengths`: its length after the call, or its whole prompt's while `encode` (or a caller's
+chunked prefill, `prompt_lengths`) prefills it.
 
 With IO binding (the default on CUDA) the cache is OrtValues on the device, exactly `length`
 columns wide, appended to, selected and concatenated there by `DeviceRowOps` as the
@@ -40,6 +43,7 @@ from attnserve.engine.onnx.layout import (
     LM_STEP_NAME,
     LOGIT_POSITIONS,
     LOGITS,
+    ROPE_LENGTHS,
     last_positions,
     lm_new_names,
     lm_past_names,
@@ -91,6 +95,15 @@ class LMState:
     past_mask: IntArray  # (B, W) int64, 1 = a real column (0: left padding, spare columns)
     length: int  # columns in use; the next token's key/value go to column `length`
     columns: Columns  # shared by the states that share `past` (copy on write)
+
+
+def rope_lengths(after: IntArray, prompt_lengths: IntArray | None) -> IntArray:
+    """The graph's `rope_lengths` (B,): each row's length after the call, or its whole prompt's
+    where that is longer (a chunk of the prompt)."""
+    lengths = np.asarray(after, dtype=np.int64)
+    if prompt_lengths is not None:
+        lengths = np.maximum(lengths, np.asarray(prompt_lengths, dtype=np.int64))
+    return np.ascontiguousarray(lengths)
 
 
 class OnnxLMBackend:
@@ -163,6 +176,8 @@ class OnnxLMBackend:
         # graph exported before that was an input returns each row's last position's only.
         names = {i.name for i in self.session.get_inputs()}
         self.scores_prompts = LOGIT_POSITIONS in names
+        # rotary frequencies chosen per row by its length (dynamic, longrope scaling)
+        self.rope_lengths = ROPE_LENGTHS in names
         self.provider = self.session.get_providers()[0]
         kind = next(i.type for i in self.session.get_inputs() if i.name == self._past[0])
         self.kv_dtype = np.dtype(np.float16) if kind == "tensor(float16)" else np.dtype(np.float32)
@@ -213,7 +228,13 @@ class OnnxLMBackend:
         return np.arange(rows * width, dtype=np.int64)
 
     def _run(
-        self, session: Any, ids: IntArray, mask: IntArray, state: LMState, positions: IntArray
+        self,
+        session: Any,
+        ids: IntArray,
+        mask: IntArray,
+        state: LMState,
+        positions: IntArray,
+        prompt_lengths: IntArray | None = None,
     ) -> tuple[FloatArray, list[Tensor]]:
         feeds: dict[str, Any] = {
             "input_ids": np.ascontiguousarray(ids, dtype=np.int64),
@@ -222,6 +243,9 @@ class OnnxLMBackend:
         }
         if self.scores_prompts:
             feeds[LOGIT_POSITIONS] = positions
+        if self.rope_lengths:  # each row's length after the call, or its whole prompt's
+            after = state.past_mask.sum(axis=1) + np.asarray(mask, dtype=np.int64).sum(axis=1)
+            feeds[ROPE_LENGTHS] = rope_lengths(after, prompt_lengths)
         cache = dict(zip(self._past, state.past, strict=True))
         outputs = [LOGITS, *self._new]
         if self.io_binding:
@@ -247,25 +271,72 @@ class OnnxLMBackend:
         return LMState(past, past_mask, 0, Columns(0))
 
     def extend(
-        self, state: LMState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
+        self,
+        state: LMState,
+        ids: IntArray,
+        mask: IntArray,
+        *,
+        all_positions: bool = False,
+        prompt_lengths: IntArray | None = None,
     ) -> tuple[FloatArray, LMState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
         returns the logits of each row's last position (B, V), or with `all_positions` of
-        every position (B, T, V; padding positions hold garbage), and the grown state."""
+        every position (B, T, V; padding positions hold garbage), and the grown state.
+        `prompt_lengths` (B,): each row's whole prompt, when the chunk is part of it (its
+        rotary frequencies are then the prompt's: model/rope.py)."""
         rows, width = ids.shape
         positions = self._positions(rows, width, all_positions)
-        logits, new = self._run(self.session, ids, mask, state, positions)
+        logits, new = self._run(self.session, ids, mask, state, positions, prompt_lengths)
         if all_positions:
             logits = logits.reshape(rows, width, -1)
         return logits, self._grow(state, new, mask)
+
+    # -- prompt reuse (engine/prefix_cache.py) ----------------------------------------------
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether the cache can be read out and written back (host buffers), and a prefix's
+        K/V are the same whatever follows it (not so where the rotary frequencies depend on
+        the prompt's length: dynamic, longrope)."""
+        return not self.io_binding and not self.rope_lengths
+
+    def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
+        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+        columns = np.flatnonzero(state.past_mask[row, : state.length])[:n]
+        if columns.shape[0] < n:
+            raise ValueError(f"row {row} holds {columns.shape[0]} tokens, not {n}")
+        start = int(columns[0]) if n else 0
+        if n and int(columns[-1]) - start + 1 == n:  # contiguous: slices, one copy
+            return np.stack([np.asarray(t)[row, :, start : start + n] for t in state.past])
+        return np.stack([np.asarray(t)[row][:, columns] for t in state.past])
+
+    def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> LMState:
+        """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
+        (2L, Hkv, n, D) each, in order (none: nothing cached), left-padded to the longest."""
+        heads, dim = self._kv_shape
+        lengths = [sum(b.shape[2] for b in p) for p in prefixes]
+        width, rows = max(lengths, default=0), len(prefixes)
+        new = [np.zeros((rows, heads, width, dim), dtype=self.kv_dtype) for _ in self._past]
+        mask = np.zeros((rows, width), dtype=np.int64)
+        for row, (blocks, n) in enumerate(zip(prefixes, lengths, strict=True)):
+            start = width - n
+            mask[row, start:] = 1
+            for block in blocks:
+                end = start + block.shape[2]
+                for i, tensor in enumerate(new):
+                    tensor[row, :, start:end] = block[i]
+                start = end
+        return self._grow(self.empty(rows), list(new), mask)
 
     def encode(self, src_ids: IntArray, src_lengths: IntArray) -> LMState:
         ids, mask = left_padded(src_ids, src_lengths, self._spec.pad_id)
         start = first_used_column(mask)  # columns no row uses (all-empty prompts: all)
         state = self.empty(ids.shape[0])
+        prompts = np.asarray(src_lengths, dtype=np.int64) + 1  # the last token comes in a step
         for begin in range(start, ids.shape[1], self.prefill_chunk):
             end = min(begin + self.prefill_chunk, ids.shape[1])
-            _, state = self.extend(state, ids[:, begin:end], mask[:, begin:end])
+            chunk = (ids[:, begin:end], mask[:, begin:end])
+            _, state = self.extend(state, *chunk, prompt_lengths=prompts)
         return state
 
     def step(self, tokens: IntArray, state: LMState) -> tuple[FloatArray, LMState]:

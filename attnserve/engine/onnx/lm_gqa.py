@@ -35,10 +35,11 @@ from attnserve.engine.onnx.layout import (
     LM_GQA_INPUTS,
     LOGIT_POSITIONS,
     LOGITS,
+    ROPE_LENGTHS,
     last_positions,
     lm_present_names,
 )
-from attnserve.engine.onnx.lm_backend import OnnxLMBackend
+from attnserve.engine.onnx.lm_backend import OnnxLMBackend, rope_lengths
 from attnserve.engine.onnx.rowops import HostRowOps, Tensor
 from attnserve.model.decoder_config import DecoderConfig
 
@@ -133,9 +134,11 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         total: int,
         past: Sequence[Tensor],
         positions: IntArray,
+        lengths: IntArray,
     ) -> FloatArray:
         """The logits (R, V) of `positions` (flat indices into `ids`; a graph exported without
-        them: each row's last real token's, (B, V))."""
+        them: each row's last real token's, (B, V)); `lengths` (B,): the rows' rope lengths
+        (read by a graph with length-dependent rotary frequencies)."""
         binding = self._binding
         # A state's buffer list is replaced, never changed, when its buffers move: the same
         # list (kept referenced here) needs no check of its 2 x layers addresses.
@@ -153,6 +156,8 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         binding.bind_cpu_input(LM_GQA_INPUTS[0], np.ascontiguousarray(ids, dtype=np.int64))
         binding.bind_cpu_input(LM_GQA_INPUTS[1], np.ascontiguousarray(seqlens, dtype=np.int32))
         binding.bind_cpu_input(LM_GQA_INPUTS[2], np.array(total, dtype=np.int32))
+        if self.rope_lengths:
+            binding.bind_cpu_input(ROPE_LENGTHS, np.ascontiguousarray(lengths, dtype=np.int64))
         rows = ids.shape[0]
         if self.scores_prompts:
             binding.bind_cpu_input(LOGIT_POSITIONS, positions)
@@ -173,6 +178,11 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         return GqaState(past, np.zeros(rows, dtype=np.int64), _Owner(), 0)
 
     def step(self, tokens: IntArray, state: GqaState) -> tuple[FloatArray, GqaState]:  # type: ignore[override]
+        return self._step(tokens, state)
+
+    def _step(
+        self, tokens: IntArray, state: GqaState, prompt_lengths: IntArray | None = None
+    ) -> tuple[FloatArray, GqaState]:
         # A live row ends at the context; a finished row a batch still steps (static batching
         # answers when all are done) rewrites its last column: the kernel's rotary table has
         # the context's positions only. (A state older than that row's last step would see the
@@ -182,22 +192,31 @@ class OnnxGqaLMBackend(OnnxLMBackend):
         total = int(lengths.max(initial=0)) + 1
         state = self._writable(state, total)
         ids = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
-        logits = self._call(ids, lengths, total, state.past, last_positions(ids.shape[0], 1))
+        rope = rope_lengths(lengths + 1, prompt_lengths)
+        logits = self._call(ids, lengths, total, state.past, last_positions(ids.shape[0], 1), rope)
         return logits, self._written(state, lengths + 1)
 
     def extend(  # type: ignore[override]
-        self, state: GqaState, ids: IntArray, mask: IntArray, *, all_positions: bool = False
+        self,
+        state: GqaState,
+        ids: IntArray,
+        mask: IntArray,
+        *,
+        all_positions: bool = False,
+        prompt_lengths: IntArray | None = None,
     ) -> tuple[FloatArray, GqaState]:
         """Prefill a left-padded chunk `ids`/`mask` (B, T) after the rows' cached tokens;
         returns the logits of each row's last token (zeros for a row with none here), or with
-        `all_positions` of every position (B, T, V; zeros at padding)."""
+        `all_positions` of every position (B, T, V; zeros at padding). `prompt_lengths` (B,):
+        each row's whole prompt, when the chunk is part of it (model/rope.py)."""
         counts = mask.sum(axis=1).astype(np.int64)
         width = ids.shape[1]
         if all_positions:
             self.require_scoring()
         if mask.all() and width == 1 and not all_positions:
-            return self.step(ids[:, 0], state)
+            return self._step(ids[:, 0], state, prompt_lengths)
         lengths = state.lengths + counts
+        rope = rope_lengths(lengths, prompt_lengths)
         if lengths.max(initial=0) > self.spec.max_positions:
             raise ValueError(
                 f"a prompt of {int(lengths.max())} tokens is longer than the model's context "
@@ -218,7 +237,7 @@ class OnnxGqaLMBackend(OnnxLMBackend):
                 right[row, :n] = ids[row, width - n :]
             last = np.arange(rows, dtype=np.int64) * chunk + np.maximum(counts, 1) - 1
             positions = np.arange(rows * chunk, dtype=np.int64) if all_positions else last
-            out = self._call(right, np.maximum(counts, 1) - 1, chunk, state.past, positions)
+            out = self._call(right, np.maximum(counts, 1) - 1, chunk, state.past, positions, rope)
             if all_positions:  # back to the left-padded layout
                 out = out.reshape(rows, chunk, vocab)
                 for row, n in enumerate(counts.tolist()):
@@ -237,12 +256,33 @@ class OnnxGqaLMBackend(OnnxLMBackend):
                     cached + n,
                     past,
                     positions,
+                    rope[row : row + 1],
                 )
                 if all_positions:
                     logits[row, width - n :] = out
                 else:
                     logits[row] = out[0]
         return logits, self._written(state, lengths)
+
+    def prefix_columns(self, state: GqaState, row: int, n: int) -> np.ndarray:  # type: ignore[override]
+        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+        if n > int(state.lengths[row]):
+            raise ValueError(f"row {row} holds {int(state.lengths[row])} tokens, not {n}")
+        return np.stack([t[row, :, :n] for t in state.past])
+
+    def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> GqaState:  # type: ignore[override]
+        """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
+        (2L, Hkv, n, D) each, in order (none: nothing cached)."""
+        lengths = np.array([sum(b.shape[2] for b in p) for p in prefixes], dtype=np.int64)
+        past = self._buffers(len(prefixes), self._room(int(lengths.max(initial=0))))
+        for row, blocks in enumerate(prefixes):
+            start = 0
+            for block in blocks:
+                end = start + block.shape[2]
+                for i, tensor in enumerate(past):
+                    tensor[row, :, start:end] = block[i]
+                start = end
+        return GqaState(past, lengths, _Owner(), 0)
 
     def reorder(self, state: GqaState, rows: IntArray) -> GqaState:  # type: ignore[override]
         rows = np.ascontiguousarray(rows, dtype=np.int64)
