@@ -239,8 +239,9 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
     sys.stdout.write(markdown(results))
     if args.output_dir is not None:
         spin = ", spinning" if args.spinning else ""
+        model_name = f"{args.shape} shape" if args.shape is not None else args.model.name
         title = (
-            f"{args.model.name}: {args.new_tokens} greedy tokens after a chat prompt, "
+            f"{model_name}: {args.new_tokens} greedy tokens after a chat prompt, "
             f"{args.threads} thread(s){spin}, median of {args.repeats}"
         )
         write_report(results, args.output_dir, args.name, title)

@@ -4,7 +4,9 @@ directory that transformers loads and attnserve imports into the same network.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from attnserve.bench.lm_peers import (
 )
 from attnserve.bench.lm_shapes import (
     HF_DIR,
+    MODEL_DIR,
     SHAPES,
     parameter_count,
     parameter_shapes,
@@ -118,3 +121,68 @@ def test_llama_cpp_files_need_a_source_tree(tmp_path: Path) -> None:
         llama_cpp_gguf(model_dir, "q5_k")
     with pytest.raises(PeerUnavailable, match="GGUF"):
         peer_path(model_dir, "llama.cpp")
+
+
+def test_bench_lm_on_a_shape_runs_on_its_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench-lm --shape` (the shape scaled down here) writes the shape's Hugging Face copy,
+    imports it, exports the variants asked for and times them on that model."""
+    from attnserve.bench import lm
+    from attnserve.bench import lm_shapes as shapes
+    from attnserve.cli import main
+    from attnserve.export.ensure import is_exported
+    from attnserve.model.decoder_checkpoint import read_decoder_config
+    from attnserve.training import perplexity
+
+    name = "qwen2.5-0.5b"
+    shape = scaled(SHAPES[name], **tiny(name))
+    monkeypatch.setitem(shapes.SHAPES, name, shape)
+    monkeypatch.setattr(perplexity, "held_out_chapters", lambda: ["In the beginning " * 20])
+    reports: list[tuple[list[str], str]] = []
+
+    def write_report(results: list[lm.LMBenchResult], out: Path, stem: str, title: str) -> None:
+        reports.append(([r.variant for r in results], title))
+
+    monkeypatch.setattr(lm, "write_report", write_report)
+    root = tmp_path / "shape"
+    argv = ["bench-lm", "--shape", name, "--shape-dir", str(root), "--variants", "int8"]
+    argv += ["--new-tokens", "4", "--prefill-tokens", "16", "--repeats", "1"]
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 0
+
+    assert json.loads((root / HF_DIR / "config.json").read_text()) == shape.config
+    config = read_decoder_config(root / MODEL_DIR)
+    assert config == decoder_config_from_hf(shape.config, shape.generation)
+    assert (config.family, config.hidden_size, config.vocab_size) == ("qwen2", 64, 1024)
+    assert [v for v in ("fp32", "int8", "int4") if is_exported(root / MODEL_DIR, v)] == ["int8"]
+    title = f"{name} shape: 4 greedy tokens after a chat prompt, 1 thread(s), median of 1"
+    assert reports == [(["int8"], title)]
+
+
+@pytest.mark.parametrize(
+    ("flags", "variants"),
+    [
+        ([], ["fp32", "int8", "int4"]),
+        (["--variants", "int4"], ["int4"]),
+        (["--http", "--variant", "int4"], ["int4"]),  # one server's variant
+        (["--workload"], ["int8"]),
+    ],
+)
+def test_a_shape_prepares_the_variants_its_run_times(
+    flags: list[str], variants: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnserve.bench import lm_shapes as shapes
+    from attnserve.cli import build_parser
+    from attnserve.cli.bench import _shape_model
+
+    calls: list[tuple[str, Path, list[str]]] = []
+
+    def prepare_shape(shape: shapes.LMShape, root: Path, variants: list[str], **_: Any) -> Path:
+        calls.append((shape.name, root, list(variants)))
+        return root / MODEL_DIR
+
+    monkeypatch.setattr(shapes, "prepare_shape", prepare_shape)
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["bench-lm", "--shape", "llama-3.2-1b", *flags])
+    assert _shape_model(args) == tmp_path / "models" / "llama-3.2-1b" / MODEL_DIR
+    assert calls == [("llama-3.2-1b", tmp_path / "models" / "llama-3.2-1b", variants)]
