@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test quick serve lint typecheck unit venv clean prometheus browser loadtest data
+.PHONY: test quick serve screenshots lint typecheck unit venv clean prometheus browser loadtest data
 
 $(STAMP): pyproject.toml setup.py $(wildcard attnserve/kernels/csrc/*.cc attnserve/kernels/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -70,6 +70,10 @@ quick: lint typecheck
 SERVE_MODELS ?= checkpoints/ende-small,models/smollm2-135m-instruct
 serve: $(STAMP)
 	$(VENV)/bin/attnserve serve --model $(SERVE_MODELS)
+
+# The README's screenshots of the page (docs/ui-*.png), against a server `make serve` runs.
+screenshots: $(STAMP)
+	$(PY) -m tests.service.ui_screenshots --url http://127.0.0.1:8000 --out docs
 
 # HTTP load test (docs/BENCHMARKS.md): serves LOADTEST_MODEL (or targets LOADTEST_HOST), runs
 # locust headless at each user count of LOADTEST_USERS for LOADTEST_SECONDS, and writes

@@ -169,6 +169,18 @@ def test_translate_streams_each_paragraph(page: Any, server: LiveServer, shots: 
     assert by_id(page, "copy").is_enabled()
     assert by_id(page, "translate-error").is_displayed() is False
     screenshot(page, shots, "translate")
+    # Copy: the translation, as shown, on the clipboard
+    page.execute_cdp_cmd(
+        "Browser.grantPermissions",
+        {"origin": server.url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]},
+    )
+    by_id(page, "copy").click()
+    wait_until(lambda: text_of(page, "copy") == "Copied", what="the copy button's answer")
+    pasted = page.execute_async_script(
+        "const done = arguments[0]; navigator.clipboard.readText().then(done, e => done(String(e)))"
+    )
+    assert pasted == output
+    wait_until(lambda: text_of(page, "copy") == "Copy", what="the button back to Copy")
 
 
 def test_auto_detect_and_swap(page: Any, server: LiveServer) -> None:
@@ -299,6 +311,26 @@ def test_server_view_shows_the_models(page: Any, server: LiveServer, shots: Path
     assert text_of(page, "models-body").count("0 / 0") == len(names)  # running / waiting
     assert text_of(page, "fig-ttft").endswith("ms")  # the earlier tests' requests
     screenshot(page, shots, "server")
+
+
+def test_page_waits_for_the_models_to_load(page: Any, server: LiveServer) -> None:
+    """Opened while the models load, the page says so and retries after Retry-After."""
+    page.allowed_statuses = frozenset({503})
+    lifecycle = server.service.lifecycle
+    lifecycle.phase = "loading"
+    try:
+        page.get("about:blank")
+        page.get(f"{server.url}/#translate")
+        message = wait_until(
+            lambda: by_id(page, "global-status").is_displayed() and text_of(page, "global-status"),
+            what="the loading message",
+        )
+        assert message == "models are still loading: retrying in 1 s…"
+        assert page.execute_script("return document.getElementById('target-lang').length") == 0
+    finally:
+        lifecycle.phase = "ready"
+    wait_loaded(page)
+    assert not by_id(page, "global-status").is_displayed()
 
 
 def test_phone_width_and_dark_mode(page: Any, server: LiveServer) -> None:
