@@ -50,6 +50,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-beam-size": ("max_beam_size", int),
     "--max-body-bytes": ("max_body_bytes", int),
     "--cors-origins": ("cors_origins", str),
+    "--published-host": ("published_host", str),
     "--drain-seconds": ("drain_seconds", float),
     "--trim-seconds": ("trim_seconds", float),
     "--log-level": ("log_level", str),
@@ -100,7 +101,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ONNX Runtime's threads spin between nodes: faster with 2+ threads on a dedicated "
         "machine, CPU burnt while idle (default: off; env ATTNSERVE_SPINNING)",
     )
+    p.add_argument(
+        "--allow-no-api-key",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve without an API key though the server is reachable beyond this machine "
+        "(default: refuse to start; env ATTNSERVE_ALLOW_NO_API_KEY)",
+    )
     replicas.add_arguments(p)
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse an open API reachable from other machines unless it is meant (then warn)."""
+    if not settings.open_beyond_loopback:
+        return
+    where = settings.exposed_host or "every interface"
+    if not settings.allow_no_api_key:
+        raise ServeError(
+            f"the API would be reachable beyond this machine ({where}) without an API key: "
+            "set ATTNSERVE_API_KEY (clients send `Authorization: Bearer <key>`), bind to "
+            "127.0.0.1 (--host), or pass --allow-no-api-key (ATTNSERVE_ALLOW_NO_API_KEY=1) "
+            "to serve an open API on purpose"
+        )
+    log.warning(
+        "the API is open: reachable beyond this machine (%s) and no API key is set "
+        "(--allow-no-api-key); anyone who reaches it can use every route",
+        where,
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -110,7 +137,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export", "spinning", "ui"):
+    for field in ("log_json", "auto_export", "spinning", "ui", "allow_no_api_key"):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:
@@ -150,6 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         configure_logging(settings.log_level, settings.log_json)
+        check_exposure(settings)
         check_models(settings)
     except ServeError as exc:
         sys.stderr.write(f"attnserve serve: {exc}\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,18 @@ def _split_commas(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only: 127.0.0.0/8, ::1 or "localhost"
+    (a wildcard such as 0.0.0.0 or ::, any other address or name reaches beyond it)."""
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 class Settings(BaseSettings):
@@ -105,6 +118,13 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a 429")
 
     api_key: SecretStr | None = None
+    # A server reachable beyond this machine (`host`, or `published_host` when it is set, not
+    # a loopback address) refuses to start without `api_key` unless `allow_no_api_key` says
+    # an open API is meant (then it says so in a warning). `published_host`: the address
+    # clients reach the server on when it is not `host`, e.g. the host address a container's
+    # port is published on (docker-compose.yml: 127.0.0.1 unless told otherwise).
+    published_host: str | None = None
+    allow_no_api_key: bool = False
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     drain_seconds: float = Field(default=30.0, ge=0)
     log_json: bool = True
@@ -152,6 +172,16 @@ class Settings(BaseSettings):
     def beam_limit(self) -> int:
         """The largest beam a request may ask for (a beam's rows must fit the batch)."""
         return min(self.max_beam_size, self.max_batch_rows)
+
+    @property
+    def exposed_host(self) -> str:
+        """The address clients reach the server on."""
+        return self.published_host or self.host
+
+    @property
+    def open_beyond_loopback(self) -> bool:
+        """No API key, and reachable beyond this machine."""
+        return self.api_key is None and not is_loopback(self.exposed_host)
 
     @property
     def model_dirs(self) -> list[Path]:

@@ -183,14 +183,24 @@ def resolve_settings(
     return settings_from_args(build_parser().parse_args(command[1:]))
 
 
-def compose_defaults(text: str) -> str:
-    """Compose interpolation with every variable unset: ${X:-default} -> default, ${X} -> ""."""
-    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", text)
+def compose_defaults(text: str, variables: Mapping[str, str] | None = None) -> str:
+    """Compose interpolation with `variables` set and every other one unset: ${X:-default}
+    -> X's value or default, ${X} -> X's value or ""; $$ -> $."""
+    given = variables or {}
+
+    def value(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return given.get(match.group(1)) or match.group(2) or ""
+
+    return re.sub(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}", value, text)
 
 
-def load_compose() -> dict[str, Any]:
-    """docker-compose.yml as Compose reads it with no variables set (merge keys resolved)."""
-    loaded: dict[str, Any] = yaml.safe_load(compose_defaults(COMPOSE.read_text(encoding="utf-8")))
+def load_compose(variables: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """docker-compose.yml as Compose reads it with `variables` set, no others (merge keys
+    resolved)."""
+    text = compose_defaults(COMPOSE.read_text(encoding="utf-8"), variables)
+    loaded: dict[str, Any] = yaml.safe_load(text)
     return loaded
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from attnserve.service.launch import ServeError, check_exposure
 from tests.deploy.files import (
     COMPOSE,
     GRAFANA_DIR,
@@ -67,7 +69,7 @@ def test_attnserve_services(
     assert service["image"] == f"attnserve:{target}"
     stage = dockerfile_stages()[target]
     (port,) = stage.all("EXPOSE")
-    assert service["ports"] == [f"8000:{port}"]
+    assert service["ports"] == [f"127.0.0.1:8000:{port}"]
     assert service["volumes"] == [f"attnserve-data:{path}" for path in stage.volumes()]
     assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
     assert service["networks"]["default"]["aliases"] == ["attnserve"]
@@ -75,6 +77,35 @@ def test_attnserve_services(
     env = {**stage.env(), **service["environment"]}
     settings = resolve_settings(monkeypatch, env, stage.exec_form("CMD"))
     assert duration_seconds(service["stop_grace_period"]) >= settings.drain_seconds + 5
+    # The image binds every interface of the container; the port is published on loopback.
+    assert settings.host == "0.0.0.0" and settings.api_key is None
+    assert not settings.open_beyond_loopback
+    check_exposure(settings)  # starts
+
+
+@pytest.mark.parametrize("name", list(ATTNSERVE))
+def test_published_beyond_loopback_the_api_needs_a_key(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = load_compose({"PUBLISH_ADDRESS": "0.0.0.0"})
+    service = opened["services"][name]
+    assert service["ports"] == ["0.0.0.0:8000:8000"]
+    stage = dockerfile_stages()[ATTNSERVE[name]]
+    env = {**stage.env(), **service["environment"]}
+    settings = resolve_settings(monkeypatch, env, stage.exec_form("CMD"))
+    with pytest.raises(ServeError, match="without an API key: set ATTNSERVE_API_KEY"):
+        check_exposure(settings)
+    keyed = load_compose({"PUBLISH_ADDRESS": "0.0.0.0", "ATTNSERVE_API_KEY": "k3y"})
+    env = {**stage.env(), **keyed["services"][name]["environment"]}
+    check_exposure(resolve_settings(monkeypatch, env, stage.exec_form("CMD")))
+
+
+def test_no_port_is_published_on_every_interface(compose: dict[str, Any]) -> None:
+    """`docker compose config` with no variables set: every port on 127.0.0.1."""
+    ports = {name: s.get("ports", []) for name, s in compose["services"].items()}
+    assert all(ports.values()) and all(
+        port.startswith("127.0.0.1:") for published in ports.values() for port in published
+    ), ports
 
 
 def test_only_the_gpu_service_reserves_a_gpu(compose: dict[str, Any]) -> None:
@@ -85,7 +116,7 @@ def test_only_the_gpu_service_reserves_a_gpu(compose: dict[str, Any]) -> None:
 
 def test_prometheus_scrapes_the_service_and_loads_the_alerts(compose: dict[str, Any]) -> None:
     service = compose["services"]["prometheus"]
-    assert service["ports"] == ["9090:9090"]
+    assert service["ports"] == ["127.0.0.1:9090:9090"]
     assert "./deploy/prometheus:/etc/prometheus:ro" in service["volumes"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in service["command"]
     config = load_yaml(PROMETHEUS_DIR / "prometheus.yml")
@@ -96,7 +127,7 @@ def test_prometheus_scrapes_the_service_and_loads_the_alerts(compose: dict[str, 
 
 def test_grafana_is_provisioned(compose: dict[str, Any]) -> None:
     service = compose["services"]["grafana"]
-    assert service["ports"] == ["3000:3000"]
+    assert service["ports"] == ["127.0.0.1:3000:3000"]
     mounts = {}
     for volume in service["volumes"]:
         source, target, *_ = volume.split(":")
@@ -111,3 +142,28 @@ def test_grafana_is_provisioned(compose: dict[str, Any]) -> None:
     source = load_yaml(GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml")
     (datasource,) = source["datasources"]
     assert datasource["url"] == "http://prometheus:9090"  # the prometheus service and port
+
+
+@pytest.mark.parametrize(
+    ("password", "starts"), [(None, False), ("", False), ("admin", False), ("n0t-admin", True)]
+)
+def test_grafana_does_not_start_without_a_password(
+    compose: dict[str, Any], password: str | None, starts: bool
+) -> None:
+    """The service's entrypoint, run by a real shell with Grafana's /run.sh replaced by echo."""
+    service = compose["services"]["grafana"]
+    assert service["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == ""  # no default
+    shell, flag, script, name = service["entrypoint"]
+    assert (shell, flag) == ("/bin/sh", "-c") and "exec /run.sh" in script
+    env = {"PATH": os.environ["PATH"]}
+    if password is not None:
+        env["GF_SECURITY_ADMIN_PASSWORD"] = password
+    script = script.replace("exec /run.sh", "exec echo started")
+    result = subprocess.run(
+        [shell, flag, script, name, "--flag"], env=env, capture_output=True, text=True, timeout=10
+    )
+    if starts:
+        assert (result.returncode, result.stdout) == (0, "started --flag\n")
+    else:
+        assert result.returncode == 1 and result.stdout == ""
+        assert "set GRAFANA_ADMIN_PASSWORD" in result.stderr

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from attnserve.service.launch import ServeError, check_exposure
 from tests.deploy.files import (
     K8S_DIR,
     dockerfile_stages,
@@ -96,7 +97,12 @@ def test_grace_period_covers_prestop_and_drain(
     needed = int(command[1]) + settings.drain_seconds + SHUTDOWN_MARGIN_SECONDS
     assert pod["terminationGracePeriodSeconds"] >= needed
     secret = [e for e in main["env"] if e["name"] == "ATTNSERVE_API_KEY"]
-    assert secret and secret[0]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert secret and secret[0]["valueFrom"]["secretKeyRef"]["optional"] is False
+    # The pod listens on every interface: without the key the server would refuse to start.
+    with pytest.raises(ServeError, match="without an API key"):
+        check_exposure(settings)
+    keyed = {**env, "ATTNSERVE_API_KEY": "k3y"}
+    check_exposure(resolve_settings(monkeypatch, keyed, stage.exec_form("CMD")))
 
 
 def test_the_pod_runs_as_the_image_user_with_its_volume(k8s: dict[str, dict[str, Any]]) -> None:

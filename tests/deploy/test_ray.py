@@ -107,7 +107,7 @@ def test_ray_service(service: dict[str, Any]) -> None:
             f"ATTNSERVE_{f.upper()}" for f in Settings.model_fields
         }
         key = next(e for e in container["env"] if e["name"] == "ATTNSERVE_API_KEY")
-        assert key["valueFrom"]["secretKeyRef"]["optional"] is True
+        assert key["valueFrom"]["secretKeyRef"]["optional"] is False
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

@@ -12,7 +12,7 @@ import pytest
 
 from attnserve.cli import build_parser, main
 from attnserve.service.launch import ServeError, check_models, settings_from_args
-from attnserve.service.settings import Settings
+from attnserve.service.settings import Settings, is_loopback
 from tests.service.helpers import LiveServer, make_settings
 
 
@@ -79,6 +79,57 @@ def test_serve_without_the_model_fails_clearly(
     error = capsys.readouterr().err
     assert f"model directory {missing} does not exist" in error
     assert "attnserve import HF_DIR DIR" in error
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST.", True),
+        ("app.localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("10.0.0.5", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+    ],
+)
+def test_loopback_addresses(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_an_open_api_beyond_loopback_does_not_start(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before any model is looked at: no key and a wildcard address is a refusal (status 2),
+    unless meant (--allow-no-api-key: a warning), or a key is set, or only loopback."""
+    monkeypatch.setattr("attnserve.service.logs.configure_logging", lambda *a, **k: None)
+    missing = str(tmp_path / "ende-small")
+    assert main(["serve", "--model", missing, "--host", "0.0.0.0"]) == 2
+    error = capsys.readouterr().err
+    assert "reachable beyond this machine (0.0.0.0) without an API key" in error
+    assert "does not exist" not in error  # refused first
+    # a container bound to 0.0.0.0 whose port is published on loopback only
+    flags = ["serve", "--model", missing, "--host", "0.0.0.0", "--published-host", "127.0.0.1"]
+    assert main(flags) == 2 and "does not exist" in capsys.readouterr().err
+    flags = ["serve", "--model", missing, "--host", "::1", "--published-host", "192.0.2.7"]
+    assert main(flags) == 2 and "(192.0.2.7) without an API key" in capsys.readouterr().err
+    monkeypatch.setenv("ATTNSERVE_API_KEY", "k3y")
+    assert main(["serve", "--model", missing, "--host", "0.0.0.0"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    monkeypatch.delenv("ATTNSERVE_API_KEY")
+    caplog.set_level("WARNING", logger="attnserve.service.launch")
+    assert main(["serve", "--model", missing, "--host", "0.0.0.0", "--allow-no-api-key"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert any("the API is open" in r.getMessage() for r in caplog.records)
 
 
 def test_missing_default_model_says_how_to_get_it(
