@@ -479,11 +479,12 @@ def convert_gguf(path: str | Path) -> DecoderOnly:
 
 
 def tokenizer_fields(reader: GGUFReader) -> dict[str, Any]:
-    """Every `tokenizer.*` metadata value, arrays (vocabulary, merges, types) in full."""
+    """Every `tokenizer.*` metadata value, arrays (vocabulary, merges, types) in full, and
+    `general.architecture` (a SentencePiece vocabulary's details depend on the family)."""
     return {
         key: field.contents()
         for key, field in reader.fields.items()
-        if key.startswith("tokenizer.") and field.types
+        if (key.startswith("tokenizer.") or key == "general.architecture") and field.types
     }
 
 

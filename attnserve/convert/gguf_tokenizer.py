@@ -15,8 +15,20 @@ builds what transformers' GGUF loader builds (integrations/gguf/gguf_tokenizer_m
   so that both stay whole in text;
 * BOS added at encode time only when the file says so (`tokenizer.ggml.add_bos_token`).
 
+For `tokenizer.ggml.model == "llama"` (SentencePiece BPE with byte fallback: Llama 2, Mistral,
+Gemma, Phi-3) it builds what transformers builds from the file, a BPE over the vocabulary as
+spelled (`▁` for a space, `<0xNN>` byte tokens), with byte fallback:
+
+* the merges the file gives, or, as SentencePiece files list none, the ones its vocabulary
+  implies: every split of a token into two tokens, ranked by the token's score (Gemma's scores
+  do not follow its merge order; its tokens' order in the file does);
+* the family's handling of spaces: Llama and Mistral a `▁` before the text (Metaspace, first
+  section only); Phi-3 the same from a normalizer (so "  hi" keeps both spaces); Gemma none,
+  spaces as `▁` and tokens of blank runs respelled as `▁` runs;
+* BOS added unless the file says not to (llama.cpp's default for these vocabularies).
+
 tests/convert/test_gguf_tokenizer.py compares the ids with transformers' tokenizer on the same
-file. Other tokenizer models (SentencePiece "llama", "t5") are refused with a clear error.
+file. Other tokenizer models (Unigram "t5", ...) are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -24,11 +36,23 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from attnserve.model.text_tokenizer import TextTokenizer
 
 CONTROL, USER_DEFINED = 3, 4
+SPACE = "\u2581"  # SentencePiece's spelling of a space
+# general.architecture -> how its SentencePiece vocabulary treats spaces (others: "llama")
+SENTENCEPIECE_STYLES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -131,22 +155,109 @@ def byte_level_bpe(fields: dict[str, Any]) -> Tokenizer:
     return tokenizer
 
 
+def implied_merges(tokens: list[str], rank: dict[str, float]) -> list[tuple[str, str]]:
+    """The merges a vocabulary without any implies: every split of a token into two tokens of
+    the vocabulary, best-ranked token first (ties: the longer left part first), as
+    transformers' `generate_merges` orders them."""
+    index = {token: i for i, token in enumerate(tokens)}
+    found: list[tuple[str, str, float]] = []
+    for token, score in rank.items():
+        local = [
+            (token[:cut], token[cut:], score)
+            for cut in range(1, len(token))
+            if token[:cut] in index and token[cut:] in index
+        ]
+        local.sort(key=lambda m: (index[m[0]], index[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
+
+
+def sentencepiece_bpe(fields: dict[str, Any]) -> Tokenizer:
+    """The SentencePiece BPE tokenizer of GGUF tokenizer metadata (see the module doc)."""
+    tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
+    style = SENTENCEPIECE_STYLES.get(str(fields.get("general.architecture", "")), "llama")
+    if style == "gemma":  # blank runs are stored as spaces, looked up as ▁ runs
+        tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if fields.get("tokenizer.ggml.merges"):
+        merges = [tuple(m.split(" ")) for m in fields["tokenizer.ggml.merges"]]
+    else:
+        if style == "gemma":
+            rank: dict[str, float] = {t: -float(i) for i, t in enumerate(tokens)}
+        else:
+            scores = list(fields.get("tokenizer.ggml.scores", []))
+            if len(scores) != len(tokens):
+                raise GGUFTokenizerError("the GGUF's SentencePiece vocabulary has no scores")
+            rank = dict(zip(tokens, map(float, scores), strict=True))
+        merges = implied_merges(tokens, rank)
+    unk_index = fields.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[int(unk_index)] if style == "gemma" and unk_index is not None else None
+    tokenizer = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if style == "gemma":
+        tokenizer.normalizer = normalizers.Replace(" ", SPACE)
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    elif style == "phi3":
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)]
+        )
+        steps.append(decoders.Strip(content=" ", left=1))
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=SPACE, prepend_scheme="first", split=False
+        )
+        steps.append(decoders.Strip(content=" ", left=1))
+    tokenizer.decoder = decoders.Sequence(steps)
+    types = list(fields.get("tokenizer.ggml.token_type", []))
+    control = [
+        AddedToken(t, normalized=False, special=True)
+        for t, kind in zip(tokens, types, strict=False)
+        if kind == CONTROL
+    ]
+    user = [
+        AddedToken(t, normalized=False, special=False)
+        for t, kind in zip(tokens, types, strict=False)
+        if kind == USER_DEFINED
+    ]
+    if control:
+        tokenizer.add_special_tokens(control)
+    if user:
+        tokenizer.add_tokens(user)
+    return tokenizer
+
+
 def gguf_text_tokenizer(fields: dict[str, Any]) -> TextTokenizer:
     """The TextTokenizer (tokenizer.json + tokenizer_config.json) of GGUF metadata: every
-    `tokenizer.*` key, arrays as lists."""
+    `tokenizer.*` key, arrays as lists, and `general.architecture`."""
     kind = fields.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind == "gpt2":
+        tokenizer = byte_level_bpe(fields)
+        default_bos = False
+    elif kind == "llama":
+        tokenizer = sentencepiece_bpe(fields)
+        default_bos = True  # llama.cpp adds BOS to these unless the file says not to
+    else:
         raise GGUFTokenizerError(
-            f"tokenizer.ggml.model {kind!r} is not supported (byte-level BPE, 'gpt2', is)"
+            f"tokenizer.ggml.model {kind!r} is not supported (byte-level BPE, 'gpt2', and "
+            "SentencePiece BPE, 'llama', are)"
         )
-    tokenizer = byte_level_bpe(fields)
     tokens = fields["tokenizer.ggml.tokens"]
     config: dict[str, Any] = {}
     for name, key in SPECIAL_KEYS.items():
         index = fields.get(key)
         if index is not None and 0 <= int(index) < len(tokens):
             config[name] = tokens[int(index)]
-    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
+    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", default_bos))
     config["add_bos_token"] = add_bos
     config["add_eos_token"] = bool(fields.get("tokenizer.ggml.add_eos_token", False))
     if add_bos and config.get("bos_token"):

@@ -161,12 +161,12 @@ def test_the_tokenizer_survives_the_model_directory(tmp_path: Path) -> None:
     assert loaded.apply_chat_template(CONVERSATIONS[2]) == got.apply_chat_template(CONVERSATIONS[2])
 
 
-def test_a_sentencepiece_vocabulary_is_refused(tmp_path: Path) -> None:
+def test_a_unigram_vocabulary_is_refused(tmp_path: Path) -> None:
     from attnserve.convert.gguf_tokenizer import GGUFTokenizerError
 
-    path = tmp_path / "spm.gguf"
-    write_tokenizer_gguf(path, model="llama")
-    with pytest.raises(GGUFTokenizerError, match="'llama' is not supported"):
+    path = tmp_path / "t5.gguf"
+    write_tokenizer_gguf(path, model="t5")
+    with pytest.raises(GGUFTokenizerError, match="'t5' is not supported"):
         ours(path)
     assert issubclass(GGUFImportError, ValueError)
 
