@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from typing import Any
+from urllib.parse import quote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -112,7 +113,7 @@ class ServiceMiddleware:
         except ClientGone:
             status = status or 499
         except Exception:
-            log.exception("unhandled error serving %s %s", scope["method"], path)
+            log.exception("unhandled error serving %s %s", scope["method"], logged_path(path))
             if response_started:
                 return
             status = 500
@@ -136,7 +137,7 @@ class ServiceMiddleware:
                 logging.DEBUG if path in QUIET_PATHS else logging.INFO,
                 "%s %s %d %.1fms",
                 scope["method"],
-                path,
+                logged_path(path),
                 status or 499,
                 seconds * 1000,
                 extra={"route": route, "status": status or 499, "duration_ms": seconds * 1000},
@@ -216,6 +217,12 @@ class ServiceMiddleware:
             return template
         path = scope["path"]
         return path if path in self.known_paths else "other"
+
+
+def logged_path(path: str) -> str:
+    """The path as a log shows it: URL-quoted again (uvicorn decodes it), so that a %0a or an
+    ESC a client sent stays text in the line."""
+    return quote(path, safe="/:@!$&'()*+,;=~")
 
 
 def _headers(scope: Scope) -> dict[str, str]:
