@@ -11,7 +11,9 @@ headers keeps them for ever. So here:
   connection's opening (its first request) or of the first byte after an answer (the next
   ones); else 408 where part of a request came, and the connection is closed either way;
 - a connection past `max_connections` open ones is answered 503 (Retry-After) as soon as it
-  sends, or after REFUSED_GRACE seconds, and closed: it never reaches the app.
+  sends, or after REFUSED_GRACE seconds, and closed: it never reaches the app;
+- a request h11 cannot parse (or headers over its 16 KiB) is answered a JSON 400, not
+  uvicorn's plain text, and closed.
 
 A body's deadline is the middleware's (408 through the app: its metrics and logs). Under Ray
 Serve the HTTP server is Serve's proxy, not this one (docs/OPERATIONS.md, "Security").
@@ -107,6 +109,14 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         if self._deadline is not None and self.cycle is not cycle:
             self._disarm()  # a pipelined request, whole, went to the app
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse, as JSON like every other error."""
+        self.guard.metrics.connection_closed("invalid_request")
+        self.transport.write(
+            raw_answer(400, "invalid HTTP request (malformed, or headers over 16 KiB)")
+        )
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()

@@ -35,8 +35,8 @@ REJECT_REASONS = (
     "origin_not_allowed",
 )
 # Connections the server closed on a client: headers (or a first request) too slow, a body too
-# slow, one connection past max_connections (service/connections.py).
-CLOSE_REASONS = ("header_timeout", "body_timeout", "connection_limit")
+# slow, one connection past max_connections, a request that is not HTTP (service/connections.py).
+CLOSE_REASONS = ("header_timeout", "body_timeout", "connection_limit", "invalid_request")
 
 # Latencies of one request: milliseconds (a short sentence, idle server) to a minute (long beam
 # searches under overload, bounded by max_timeout_ms).

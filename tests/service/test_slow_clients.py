@@ -223,3 +223,20 @@ def test_connections_past_the_cap_get_503(model_dir: Path, tmp_path: Path) -> No
             metric_value(metrics, "attnserve_connections_closed_total", reason="connection_limit")
             >= 1
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000],
+    ids=["garbage", "headers over 16 KiB"],
+)
+def test_a_request_that_is_not_http_gets_a_json_400(
+    guarded: tuple[str, int], request_bytes: bytes
+) -> None:
+    url, _ = guarded
+    with connect(url) as sock:
+        sock.sendall(request_bytes)
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert error_type(answer) == "invalid_request"
