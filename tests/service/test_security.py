@@ -246,6 +246,8 @@ def test_docs_are_served_by_the_app(live: LiveServer) -> None:
     assert not re.search(r"https?://", html)  # nothing from another origin
     assert re.search(r"<script>", html) is None  # no inline script
     sources = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sources[0] == "data:," and 'rel="icon"' in html  # no /favicon.ico request
+    sources = sources[1:]
     assert sources == ["docs/swagger-ui.css", "docs/swagger-ui-bundle.js", "docs/init.js"]
     for source in sources:
         asset = httpx.get(f"{live.url}/{source}")
