@@ -22,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
 from attnserve.engine.memory import MemoryTrimmer
+from attnserve.service.docs_page import router as docs_router
 from attnserve.service.errors import install_error_handlers
 from attnserve.service.libretranslate import router as libretranslate_router
 from attnserve.service.middleware import ServiceMiddleware
@@ -30,6 +31,7 @@ from attnserve.service.models import wait_idle as wait_models_idle
 from attnserve.service.openai_api import router as openai_router
 from attnserve.service.routes import router
 from attnserve.service.schemas import FinalEvent, TokenEvent
+from attnserve.service.security import HostPolicy
 from attnserve.service.server_info import package_version
 from attnserve.service.server_info import router as server_info_router
 from attnserve.service.settings import Settings
@@ -46,8 +48,9 @@ Errors are JSON `{"error": {"type", "message", "param", "request_id"}}`: 422 inv
 (`param` names the field), 404 unknown model, 413 body too large, 429 queue full (Retry-After),
 503 not ready or shutting down, 504 deadline exceeded, 401 missing API key (when the server has
 one: `Authorization: Bearer <key>`; /healthz, /readyz, /metrics, the docs and the page at /
-stay open), 500 a decoding failure of this request (quote its request id). Every response
-carries `X-Request-ID` (the client's, when it sent a valid one).
+stay open), 500 a decoding failure of this request (quote its request id); 408 a body too slow
+to arrive, 421 a Host the server does not answer to, 403 a browser's request from another site.
+Every response carries `X-Request-ID` (the client's, when it sent a valid one).
 """
 
 
@@ -63,6 +66,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts).describe()
+        log.info(
+            "answering to the hosts: %s%s",
+            hosts,
+            " (set ATTNSERVE_ALLOWED_HOSTS to check the Host header)" if hosts == "any" else "",
+            extra={"allowed_hosts": hosts},
+        )
         loader = asyncio.create_task(load_models(service, backend_factory))
         if wait_for_models:
             await loader
@@ -79,12 +89,17 @@ def create_app(
         version=package_version(),
         description=DESCRIPTION,
         lifespan=lifespan,
+        # /docs is docs_page.py's (no CDN); ReDoc's page, which loads from one, is left out.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if settings.docs else None,
     )
     app.state.service = service
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
     routers = [router, openai_router, libretranslate_router, tokenization_router]
     routers += [server_info_router, *([ui_router] if settings.ui else [])]
+    routers += [docs_router] if settings.docs else []
     for included in routers:
         app.include_router(included)
     # The metrics' route label of a request the middleware answers itself (401, 413, 503):

@@ -20,7 +20,7 @@ from starlette.types import Receive
 from attnserve.engine.options import DecodingOptions, InvalidOption
 from attnserve.engine.scheduler import Outcome, QueueFull, Request, RequestTooLarge
 from attnserve.model.languages import same_language
-from attnserve.service.errors import ApiError
+from attnserve.service.errors import ApiError, shown
 from attnserve.service.models import ServedModel
 from attnserve.service.schemas import GenerateRequest, Hypothesis, TranslateRequest, Translation
 from attnserve.service.state import ServiceState
@@ -49,7 +49,10 @@ def resolve_model(service: ServiceState, name: str | None) -> ServedModel:
     if model is None:
         known = ", ".join(m.name for m in service.registry)
         raise ApiError(
-            404, f"unknown model {name!r}; served: {known}", param="model", type="model_not_found"
+            404,
+            f"unknown model {shown(name)}; served: {known}",
+            param="model",
+            type="model_not_found",
         )
     return model
 
@@ -147,7 +150,7 @@ def check_languages(body: TranslateRequest, texts: Sequence[str], model: ServedM
     ):
         raise ApiError(
             422,
-            f"model {model.name} translates from {source!r}, not {body.source_lang!r}",
+            f"model {model.name} translates from {source!r}, not {shown(body.source_lang)}",
             param="source_lang",
         )
     tags = tokenizer.target_languages

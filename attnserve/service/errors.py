@@ -4,6 +4,10 @@
 On the OpenAI routes an invalid request is a 400 (the native routes answer 422), and a 500 or
 504 carries `x-should-retry: false`: the openai client retries 5xx answers by default, and a
 request that failed or ran out of time must not run again behind its caller's back.
+
+What a client sent comes back in an error only cut short: a name it gave (`shown`) to
+ECHO_CHARS characters, and a whole message to MESSAGE_CHARS, so a 500 KB model name does not
+make a 1 MB answer.
 """
 
 from __future__ import annotations
@@ -19,14 +23,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnserve.service.logs import request_id_var
 
+# A client's value echoed in an error message: at most this many characters of it.
+ECHO_CHARS = 64
+# An error message: at most this many characters (its start, then how much was left out).
+MESSAGE_CHARS = 1024
+
 # Error types by HTTP status (the `type` field); routes may use a more specific one.
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request",
     401: "unauthorized",
     404: "not_found",
+    403: "forbidden",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "body_too_large",
     415: "unsupported_media_type",
+    421: "misdirected_request",
     422: "invalid_request",
     429: "overloaded",
     500: "internal_error",
@@ -46,6 +58,21 @@ OPENAI_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH}) | TOKENIZER_PATHS
 # The LibreTranslate-compatible routes (service/libretranslate.py): errors `{"error": "..."}`,
 # 400 for an invalid request, the API key checked by the route (it may come in the body).
 LIBRETRANSLATE_PATHS = frozenset({"/translate", "/detect", "/languages"})
+
+
+def shown(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client's value for an error message: its repr, cut after `limit` characters."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def capped(message: str) -> str:
+    """An error message of at most about MESSAGE_CHARS characters."""
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return f"{message[:MESSAGE_CHARS]}... ({len(message) - MESSAGE_CHARS} more characters)"
 
 
 class ApiError(Exception):
@@ -72,9 +99,11 @@ def error_body(
     status: int, message: str, *, param: str | None = None, type: str | None = None
 ) -> dict[str, Any]:
     kind = type or ERROR_TYPES.get(status, "error")
+    if param is not None and len(param) > ECHO_CHARS:  # a client's unknown field name
+        param = param[:ECHO_CHARS] + "..."
     return {
         "error": {
-            "message": message,
+            "message": capped(message),
             "type": kind,
             "param": param,
             "code": kind if status != 422 and status != 400 else None,
@@ -87,7 +116,7 @@ def error_response(error: ApiError, request: Request | None = None) -> JSONRespo
     status, headers = error.status, dict(error.headers)
     if request is not None and request.url.path in LIBRETRANSLATE_PATHS:
         status = 400 if status == 422 else status
-        return JSONResponse({"error": error.message}, status_code=status, headers=headers)
+        return JSONResponse({"error": capped(error.message)}, status_code=status, headers=headers)
     param, kind = error.param, error.type
     native = None
     if request is not None and request.url.path in OPENAI_PATHS:
@@ -139,7 +168,7 @@ def _describe(error: Mapping[str, Any]) -> str:
     ):
         return "the request body must be a JSON object (Content-Type: application/json)"
     if error.get("type") == "extra_forbidden":
-        return f"unknown field {_param(error.get('loc', ())) or ''!r}"
+        return f"unknown field {shown(_param(error.get('loc', ())) or '')}"
     param = _param(error.get("loc", ()))
     message = str(error.get("msg", "invalid value"))
     return f"{param}: {message}" if param and param != "body" else message
@@ -161,14 +190,23 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     message = str(exc.detail)
     param = None
     if status == 400:
-        # FastAPI's only 400: a body it could not decode (e.g. not UTF-8). That is a client's
-        # invalid request like any other: 422, as for malformed JSON.
+        # FastAPI's only 400: a body it could not decode. That is a client's invalid request
+        # like any other: 422, as for malformed JSON.
         status, param = 422, "body"
-        # It carries no cause: a body that is not UTF-8, or a number Python will not read
-        # (over 4300 digits), both land here.
-        message = "request body could not be read as JSON (not UTF-8, or a number too long)"
+        message = _unreadable(exc.__cause__)
     headers = dict(exc.headers or {})
     return error_response(ApiError(status, message, param=param, headers=headers), request)
+
+
+def _unreadable(cause: BaseException | None) -> str:
+    """Why FastAPI could not read a body: it raises its 400 from the parser's exception."""
+    if isinstance(cause, UnicodeDecodeError):
+        return "request body is not UTF-8"
+    if isinstance(cause, RecursionError):
+        return "request body is nested too deeply to read as JSON"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "request body holds a number with too many digits"
+    return "request body could not be read"
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

@@ -51,6 +51,11 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-body-bytes": ("max_body_bytes", int),
     "--cors-origins": ("cors_origins", str),
     "--published-host": ("published_host", str),
+    "--allowed-hosts": ("allowed_hosts", str),
+    "--header-timeout-seconds": ("header_timeout_seconds", float),
+    "--body-timeout-seconds": ("body_timeout_seconds", float),
+    "--keep-alive-seconds": ("keep_alive_seconds", int),
+    "--max-connections": ("max_connections", int),
     "--drain-seconds": ("drain_seconds", float),
     "--trim-seconds": ("trim_seconds", float),
     "--log-level": ("log_level", str),
@@ -95,6 +100,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the page for people at / (default: on; env ATTNSERVE_UI)",
     )
     p.add_argument(
+        "--docs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the OpenAPI page at /docs and /openapi.json (default: on; env ATTNSERVE_DOCS)",
+    )
+    p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -137,7 +148,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export", "spinning", "ui", "allow_no_api_key"):
+    for field in ("log_json", "auto_export", "spinning", "ui", "docs", "allow_no_api_key"):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:

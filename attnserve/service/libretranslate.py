@@ -32,7 +32,7 @@ from attnserve.service.documents import (
     target_languages,
     visible_text,
 )
-from attnserve.service.errors import ApiError
+from attnserve.service.errors import ApiError, shown
 from attnserve.service.models import ServedModel
 from attnserve.service.routes import raise_for
 from attnserve.service.schemas import TranslateRequest
@@ -101,7 +101,7 @@ async def _params(request: Request) -> dict[str, Any]:
             if values:
                 params[key] = values if len(values) > 1 else values[0]
     elif kind and await request.body():
-        raise ApiError(400, f"Invalid request: unsupported content type {kind!r}")
+        raise ApiError(400, f"Invalid request: unsupported content type {shown(kind)}")
     return params
 
 
@@ -164,7 +164,7 @@ def _choose(
         if found is None or found.generates:
             known = ", ".join(m.name for m in models)
             raise ApiError(
-                400, f"unknown translation model {name!r}; served: {known}", param="model"
+                400, f"unknown translation model {shown(name)}; served: {known}", param="model"
             )
         return found
 
@@ -180,7 +180,7 @@ def _choose(
         targets = sorted({t for m in models for t in target_languages(m)})
         raise ApiError(
             400,
-            f"target {target!r} is not supported; targets: {', '.join(targets)}",
+            f"target {shown(target)} is not supported; targets: {', '.join(targets)}",
             param="target",
         )
     if source == AUTO:  # the first text's visible words decide (each text is detected again)
@@ -194,7 +194,9 @@ def _choose(
         if from_(m, source):
             return m
     raise ApiError(
-        400, f"{source!r} -> {target!r} is not supported by the served models", param="source"
+        400,
+        f"{shown(source)} -> {shown(target)} is not supported by the served models",
+        param="source",
     )
 
 

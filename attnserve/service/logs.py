@@ -1,4 +1,12 @@
-"""Structured logs: one JSON object per line, with the request id of the request being served."""
+"""Structured logs: one JSON object per line (or a plain line), with the request id of the
+request being served.
+
+Whatever a client sent may end up in a log line (a path, a model name in a message), so both
+formats escape the characters that could forge a line or act on a terminal: controls (C0, C1:
+newlines, ESC), format characters (the bidi overrides and isolates such as U+202E, zero widths,
+tag characters), line and paragraph separators and lone surrogates. JSON lines keep them as
+`\\uXXXX` escapes (the value reads back unchanged); plain lines as Python's `\\x1b`, `\\u202e`.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,15 @@ request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# Unicode's categories Cc, Cf, Cs, Zl and Zp, as of the unicodedata Python ships (a test
+# compares this class with them): what a log line must not hold raw.
+UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+    "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0001\U000e0020-\U000e007f]"
+)
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # LogRecord attributes that are not user-supplied `extra=` fields.
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -26,6 +43,33 @@ def new_request_id(supplied: str | None = None) -> str:
     if supplied and _VALID_ID.fullmatch(supplied):
         return supplied
     return uuid.uuid4().hex
+
+
+def escape_text(text: str) -> str:
+    """`text` with every UNSAFE character written as Python writes it in a repr."""
+    return UNSAFE.sub(_python_escape, text)
+
+
+def _python_escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _SHORT:
+        return _SHORT[char]
+    code = ord(char)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 pair, as JSON writes characters outside the BMP
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 class RequestIdFilter(logging.Filter):
@@ -53,7 +97,29 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        # json.dumps escapes C0 controls only; the rest of UNSAFE is escaped here (JSON holds
+        # no such character outside its strings, so every match lies inside one).
+        return UNSAFE.sub(_json_escape, json.dumps(entry, default=str, ensure_ascii=False))
+
+
+class PlainFormatter(logging.Formatter):
+    """`time level logger [request id]: message`, one line a record: the message escaped;
+    a traceback keeps its line breaks, each of its lines indented, so that every line that
+    starts at the margin starts a record."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_text(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        lines = super().formatException(ei).split("\n")
+        return "\n".join("  " + escape_text(line) for line in lines)
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("  " + escape_text(line) for line in stack_info.split("\n"))
 
 
 def stderr_handler(json_lines: bool = True) -> logging.Handler:
@@ -63,9 +129,7 @@ def stderr_handler(json_lines: bool = True) -> logging.Handler:
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")
-        )
+        handler.setFormatter(PlainFormatter())
     return handler
 
 

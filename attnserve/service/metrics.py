@@ -1,7 +1,8 @@
 """Prometheus metrics: one registry per app; the engine's StepEvents are their main source.
 
 Labels are bounded: `route` is a route template (or "other"), `status` an HTTP status code,
-`model` a configured model name, `reason` one of REJECT_REASONS.
+`model` a configured model name, `reason` one of REJECT_REASONS (requests) or CLOSE_REASONS
+(connections).
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ REJECT_REASONS = (
     "body_too_large",
     "request_too_large",
     "unauthorized",
+    "host_not_allowed",
+    "origin_not_allowed",
 )
+# Connections the server closed on a client: headers (or a first request) too slow, a body too
+# slow, one connection past max_connections, a request that is not HTTP (service/connections.py).
+CLOSE_REASONS = ("header_timeout", "body_timeout", "connection_limit", "invalid_request")
 
 # Latencies of one request: milliseconds (a short sentence, idle server) to a minute (long beam
 # searches under overload, bounded by max_timeout_ms).
@@ -178,8 +184,19 @@ class Metrics:
             ["model", "variant", "provider"],
             registry=r,
         )
+        self.connections_open = Gauge(
+            PREFIX + "connections_open", "HTTP connections open", registry=r
+        )
+        self.connections_closed = Counter(
+            PREFIX + "connections_closed",
+            "HTTP connections the server closed on a slow client or past its connection limit",
+            ["reason"],
+            registry=r,
+        )
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
 
     def add_model(
         self,
@@ -231,6 +248,9 @@ class Metrics:
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
+
+    def connection_closed(self, reason: str) -> None:
+        self.connections_closed.labels(reason).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

@@ -1,18 +1,23 @@
-"""The request middleware (pure ASGI): request ids, access logs and metrics, the API key,
-readiness and draining, the body size limit, and a JSON 500 for unexpected exceptions.
+"""The request middleware (pure ASGI): request ids, access logs and metrics, the Host and
+Origin checks, the API key, readiness and draining, the body's size, time and text, the security
+headers, and a JSON 500 for unexpected exceptions.
 
-Order for an API request (`/v1/...`): id -> API key (401) -> lifecycle (503) -> body size (413,
-from Content-Length before reading, else while reading) -> the app. Health, readiness, metrics
-and the OpenAPI pages skip the API key, lifecycle and body checks.
+Order for an API request (`/v1/...`): id -> Host (421) -> Origin (403) -> API key (401) ->
+lifecycle (503) -> body size (413, from Content-Length before reading, else while reading), time
+(408) and text (a lone surrogate: 422) -> the app. Every request but the probes (/healthz,
+/readyz) passes the Host check, and every state-changing one the Origin check; health,
+readiness, metrics, the OpenAPI pages and the page at / skip the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
 from typing import Any
+from urllib.parse import quote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,15 +25,25 @@ from attnserve.service.errors import (
     LIBRETRANSLATE_PATHS,
     OPENAI_PATHS,
     TOKENIZER_PATHS,
+    capped,
     error_body,
 )
 from attnserve.service.logs import new_request_id, request_id_var
+from attnserve.service.security import (
+    SAFE_METHODS,
+    HostPolicy,
+    cross_origin,
+    lone_surrogate,
+    with_security_headers,
+)
 from attnserve.service.state import ServiceState
 
 log = logging.getLogger("attnserve.access")
 
 REQUEST_ID_HEADER = "x-request-id"
 QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# Answered whatever the Host: orchestrators probe a pod by its IP address.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 class ClientGone(Exception):
@@ -45,9 +60,11 @@ class _Reply:
         *,
         reason: str | None = None,
         headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         self.status, self.message, self.reason = status, message, reason
         self.headers = headers or {}
+        self.param = param
 
 
 class ServiceMiddleware:
@@ -55,7 +72,9 @@ class ServiceMiddleware:
         self.app = app
         self.service = service
         self.known_paths = known_paths
-        key = service.settings.api_key
+        settings = service.settings
+        self.hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts)
+        key = settings.api_key
         self._key = key.get_secret_value().encode() if key is not None else None
         # The bytes a client may send the key as: UTF-8 (curl, httpx bytes), or latin-1 where
         # it fits (Python's http.client, urllib and requests encode header strings so).
@@ -85,10 +104,9 @@ class ServiceMiddleware:
             nonlocal status, response_started
             if message["type"] == "http.response.start":
                 status, response_started = int(message["status"]), True
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (REQUEST_ID_HEADER.encode(), request_id.encode()),
-                ]
+                message["headers"] = with_security_headers(
+                    [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), request_id.encode())]
+                )
             await send(message)
 
         path: str = scope["path"]
@@ -97,13 +115,15 @@ class ServiceMiddleware:
         lifecycle = self.service.lifecycle
         counted = False
         try:
-            reply = self._refuse(scope, headers, check_key=not libre) if api else None
+            reply = self._screen(scope, headers)
+            if reply is None and api:
+                reply = self._refuse(scope, headers, check_key=not libre)
             if reply is None and api and scope["method"] in ("POST", "PUT", "PATCH"):
                 reply, receive = await self._limit_body(headers, receive)
             if reply is not None:
                 if reply.reason:
                     self.service.metrics.reject(reply.reason)
-                await _send_error(send_with_id, reply, libre)
+                await _send_error(send_with_id, reply, libre, openai=path in OPENAI_PATHS)
                 return
             if api:
                 lifecycle.in_flight += 1
@@ -112,7 +132,7 @@ class ServiceMiddleware:
         except ClientGone:
             status = status or 499
         except Exception:
-            log.exception("unhandled error serving %s %s", scope["method"], path)
+            log.exception("unhandled error serving %s %s", scope["method"], logged_path(path))
             if response_started:
                 return
             status = 500
@@ -136,12 +156,33 @@ class ServiceMiddleware:
                 logging.DEBUG if path in QUIET_PATHS else logging.INFO,
                 "%s %s %d %.1fms",
                 scope["method"],
-                path,
+                logged_path(path),
                 status or 499,
                 seconds * 1000,
                 extra={"route": route, "status": status or 499, "duration_ms": seconds * 1000},
             )
             request_id_var.reset(token)
+
+    def _screen(self, scope: Scope, headers: dict[str, str]) -> _Reply | None:
+        """421 for a Host the server does not answer to; 403 for a browser's state-changing
+        request from another site (security.py)."""
+        if scope["path"] not in PROBE_PATHS and not self.hosts.allows(headers.get("host")):
+            return _Reply(
+                421,
+                f"this server does not answer to the host {headers.get('host', '')[:64]!r} "
+                "(its allowed hosts: ATTNSERVE_ALLOWED_HOSTS)",
+                reason="host_not_allowed",
+            )
+        if scope["method"] not in SAFE_METHODS:
+            origin = cross_origin(headers, self.service.settings.cors_origins)
+            if origin is not None:
+                return _Reply(
+                    403,
+                    f"cross-origin request from {origin[:64]!r} refused (the server's CORS "
+                    "origins: ATTNSERVE_CORS_ORIGINS)",
+                    reason="origin_not_allowed",
+                )
+        return None
 
     def _refuse(
         self, scope: Scope, headers: dict[str, str], check_key: bool = True
@@ -172,8 +213,11 @@ class ServiceMiddleware:
     async def _limit_body(
         self, headers: dict[str, str], receive: Receive
     ) -> tuple[_Reply | None, Receive]:
-        """413 when the body exceeds max_body_bytes; else a receive that replays the body."""
-        limit = self.service.settings.max_body_bytes
+        """413 when the body exceeds max_body_bytes, 408 when it takes longer than
+        body_timeout_seconds to arrive, 422 when a JSON body holds a lone surrogate; else a
+        receive that replays the body."""
+        settings = self.service.settings
+        limit = settings.max_body_bytes
         too_large = _Reply(
             413,
             f"request body exceeds {limit} bytes",
@@ -185,8 +229,17 @@ class ServiceMiddleware:
             return too_large, receive  # refused before reading any of it
         chunks: list[bytes] = []
         size = 0
+        deadline = time.monotonic() + settings.body_timeout_seconds
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+            except TimeoutError:
+                self.service.metrics.connection_closed("body_timeout")
+                return _Reply(
+                    408,
+                    f"the request body did not arrive within {settings.body_timeout_seconds:g} s",
+                    headers={"Connection": "close"},
+                ), receive
             if message["type"] == "http.disconnect":
                 raise ClientGone()
             chunk = message.get("body", b"")
@@ -197,6 +250,11 @@ class ServiceMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if _is_json(headers.get("content-type")):
+            field = lone_surrogate(body)
+            if field is not None:
+                why = f"{field} is not valid Unicode text: it holds a lone surrogate"
+                return _Reply(422, why, param=field), receive
         replayed = False
 
         async def replay() -> Message:
@@ -218,17 +276,41 @@ class ServiceMiddleware:
         return path if path in self.known_paths else "other"
 
 
+def _is_json(content_type: str | None) -> bool:
+    """A body FastAPI reads as JSON: no Content-Type, application/json or */*+json."""
+    if not content_type:
+        return True
+    kind = content_type.split(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
+def logged_path(path: str) -> str:
+    """The path as a log shows it: URL-quoted again (uvicorn decodes it), so that a %0a or an
+    ESC a client sent stays text in the line."""
+    return quote(path, safe="/:@!$&'()*+,;=~")
+
+
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _send_error(send: Send, reply: _Reply, libre: bool = False) -> None:
-    shape = {"error": reply.message} if libre else error_body(reply.status, reply.message)
+async def _send_error(
+    send: Send, reply: _Reply, libre: bool = False, *, openai: bool = False
+) -> None:
+    """The middleware's own error answer, in the route's shape: LibreTranslate's, or attnserve's
+    with 400 for an invalid request on the OpenAI routes."""
+    status = 400 if reply.status == 422 and (libre or openai) else reply.status
+    if libre:
+        shape: dict[str, Any] = {"error": capped(reply.message)}
+    else:
+        shape = error_body(status, reply.message, param=reply.param)
     body = json.dumps(shape).encode()
     headers: list[Any] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         *((k.lower().encode(), v.encode()) for k, v in reply.headers.items()),
     ]
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -30,7 +30,7 @@ from attnserve.engine.search import Hypothesis as EngineHypothesis
 from attnserve.service.answers import answers
 from attnserve.service.decoding import resolve_model, wait_all
 from attnserve.service.documents import TranslationRun, start_translation
-from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError
+from attnserve.service.errors import CHAT_PATH, COMPLETIONS_PATH, ApiError, shown
 from attnserve.service.generation import (
     EngineRun,
     check_kind,
@@ -216,7 +216,8 @@ def _chat_messages(messages: Sequence[ChatCompletionMessage]) -> list[ChatMessag
                 if part.type != "text" or part.text is None:
                     raise ApiError(
                         400,
-                        f"messages[{i}]: only text content parts are supported, not {part.type!r}",
+                        f"messages[{i}]: only text content parts are supported, "
+                        f"not {shown(part.type)}",
                         param="messages",
                     )
                 parts.append(part.text)

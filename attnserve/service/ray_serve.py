@@ -204,6 +204,10 @@ def build_app(args: dict[str, Any]) -> Application:
     config file's `deployments` entry overrides the replica count and the other options."""
     from attnserve.provision import provision
 
+    if "allowed_hosts" not in args:
+        # Serve's proxy binds its own address (http_options), not ATTNSERVE_HOST: without a
+        # list of its own, the host check follows ATTNSERVE_ALLOWED_HOSTS, else allows any.
+        args = {**args, "allowed_hosts": os.environ.get("ATTNSERVE_ALLOWED_HOSTS") or "*"}
     settings = Settings(**args)
     if settings.threads is None:
         settings = settings.model_copy(update={"threads": 1})

@@ -20,7 +20,7 @@ from attnserve.engine.scheduler import Request as EngineRequest
 from attnserve.service.answers import answers
 from attnserve.service.decoding import finish_reason, resolve_model, wait_all
 from attnserve.service.documents import TranslationRun, start_translation
-from attnserve.service.errors import ApiError, error_body
+from attnserve.service.errors import ApiError, error_body, shown
 from attnserve.service.generation import (
     check_kind,
     completion,
@@ -429,7 +429,7 @@ async def model(model_id: str, service: Service) -> OpenAIModel:
     if found is None:
         known = ", ".join(m.name for m in service.registry)
         raise ApiError(
-            404, f"unknown model {model_id!r}; served: {known}", param="model",
+            404, f"unknown model {shown(model_id)}; served: {known}", param="model",
             type="model_not_found",
         )  # fmt: skip
     return _model_entry(found, found is service.registry.default)

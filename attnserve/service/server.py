@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from attnserve.service.app import create_app
+from attnserve.service.connections import ConnectionGuard
 from attnserve.service.models import BackendFactory, default_backend_factory
 from attnserve.service.settings import Settings
 from attnserve.service.state import ServiceState
@@ -70,10 +71,15 @@ class DrainingServer(uvicorn.Server):
 
 
 def build_server(app: FastAPI, settings: Settings) -> DrainingServer:
+    guard = ConnectionGuard(settings, app.state.service.metrics)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        # h11 with a deadline for headers and a cap on connections (connections.py), whether or
+        # not httptools is installed; idle kept-alive connections closed by uvicorn.
+        http=guard.protocol(),
+        timeout_keep_alive=settings.keep_alive_seconds,
         log_config=None,  # logs.configure_logging owns the handlers
         access_log=False,  # the middleware logs every request with its id
         lifespan="on",

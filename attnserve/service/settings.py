@@ -69,6 +69,21 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    # The names (and IP addresses) clients may reach the server by: the Host header, its port
+    # aside, against DNS rebinding (service/security.py). "*.example.com" takes its
+    # subdomains, "*" any name. Empty: the loopback names (localhost, 127.0.0.1, ::1) when
+    # `host` is a loopback address, else any name (the start-up log says which).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Slow and idle clients (service/connections.py): a request's line and headers must be
+    # whole within `header_timeout_seconds` of its first byte (of the connection's opening, for
+    # its first request), its body within `body_timeout_seconds` of its headers, else 408 and
+    # the connection is closed; an idle kept-alive connection is closed after
+    # `keep_alive_seconds`; a connection past `max_connections` open ones gets 503 and is
+    # closed (keep the process's open-file limit above it).
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    keep_alive_seconds: int = Field(default=5, ge=1)
+    max_connections: int = Field(default=1000, ge=1)
 
     # Scheduler limits (per model).
     max_batch_rows: int = Field(default=64, ge=1)
@@ -131,6 +146,9 @@ class Settings(BaseSettings):
     # The page for people at / (service/ui.py): static files only; its data comes from the API
     # routes, with the API key the user types in.
     ui: bool = True
+    # The OpenAPI page at /docs and its schema at /openapi.json (service/docs_page.py): open
+    # without the API key; false removes both (404).
+    docs: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The syntax language models write tool calls in (service/tool_parsers.py): "auto" reads
     # it from the chat template's markers; a template without a tools section gets the
@@ -142,7 +160,7 @@ class Settings(BaseSettings):
     # model; "none" leaves the blocks in the content.
     reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = "auto"
 
-    @field_validator("models", "cors_origins", mode="before")
+    @field_validator("models", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         return _split_commas(value)

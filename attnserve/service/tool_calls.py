@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from attnserve.engine.generator import StopStrings
 from attnserve.engine.search import Hypothesis as EngineHypothesis
-from attnserve.service.errors import ApiError
+from attnserve.service.errors import ApiError, shown
 from attnserve.service.generation import EngineRun, start_lm
 from attnserve.service.guided import requested
 from attnserve.service.models import ServedModel
@@ -103,7 +103,9 @@ def plan_tools(body: ChatCompletionRequest, model: ServedModel, parser: str) -> 
     functions: list[dict[str, Any]] = []
     for i, tool in enumerate(body.tools or []):
         if tool.type != "function":
-            raise ApiError(400, f"tools[{i}].type {tool.type!r} is not supported", param="tools")
+            raise ApiError(
+                400, f"tools[{i}].type {shown(tool.type)} is not supported", param="tools"
+            )
         if tool.function is None:
             raise ApiError(400, f"tools[{i}].function is missing", param="tools")
         functions.append(_checked_function(tool.function.model_dump(exclude_none=True), i))
@@ -117,7 +119,7 @@ def plan_tools(body: ChatCompletionRequest, model: ServedModel, parser: str) -> 
         kind, function = "function", choice.function.name
         if function not in names:
             raise ApiError(
-                400, f"tool_choice names {function!r}, not in tools", param="tool_choice"
+                400, f"tool_choice names {shown(function)}, not in tools", param="tool_choice"
             )
     else:
         kind = choice or ("auto" if functions else "none")
@@ -217,7 +219,8 @@ def template_messages(
             if message.tool_call_id not in names:
                 raise ApiError(
                     400,
-                    f"{where}.tool_call_id {message.tool_call_id!r} answers no earlier tool call",
+                    f"{where}.tool_call_id {shown(message.tool_call_id)} answers no earlier "
+                    "tool call",
                     param="messages",
                 )
             entry["tool_call_id"] = _call_id(message.tool_call_id, plan.syntax)

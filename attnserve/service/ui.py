@@ -18,7 +18,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from attnserve.service.errors import ApiError
+from attnserve.service.errors import ApiError, shown
 
 UI_DIR = Path(__file__).parent / "ui"
 MEDIA_TYPES = {
@@ -67,7 +67,7 @@ def static_files() -> dict[str, StaticFile]:
 def _answer(name: str, request: Request) -> Response:
     found = static_files().get(name)
     if found is None:
-        raise ApiError(404, f"no file {name!r}")
+        raise ApiError(404, f"no file {shown(name)}")
     headers = {**HEADERS, "ETag": found.etag}
     if request.headers.get("if-none-match") == found.etag:
         return Response(status_code=304, headers=headers)

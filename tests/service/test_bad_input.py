@@ -238,7 +238,7 @@ def test_oversized_content_length_is_refused_before_the_body_arrives(live: LiveS
     host, port = live.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100000000\r\n\r\n"
         )
         started = time.monotonic()

@@ -182,7 +182,7 @@ from attnserve.service.server import serve
 from attnserve.service.settings import Settings
 settings = Settings(models=[{str(model_dir)!r}], threads=1, provider="cpu")
 check_models(settings)
-with TestClient(create_app(settings)) as client:
+with TestClient(create_app(settings), base_url="http://localhost") as client:
     while (ready := client.get("/readyz")).json()["status"] == "loading":
         time.sleep(0.01)
     assert ready.status_code == 200, ready.text
