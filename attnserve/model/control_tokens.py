@@ -42,6 +42,10 @@ from tokenizers import Tokenizer as HFTokenizer
 PRIVATE_USE = range(0xF0000, 0xFFFFE)
 
 
+class ControlTokenInText(ValueError):
+    """The vocabulary makes a control token out of plain text (its merges reach it)."""
+
+
 class TokenLimitExceeded(Exception):
     """A text is past the token limit: a prefix of it alone holds more tokens."""
 
@@ -102,6 +106,7 @@ class ControlTokens:
         added = tokenizer.get_added_tokens_decoder()
         self.ids = {token.content: int(i) for i, token in added.items() if token.special}
         self.id_set = frozenset(self.ids.values())
+        self._texts = {i: text for text, i in self.ids.items()}
         longest_first = sorted(self.ids, key=len, reverse=True)
         self._pattern = (
             re.compile("|".join(re.escape(t) for t in longest_first)) if self.ids else None
@@ -123,15 +128,20 @@ class ControlTokens:
         """Ids of `text` with every control token's text in it tokenized as text (what the
         post-processor adds, BOS, is still added)."""
         encoding = encode(self.tokenizer, text, add_special_tokens)
-        if not self._matched(encoding):
+        if not self._matched(encoding, text):
             return list(encoding.ids)
         return list(self._encode_plain(text, add_special_tokens, at_start=True).ids)
 
-    def _matched(self, encoding: Encoding) -> bool:
-        """Whether the encoding read a control token in its text (those the post-processor
-        adds cover no text)."""
+    def _read(self, token: int, text: str, start: int, end: int) -> bool:
+        """Whether `token`, at [start, end) of the encoded `text`, is a control token read in
+        the text: not one the post-processor added (it covers no text), nor the unknown token
+        standing for other text."""
+        return token in self.id_set and self._texts[token] in text[start:end]
+
+    def _matched(self, encoding: Encoding, text: str) -> bool:
+        """Whether the encoding read a control token in its text."""
         return any(
-            token in self.id_set and end > start
+            self._read(token, text, start, end)
             for token, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
         )
 
@@ -150,9 +160,23 @@ class ControlTokens:
     def _encode_plain(self, text: str, add_special_tokens: bool, at_start: bool) -> Encoding:
         plain = self.plain()
         first = self._first
-        if at_start and first is not None and not text.startswith((" ", first)):
+        if at_start and first is not None and text and not text.startswith((" ", first)):
             text = " " + text  # Metaspace's own prepend at the start of the input
-        return encode(plain, text, add_special_tokens)
+        encoding = encode(plain, text, add_special_tokens)
+        found = next(
+            (
+                self._texts[token]
+                for token, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
+                if self._read(token, text, start, end)
+            ),
+            None,
+        )
+        if found is not None:
+            raise ControlTokenInText(
+                f"the model's vocabulary reads the text {found!r} as its special token: "
+                "leave it out"
+            )
+        return encoding
 
     # -- chats ---------------------------------------------------------------------------------
 
@@ -193,7 +217,7 @@ class ControlTokens:
             return list(self._encode_plain(restored, False, at_start=piece_start == 0).ids)
 
         for k, (token, (start, end)) in enumerate(zip(token_ids, encoding.offsets, strict=True)):
-            if token in self.id_set and end > start:
+            if self._read(token, rendered, start, end):
                 ids += piece(k, start)
                 ids.append(token)
                 first_token, piece_start = k + 1, end
