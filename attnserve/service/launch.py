@@ -49,6 +49,8 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-new-tokens-limit": ("max_new_tokens_limit", int),
     "--max-beam-size": ("max_beam_size", int),
     "--max-body-bytes": ("max_body_bytes", int),
+    "--prompt-bytes-per-token": ("prompt_bytes_per_token", int),
+    "--extra-chat-roles": ("extra_chat_roles", str),
     "--cors-origins": ("cors_origins", str),
     "--drain-seconds": ("drain_seconds", float),
     "--trim-seconds": ("trim_seconds", float),
@@ -94,6 +96,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the page for people at / (default: on; env ATTNSERVE_UI)",
     )
     p.add_argument(
+        "--prompt-special-tokens",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read special tokens' text in raw prompts (/v1/completions, /v1/generate text, "
+        "/tokenize) as those tokens, for trusted back ends; chat text never is (default: off; "
+        "env ATTNSERVE_PROMPT_SPECIAL_TOKENS)",
+    )
+    p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -110,7 +120,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export", "spinning", "ui"):
+    for field in ("log_json", "auto_export", "spinning", "ui", "prompt_special_tokens"):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:
