@@ -74,8 +74,8 @@ def check_bytes(size: int, model: ServedModel, settings: Settings, where: str) -
     if size > limit:
         raise ApiError(
             422,
-            f"{where} has {size} bytes of text: more than {model.max_input_tokens} tokens, "
-            f"the model's input limit, can hold ({limit} bytes)",
+            f"{where} is {size} bytes long: more than {model.max_input_tokens} tokens, the "
+            f"model's input limit, can hold ({limit} bytes); nothing of it was tokenized",
             param=where.split("[")[0],
         )
 
