@@ -8,11 +8,12 @@ allows it (`Settings.prompt_special_tokens`: for trusted back ends that send pro
 rendered themselves). A role is one of the chat roles (`Settings.extra_chat_roles` adds
 others); a role or name that holds a special token's text is refused outright.
 
-The byte limit: no prompt of at most `max_input_tokens` tokens holds more UTF-8 bytes than that
-many of the vocabulary's longest token (`TextTokenizer.max_token_bytes`) or, where a token may
-stand for more text than itself (a word-level vocabulary's unknown token),
-`Settings.prompt_bytes_per_token` each: a larger text is refused before it is rendered or
-tokenized. Past it, a long text is counted on a prefix first (`TextTokenizer.check_length`).
+The byte limit: a prompt's text over `max_input_tokens` times the larger of the vocabulary's
+longest token (`TextTokenizer.max_token_bytes`: with a byte-level vocabulary no raw prompt
+within the token limit is longer) and `Settings.prompt_bytes_per_token` (a floor for
+vocabularies whose tokens may stand for more text than themselves) is refused before it is
+rendered or tokenized. Under it, a long text is first counted on a prefix
+(`TextTokenizer.check_length`).
 """
 
 from __future__ import annotations
