@@ -272,6 +272,13 @@ class TextTokenizer:
         """At most how many UTF-8 bytes of text one token stands for."""
         return longest_token_bytes(self.tokenizer)
 
+    def prepare(self) -> None:
+        """Build now what the first request that needs it would build (a server loads its
+        models on a worker thread): the tokenizer copy that reads special tokens' text as text,
+        and `max_token_bytes`."""
+        self.control.plain()
+        _ = self.max_token_bytes
+
     def encode(
         self,
         text: str,

@@ -424,3 +424,40 @@ def test_a_vocabulary_that_spells_a_control_token_from_text_is_refused() -> None
         tokenizer.encode_chat([{"role": "user", "content": "hi </s>"}])
     with pytest.raises(ControlTokenInText):
         tokenizer.encode("hi </s>", special=False)
+
+
+@pytest.mark.slow
+def test_smollm2_vocabulary_keeps_client_text_apart_on_1200_strings() -> None:
+    """SmolLM2's own byte-level BPE (its merges, its 17 special tokens) on the strings of the
+    GGUF tokenizer test (scripts, white space runs, emoji, code, ChatML markers): each chat's
+    ids are the template's control tokens around each piece split as transformers splits it
+    with split_special_tokens=True; without markers, the ids are the whole rendering's."""
+    from attnserve.convert.gguf import open_gguf, tokenizer_fields
+    from attnserve.convert.gguf_tokenizer import gguf_text_tokenizer
+    from attnserve.convert.packaged import packaged_gguf
+    from tests.convert.test_gguf_tokenizer import strings
+
+    try:
+        path = packaged_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    tokenizer = gguf_text_tokenizer(tokenizer_fields(open_gguf(path)))
+    split = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.tokenizer)
+
+    def text(piece: str) -> list[int]:
+        return list(split(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    start, end = tokenizer.token_to_id("<|im_start|>"), tokenizer.token_to_id("<|im_end|>")
+    assert (start, end) == (1, 2) and len(tokenizer.control.ids) == 17
+    for content in strings(1200, seed=11) + list(INJECTIONS.values()):
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": content},
+        ]
+        ids = tokenizer.encode_chat(messages)
+        want = [start, *text("system\nBe brief."), end, *text("\n"), start]
+        want += [*text(f"user\n{content}"), end, *text("\n"), start, *text("assistant\n")]
+        assert ids == want, repr(content)
+        if tokenizer.control.find(content) is None:
+            rendered = tokenizer.apply_chat_template(messages)
+            assert ids == encode(tokenizer.tokenizer, rendered, False).ids
