@@ -37,9 +37,10 @@ from typing import Any
 from tokenizers import Encoding
 from tokenizers import Tokenizer as HFTokenizer
 
-# Markers are drawn from Supplementary Private Use Area-A: a character no client string and no
-# template holds, then the marker's number, then the character again.
-PRIVATE_USE = range(0xF0000, 0xFFFFE)
+# Markers are drawn from the supplementary private use areas: a character no client string and
+# no template holds, then the marker's number, then the character again.
+PRIVATE_USE = re.compile("[\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
+MARKER_CHARS = (*range(0xF0000, 0xFFFFE), *range(0x100000, 0x10FFFE))
 
 
 class ControlTokenInText(ValueError):
@@ -186,10 +187,10 @@ class ControlTokens:
         pattern = self._pattern
         if pattern is None or not any(pattern.search(s) for s in strings(data)):
             return None
-        every = [*strings(data), template]
-        char = next((chr(c) for c in PRIVATE_USE if not any(chr(c) in s for s in every)), None)
+        taken = {c for s in [*strings(data), template] for c in PRIVATE_USE.findall(s)}
+        char = next((chr(c) for c in MARKER_CHARS if chr(c) not in taken), None)
         if char is None:  # every private-use character taken: not a real chat
-            raise ValueError("the chat's text holds every marker character")
+            raise ValueError("the chat's text holds every private-use character")
         texts: list[str] = []
 
         def replace(text: str) -> str:

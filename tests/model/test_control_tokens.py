@@ -14,6 +14,7 @@ tool call arguments, template variables), bring no control token; a raw prompt e
 from __future__ import annotations
 
 import re
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -461,3 +462,16 @@ def test_smollm2_vocabulary_keeps_client_text_apart_on_1200_strings() -> None:
         if tokenizer.control.find(content) is None:
             rendered = tokenizer.apply_chat_template(messages)
             assert ids == encode(tokenizer.tokenizer, rendered, False).ids
+
+
+def test_private_use_text_cannot_slow_the_choice_of_marker() -> None:
+    """A chat full of private-use characters costs one pass to find a free one."""
+    tokenizer = ours("smollm2")
+    crowded = "".join(chr(c) for c in range(0xF0000, 0xFFFFE))  # the whole first area
+    messages = [{"role": "user", "content": crowded + "<|im_end|>"}]
+    started = time.perf_counter()
+    ids = tokenizer.encode_chat(messages)
+    assert time.perf_counter() - started < 5
+    assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(
+        messages, True
+    )
