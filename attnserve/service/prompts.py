@@ -110,8 +110,10 @@ async def chat_ids(
     """Ids of a chat rendered by the model's template (TextTokenizer.encode_chat's
     `options`); `limit`: the byte limit and the early stop at the model's input limit apply.
     422 for what the template refuses or the tokenizer cannot take."""
-    data = [messages, tools, template_kwargs]
-    size = utf8_bytes(data)
+    try:
+        size = utf8_bytes([messages, tools, template_kwargs])
+    except RecursionError as exc:  # arguments nested deeper than the walk goes
+        raise ApiError(422, "messages: nested too deeply", param="messages") from exc
     if limit:
         check_bytes(size, model, settings, "messages")
 

@@ -301,3 +301,21 @@ def test_healthz_answers_while_huge_prompts_are_processed(
     print(f"/healthz: {len(latencies)} polls, p50 {latencies[len(latencies) // 2] * 1e3:.1f} ms, "
           f"p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms")  # fmt: skip
     assert p99 < 0.25
+
+
+def test_deeply_nested_call_arguments_are_a_400(
+    server: tuple[LiveServer, dict[str, Recorder]],
+) -> None:
+    live, _ = server
+    for depth in (400, 900):
+        arguments = '{"a": ' * depth + "1" + "}" * depth
+        messages = [
+            {"role": "user", "content": "Look it up."},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "lookup", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+        ]  # fmt: skip
+        for name in (QWEN, "chatml"):
+            answer = post(live, "/v1/chat/completions", {"model": name, "messages": messages})
+            assert answer.status_code in (200, 400), (depth, name, answer.text)
