@@ -129,8 +129,9 @@ class ControlTokens:
         """Ids of `text` with every control token's text in it tokenized as text (what the
         post-processor adds, BOS, is still added)."""
         encoding = encode(self.tokenizer, text, add_special_tokens)
-        if not self._matched(encoding, text):
-            return list(encoding.ids)
+        ids = encoding.ids
+        if self.id_set.isdisjoint(ids) or not self._matched(encoding, text):
+            return list(ids)
         return list(self._encode_plain(text, add_special_tokens, at_start=True).ids)
 
     def _read(self, token: int, text: str, start: int, end: int) -> bool:
