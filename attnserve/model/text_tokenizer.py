@@ -19,6 +19,10 @@ and `role: "tool"` results. `renders_tools` says whether the template has a tool
 all (it reads the `tools` variable); the service writes its own tool prompt for one that does
 not (service/tool_prompt.py).
 
+What a client sends is data (control_tokens.py): a chat's control tokens (tokenizer.json's
+special tokens) are those its template writes, never text from the messages, tools or
+template variables; `encode(special=False)` reads none in a text either.
+
 Imports no torch: the service runs it.
 """
 
@@ -28,11 +32,19 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+
+from attnserve.model.control_tokens import (
+    ControlTokens,
+    affixes,
+    check_prefix,
+    encode,
+    longest_token_bytes,
+)
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -46,6 +58,10 @@ END_OF_TURN = re.compile(r"end|eot|eos|</s>", re.IGNORECASE)
 RESERVED_VARIABLES = frozenset(
     {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message"}
 )
+# `limit`: a text of more than this many characters a token is first counted on a prefix of
+# that length, and refused when the prefix alone holds more than the limit plus the margin.
+PREFIX_CHARS_PER_TOKEN = 8
+PREFIX_MARGIN = 64
 
 
 class ChatTemplateError(ValueError):
@@ -246,9 +262,45 @@ class TextTokenizer:
                 ids.append(self.token_to_id(content))
         return sorted({i for i in ids if i is not None})
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids; `add_special_tokens`: what the tokenizer adds around a text (BOS)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+    @cached_property
+    def control(self) -> ControlTokens:
+        """The control tokens (special tokens) and the encodings that keep text from them."""
+        return ControlTokens(self.tokenizer)
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """At most how many UTF-8 bytes of text one token stands for."""
+        return longest_token_bytes(self.tokenizer)
+
+    def prepare(self) -> None:
+        """Build now what the first request that needs it would build (a server loads its
+        models on a worker thread): the tokenizer copy that reads special tokens' text as text,
+        and `max_token_bytes`."""
+        self.control.plain()
+        _ = self.max_token_bytes
+
+    def encode(
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        *,
+        special: bool = True,
+        limit: int | None = None,
+    ) -> list[int]:
+        """Token ids; `add_special_tokens`: what the tokenizer adds around a text (BOS);
+        `special`: a special token's text in `text` is that token (transformers' default)
+        or, False, the characters it is made of; `limit`: TokenLimitExceeded, before the
+        whole text is encoded, when a prefix of it is already past that many tokens."""
+        if limit is not None:
+            self.check_length(text, limit)
+        if not special:
+            return self.control.encode_text(text, add_special_tokens)
+        return list(encode(self.tokenizer, text, add_special_tokens).ids)
+
+    def check_length(self, text: str, limit: int) -> None:
+        """TokenLimitExceeded when a prefix of a long text alone holds more than `limit`
+        tokens (with a margin for the cut): an early stop, not the exact count."""
+        check_prefix(self.tokenizer, text, limit, PREFIX_CHARS_PER_TOKEN, PREFIX_MARGIN)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
@@ -323,13 +375,39 @@ class TextTokenizer:
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
+        limit: int | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat; the template writes its own special tokens, so none
-        are added unless asked (as transformers' apply_chat_template(tokenize=True))."""
+        are added unless asked (as transformers' apply_chat_template(tokenize=True)). Only
+        the template's special tokens are control tokens: their text in the messages, tools
+        or template variables is encoded as text (control_tokens.py; a chat without any is
+        encoded as transformers encodes it). `limit`: as `encode`'s."""
         rendered = self.apply_chat_template(
             messages, add_generation_prompt, tools, continue_final_message, template_kwargs
         )
-        return self.encode(rendered, add_special_tokens=add_special_tokens)
+        if limit is not None:
+            self.check_length(rendered, limit)
+        data = {"messages": list(messages), "tools": tools, "kwargs": template_kwargs}
+        marked = self.control.mark(data, self.chat_template or "")
+        if marked is None:
+            return list(encode(self.tokenizer, rendered, add_special_tokens).ids)
+        shown = self.apply_chat_template(
+            marked.data["messages"],
+            add_generation_prompt,
+            marked.data["tools"],
+            continue_final_message,
+            marked.data["kwargs"],
+        )
+        if marked.restore(shown) != rendered:
+            raise ChatTemplateError(
+                f"the chat template treats text holding the special token {marked.texts[0]!r} "
+                "differently from other text, so it cannot be kept as text: leave it out"
+            )
+        ids = self.control.encode_marked(shown, marked)
+        if not add_special_tokens:
+            return ids
+        before, after = affixes(self.tokenizer)
+        return [*before, *ids, *after]
 
     def added_tokens(self, special_only: bool = False) -> dict[str, int]:
         """Added tokens (the vocabulary's control and marker tokens): text -> id."""

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from starlette.concurrency import run_in_threadpool
-
 from attnserve.engine.constraints import Constraint
 from attnserve.engine.generator import (
     PromptTooLong,
@@ -28,7 +26,6 @@ from attnserve.engine.scheduler import Request, lm_request
 from attnserve.engine.search import Hypothesis as EngineHypothesis
 from attnserve.service.decoding import (
     GENERATE_OPTIONS,
-    INLINE_CHARS,
     _score,
     deadline_seconds,
     next_serial,
@@ -39,6 +36,7 @@ from attnserve.service.errors import ApiError
 from attnserve.service.guided import constraint_for, requested
 from attnserve.service.logs import request_id_var
 from attnserve.service.models import ServedModel
+from attnserve.service.prompts import chat_ids, check_messages, text_ids
 from attnserve.service.schemas import (
     GenerateRequest,
     Hypothesis,
@@ -188,16 +186,12 @@ async def prompts_of(
         prompts = token_prompts(token_ids, model, service, stream=body.stream)
         where = ["text" if len(prompts) == 1 else f"text[{i}]" for i in range(len(prompts))]
     elif body.messages is not None:
+        check_messages(body.messages, model, service.settings)
         messages = [m.model_dump() for m in body.messages]
-        try:
-            prompts = [
-                model.tokenizer.encode_chat(messages, template_kwargs=body.chat_template_kwargs)
-            ]
-        except ValueError as exc:  # the template refused them (raise_exception, bad roles)
-            raise ApiError(422, f"messages: {exc}", param="messages") from exc
-        except TypeError as exc:  # text the tokenizer cannot take (a lone surrogate)
-            raise ApiError(422, "messages: text is not valid Unicode", param="messages") from exc
-        where = ["messages"]
+        chat = await chat_ids(
+            model, service.settings, messages, template_kwargs=body.chat_template_kwargs
+        )
+        prompts, where = [chat], ["messages"]
     else:
         texts = [body.text] if isinstance(body.text, str) else list(body.text or [])
         limit = min(service.settings.max_texts_per_request, service.settings.max_waiting)
@@ -213,13 +207,8 @@ async def prompts_of(
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise ApiError(422, f"{where_i} is not valid Unicode", param="text") from exc
-
-        def encode_all() -> list[list[int]]:
-            return [model.encode(t, None) for t in texts]
-
-        chars = sum(len(t) for t in texts)
-        prompts = await run_in_threadpool(encode_all) if chars > INLINE_CHARS else encode_all()
         where = [text_name(body, i) for i in range(len(texts))]
+        prompts = await text_ids(model, service.settings, texts, where)
     check_lengths(where, prompts, model)
     return prompts
 

@@ -49,6 +49,8 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-new-tokens-limit": ("max_new_tokens_limit", int),
     "--max-beam-size": ("max_beam_size", int),
     "--max-body-bytes": ("max_body_bytes", int),
+    "--prompt-bytes-per-token": ("prompt_bytes_per_token", int),
+    "--extra-chat-roles": ("extra_chat_roles", str),
     "--cors-origins": ("cors_origins", str),
     "--published-host": ("published_host", str),
     "--allowed-hosts": ("allowed_hosts", str),
@@ -106,6 +108,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the OpenAPI page at /docs and /openapi.json (default: on; env ATTNSERVE_DOCS)",
     )
     p.add_argument(
+        "--prompt-special-tokens",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read special tokens' text in raw prompts (/v1/completions, /v1/generate text, "
+        "/tokenize) as those tokens, for trusted back ends; chat text never is (default: off; "
+        "env ATTNSERVE_PROMPT_SPECIAL_TOKENS)",
+    )
+    p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -148,7 +158,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for field, _ in FLAGS.values():
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
-    for field in ("log_json", "auto_export", "spinning", "ui", "docs", "allow_no_api_key"):
+    for field in (
+        "log_json",
+        "auto_export",
+        "spinning",
+        "ui",
+        "docs",
+        "allow_no_api_key",
+        "prompt_special_tokens",
+    ):
         if getattr(args, field, None) is not None:
             overrides[field] = getattr(args, field)
     try:

@@ -128,6 +128,7 @@ def load_model(
         from attnserve.model.text_tokenizer import TextTokenizer
 
         tokenizer: Any = TextTokenizer.load(directory)
+        tokenizer.prepare()
         backend = factory(directory, settings, tokenizer.stop_ids)
         defaults = lm_defaults(directory, backend.spec.max_positions)
         max_input = min(settings.max_prompt_tokens, backend.spec.max_positions - 1)

@@ -54,6 +54,7 @@ from attnserve.service.openai_schemas import (
     PromptTokensDetails,
     chunk_json,
 )
+from attnserve.service.prompts import check_messages
 from attnserve.service.reasoning import (
     PROMPT_TAIL_TOKENS,
     Part,
@@ -314,6 +315,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
         fields["logprobs"] = body.top_logprobs or 0
     if body.prompt_logprobs is not None:
         fields["prompt_logprobs"] = body.prompt_logprobs
+    check_messages(body.messages, model, service.settings)
     messages = _chat_messages(body.messages)
     plan = plan_tools(body, model, service.settings.tool_call_parser)
     if plan is None:
@@ -322,7 +324,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
         run = await start_lm(_generate_request(fields), service, model)
     else:
         chat = template_messages(body.messages, messages, plan, model)
-        prompt = chat_prompt(plan, chat, model, body.chat_template_kwargs)
+        prompt = await chat_prompt(plan, chat, model, service, body.chat_template_kwargs)
         constrain(plan, body, model, fields)
         run = await start_tools(_generate_request(fields), service, model, plan, prompt)
     id_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

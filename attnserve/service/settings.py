@@ -129,8 +129,19 @@ class Settings(BaseSettings):
         default=4096, ge=1, description="language models; capped by the context"
     )
     max_new_tokens_limit: int = Field(default=512, ge=1, description="capped by the model's")
+    # Language models: a prompt (all its text, a chat's included) of more UTF-8 bytes than
+    # max input tokens x this (or x the vocabulary's longest token, where that is longer) is
+    # refused before it is rendered or tokenized (service/prompts.py).
+    prompt_bytes_per_token: int = Field(default=64, ge=1)
     max_beam_size: int = Field(default=8, ge=1)
     retry_after_seconds: int = Field(default=1, ge=0, description="Retry-After of a 429")
+
+    # What a client sends is data (service/prompts.py): a raw prompt's special-token text is
+    # tokenized as text unless this is on (trusted back ends that send prompts they rendered
+    # themselves); chat text never becomes a control token. Chat roles are system, user,
+    # assistant, tool and developer, and these others.
+    prompt_special_tokens: bool = False
+    extra_chat_roles: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     api_key: SecretStr | None = None
     # A server reachable beyond this machine (`host`, or `published_host` when it is set, not
@@ -160,7 +171,7 @@ class Settings(BaseSettings):
     # model; "none" leaves the blocks in the content.
     reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = "auto"
 
-    @field_validator("models", "cors_origins", "allowed_hosts", mode="before")
+    @field_validator("models", "cors_origins", "allowed_hosts", "extra_chat_roles", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         return _split_commas(value)

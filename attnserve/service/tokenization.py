@@ -12,7 +12,6 @@ its source vocabulary. Errors are 400s, as on the OpenAI routes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter
@@ -23,6 +22,7 @@ from attnserve.service.decoding import INLINE_CHARS, resolve_model
 from attnserve.service.errors import DETOKENIZE_PATH, TOKENIZE_PATH, ApiError
 from attnserve.service.models import ServedModel
 from attnserve.service.openai_schemas import ChatCompletionMessage, TokenId
+from attnserve.service.prompts import chat_ids, check_messages, off_loop, text_ids
 from attnserve.service.routes import ERROR_RESPONSES
 from attnserve.service.state import Service
 
@@ -145,14 +145,35 @@ async def tokenize(body: TokenizeRequest, service: Service) -> TokenizeResponse:
             raise ApiError(
                 400, f"model {model.name} translates: send a prompt, not messages", param="messages"
             )
-        chars = sum(len(str(m.content)) for m in body.messages)
-        ids = await _maybe_threaded(chars, _chat, model, body)
+        check_messages(body.messages, model, service.settings)
+        messages = [
+            {"role": m.role, "content": _content(m, i)} for i, m in enumerate(body.messages)
+        ]
+        ids = await chat_ids(
+            model,
+            service.settings,
+            messages,
+            template_kwargs=body.chat_template_kwargs,
+            limit=False,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            add_special_tokens=body.add_special_tokens,
+        )
+    elif model.generates:
+        for name in ("target_lang", "source_lang"):
+            if getattr(body, name) is not None:
+                raise ApiError(400, f"{name} is for translation models", param=name)
+        _check_unicode(body.prompt)
+        (ids,) = await text_ids(
+            model,
+            service.settings,
+            [body.prompt],
+            ["prompt"],
+            add_special_tokens=body.add_special_tokens,
+            limit=False,
+        )
     else:
-        if model.generates:
-            for name in ("target_lang", "source_lang"):
-                if getattr(body, name) is not None:
-                    raise ApiError(400, f"{name} is for translation models", param=name)
-        ids = await _maybe_threaded(len(body.prompt), _prompt, model, body)
+        ids = await off_loop(len(body.prompt), lambda: _source(model, body))
     strs = None
     if body.return_token_strs:
         tokenizer = model.tokenizer
@@ -191,21 +212,18 @@ def _vocab_size(model: ServedModel) -> int:
     return int(model.backend.spec.vocab_size if model.generates else model.tokenizer.vocab_size)
 
 
-async def _maybe_threaded(chars: int, function: Any, *args: Any) -> list[int]:
-    """`function(*args)` on a worker thread when the text is long enough to hold up the loop."""
-    if chars > INLINE_CHARS:
-        return list(await run_in_threadpool(function, *args))
-    return list(function(*args))
-
-
-def _prompt(model: ServedModel, body: TokenizeCompletionRequest) -> list[int]:
+def _check_unicode(prompt: str) -> None:
     try:
-        body.prompt.encode("utf-8")
-        if model.generates:
-            return list(model.tokenizer.encode(body.prompt, body.add_special_tokens))
-        ids = model.encode(body.prompt, body.target_lang, body.source_lang)
+        prompt.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON)
         raise ApiError(400, "prompt is not valid Unicode", param="prompt") from exc
+
+
+def _source(model: ServedModel, body: TokenizeCompletionRequest) -> list[int]:
+    """A translation model's source ids, as its encoder sees them."""
+    _check_unicode(body.prompt)
+    try:
+        ids = model.encode(body.prompt, body.target_lang, body.source_lang)
     except ValueError as exc:  # an unknown language
         param = "source_lang" if body.target_lang is None else "target_lang"
         raise ApiError(400, str(exc), param=param) from exc
@@ -213,26 +231,6 @@ def _prompt(model: ServedModel, body: TokenizeCompletionRequest) -> list[int]:
         return ids
     added = model.tokenizer.added_ids()
     return [i for i in ids if i not in added]
-
-
-def _chat(model: ServedModel, body: TokenizeChatRequest) -> list[int]:
-    messages: Sequence[dict[str, Any]] = [
-        {"role": m.role, "content": _content(m, i)} for i, m in enumerate(body.messages)
-    ]
-    try:
-        return list(
-            model.tokenizer.encode_chat(
-                messages,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                add_special_tokens=body.add_special_tokens,
-                template_kwargs=body.chat_template_kwargs,
-            )
-        )
-    except ValueError as exc:  # the template refused them (ChatTemplateError)
-        raise ApiError(400, f"messages: {exc}", param="messages") from exc
-    except TypeError as exc:  # text the tokenizer cannot take (a lone surrogate)
-        raise ApiError(400, "messages: text is not valid Unicode", param="messages") from exc
 
 
 def _content(message: ChatCompletionMessage, i: int) -> str:

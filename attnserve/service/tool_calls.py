@@ -39,6 +39,7 @@ from attnserve.service.openai_schemas import (
     ToolCall,
     ToolCallFunction,
 )
+from attnserve.service.prompts import chat_ids
 from attnserve.service.schemas import ChatMessage, GenerateRequest
 from attnserve.service.state import ServiceState
 from attnserve.service.tool_grammar import tool_grammar
@@ -242,38 +243,27 @@ def _arguments(arguments: str | dict[str, Any], where: str) -> dict[str, Any]:
     return arguments
 
 
-def chat_prompt(
+async def chat_prompt(
     plan: ToolPlan,
     messages: list[dict[str, Any]],
     model: ServedModel,
+    service: ServiceState,
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of the chat and its tools, rendered by the template or the generic prompt
-    (`template_kwargs`: the request's chat_template_kwargs); 400 for a chat the template
-    refuses."""
+    (`template_kwargs`: the request's chat_template_kwargs), off the event loop when long; 400
+    for a chat the template refuses or one over the model's input limit."""
     tools = plan.tools if plan.choice != "none" else []
-    tokenizer = model.tokenizer
-    try:
-        if plan.native:
-            return list(
-                tokenizer.encode_chat(
-                    messages, tools=tools or None, template_kwargs=template_kwargs
-                )
-            )
-        section = None
-        if tools:
-            section = tools_section(plan.tools, plan.choice == "required", plan.function)
-        return list(
-            tokenizer.encode_chat(
-                generic_messages(messages, section), template_kwargs=template_kwargs
-            )
+    settings = service.settings
+    if plan.native:
+        return await chat_ids(
+            model, settings, messages, tools=tools or None, template_kwargs=template_kwargs
         )
-    except ValueError as exc:  # the template refused them
-        raise ApiError(400, f"messages: {exc}", param="messages") from exc
-    except RecursionError as exc:  # arguments nested too deeply for the template's tojson
-        raise ApiError(400, "messages: nested too deeply", param="messages") from exc
-    except TypeError as exc:  # text the tokenizer cannot take (a lone surrogate)
-        raise ApiError(400, "messages: text is not valid Unicode", param="messages") from exc
+    section = None
+    if tools:
+        section = tools_section(plan.tools, plan.choice == "required", plan.function)
+    chat = generic_messages(messages, section)
+    return await chat_ids(model, settings, chat, template_kwargs=template_kwargs)
 
 
 def constrain(

@@ -40,6 +40,27 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert [Settings.model_name(d) for d in settings.models] == ["a", "b"]
 
 
+def test_prompt_safety_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default: raw prompts' special tokens are text, roles are the chat roles."""
+    default = Settings(models=["/m/a"])
+    assert default.prompt_special_tokens is False and default.extra_chat_roles == []
+    assert default.prompt_bytes_per_token == 64
+    monkeypatch.setenv("ATTNSERVE_EXTRA_CHAT_ROLES", "ipython, function")
+    monkeypatch.setenv("ATTNSERVE_PROMPT_SPECIAL_TOKENS", "1")
+    assert Settings(models=["/m/a"]).extra_chat_roles == ["ipython", "function"]
+    assert Settings(models=["/m/a"]).prompt_special_tokens is True
+    flags = [
+        "--no-prompt-special-tokens",
+        "--extra-chat-roles",
+        "ipython",
+        "--prompt-bytes-per-token",
+        "16",
+    ]
+    settings = settings_from_args(build_parser().parse_args(["serve", "--model", "/m/a", *flags]))
+    assert settings.prompt_special_tokens is False and settings.extra_chat_roles == ["ipython"]
+    assert settings.prompt_bytes_per_token == 16
+
+
 def test_spinning_reaches_the_onnx_sessions(
     monkeypatch: pytest.MonkeyPatch, tiny_onnx_import: Path
 ) -> None:
