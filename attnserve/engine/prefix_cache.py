@@ -61,7 +61,7 @@ class Prefix:
     # the pool's arrays of those blocks, (2L, Hkv, block, D) each, in order: read, never
     # written (a backend copies them into its cache: `from_prefixes`)
     blocks: list[Array]
-    digests: list[bytes]  # the digest of every full block of the prompt, in order
+    digests: list[bytes]  # the digest of every full block of the prompt (and answer), in order
 
     @property
     def columns(self) -> Array | None:

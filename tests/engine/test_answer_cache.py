@@ -160,7 +160,7 @@ def test_rows_that_leave_at_different_steps_keep_their_own_columns(
         lm_request("b", tokens(23, 21), greedy(25)),
         lm_request("beam", tokens(30, 22), DecodingOptions(max_new_tokens=16, beam_size=3)),
         lm_request("c", tokens(41, 23), sampled),
-        lm_request("d", tokens(13, 24), greedy(40)),  # cancelled after 6 steps
+        lm_request("d", tokens(21, 24), greedy(40)),  # cancelled after 6 steps, in row 1
         lm_request("h", tokens(19, 28), greedy(35)),
         lm_request("i", tokens(27, 29), greedy(33)),
     ]
