@@ -11,13 +11,17 @@ each time a request ends. Where the backend can write rows in place (`replace`: 
 model's GroupQueryAttention cache, whose rows each have their own length), requests of one row
 that join take over dead rows instead of being appended: neither the leaving nor the joining
 request copies the running batch's cache.
+
+A caller may watch requests leave (`on_leave`): it gets each leaving search with the state
+that holds its rows and the first of them, in the step it finished (or when it is removed),
+before any row moves: where the prefix cache reads a finished answer's K/V.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -54,6 +58,9 @@ class RunningBatch(Generic[State]):
         self.entries: list[Search | _Dead] = []  # in the state's row order
         self.state: State | None = None
         self.steps = 0  # decoding steps run since the batch started
+        # Called with a search that leaves (finished, failed, removed), the state holding its
+        # rows and the first of them there, before they can move; it must not raise.
+        self.on_leave: Callable[[Search, State, int], None] | None = None
 
     @property
     def searches(self) -> list[Search]:
@@ -181,6 +188,8 @@ class RunningBatch(Generic[State]):
                 log.exception("search of one request failed; dropping its rows")
                 entry.fail(exc.with_traceback(None))  # its frames would pin the whole batch
             if entry.done:
+                if self.on_leave is not None:
+                    self.on_leave(entry, state, offset)
                 finished.append(entry)
                 rows.append(same)
                 kept.append(_Dead(n, stepped))
@@ -212,6 +221,12 @@ class RunningBatch(Generic[State]):
         drop = {id(s) for s in doomed}
         if not drop or self.state is None:
             return
+        if self.on_leave is not None:
+            offset = 0
+            for entry in self.entries:
+                if id(entry) in drop and not isinstance(entry, _Dead):
+                    self.on_leave(entry, self.state, offset)
+                offset += entry.num_rows
         self.entries = [
             _Dead(e.num_rows, e.steps) if id(e) in drop and not isinstance(e, _Dead) else e
             for e in self.entries

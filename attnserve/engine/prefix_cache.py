@@ -11,9 +11,11 @@ evicted from its end and never loses a block that later blocks need while they s
 The scheduler looks each admitted prompt up, starts its cache from the longest run of blocks
 found (copied into the request's cache: a request never shares arrays with the pool, so a
 block evicted while a request that read it still runs changes nothing) and prefills only the
-rest; once a prompt is prefilled, its full blocks the pool lacks are copied in. Only whole
-blocks are kept, and only a prompt's: the answer's tokens come back as part of the next turn's
-prompt, and are kept then.
+rest; once a prompt is prefilled, its full blocks the pool lacks are copied in. When a
+single-sequence request (greedy, sampling) leaves, the full blocks of its prompt and answer
+whose K/V its row holds are copied in too, under the same chain: the next turn of a
+conversation sends the answer back inside its prompt, and finds it cached as far as its tokens
+are the ones generated. Only whole blocks are kept.
 
 Reuse is exact where the backend computes a token's K/V from the tokens before it alone,
 whatever else shares its call: the GroupQueryAttention graph does (on every variant), and the
@@ -59,7 +61,7 @@ class Prefix:
     # the pool's arrays of those blocks, (2L, Hkv, block, D) each, in order: read, never
     # written (a backend copies them into its cache: `from_prefixes`)
     blocks: list[Array]
-    digests: list[bytes]  # the digest of every full block of the prompt, in order
+    digests: list[bytes]  # the digest of every full block of the prompt (and answer), in order
 
     @property
     def columns(self) -> Array | None:
@@ -114,27 +116,34 @@ class PrefixCache:
             self.stats.hits += len(found) * self.block
         return Prefix(len(found) * self.block, found, digests)
 
-    def insert(self, prefix: Prefix, columns: Callable[[int], Array]) -> int:
-        """Add the prompt's full blocks that the pool lacks; `columns(n)` returns the prompt's
-        first n positions' K/V (2L, Hkv, n, D). Returns the blocks added."""
+    def insert(self, prefix: Prefix, columns: Callable[[int, int], Array]) -> int:
+        """Add the full blocks of `prefix.digests` that the pool lacks; `columns(start, end)`
+        returns positions start .. end - 1 of the sequence's K/V (2L, Hkv, end - start, D), and
+        is called once, for the span from the first missing block to the last one kept.
+        Blocks past the pool's capacity are not read (they would be evicted at once). Returns
+        the blocks added."""
+        digests = prefix.digests
         with self._lock:
-            missing = [i for i, d in enumerate(prefix.digests) if d not in self._blocks]
+            if self.block_bytes:  # the first blocks are the most recent: they stay
+                digests = digests[: self.capacity_blocks]
+            missing = [i for i, d in enumerate(digests) if d not in self._blocks]
         if not missing or self.max_bytes == 0:
             return 0
-        upto = (missing[-1] + 1) * self.block
-        kv = columns(upto)
+        first = missing[0] * self.block
+        kv = columns(first, (missing[-1] + 1) * self.block)
         added = 0
         with self._lock:
             for i in missing:
-                digest = prefix.digests[i]
+                digest = digests[i]
                 if digest in self._blocks:
                     continue
-                block = np.ascontiguousarray(kv[:, :, i * self.block : (i + 1) * self.block])
+                start = i * self.block - first
+                block = np.ascontiguousarray(kv[:, :, start : start + self.block])
                 self._blocks[digest] = block
                 self.block_bytes = block.nbytes
                 self.stats.bytes += block.nbytes
                 added += 1
-            for digest in reversed(prefix.digests):  # the first block the most recent
+            for digest in reversed(digests):  # the first block the most recent
                 if digest in self._blocks:
                     self._blocks.move_to_end(digest)
             self._evict()

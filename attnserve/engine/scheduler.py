@@ -585,12 +585,42 @@ class Scheduler:
         try:
             for row, prefix in enumerate(prefixes):
 
-                def columns(n: int, row: int = row) -> Any:
-                    return backend.prefix_columns(state, row, n)
+                def columns(start: int, end: int, row: int = row) -> Any:
+                    return backend.prefix_columns(state, row, end, start)
 
                 cache.insert(prefix, columns)
         except Exception:  # the requests go on without their prompts kept
             log.exception("keeping %d prompts in the prefix cache failed", len(prefixes))
+
+    def _keep_answer(self, search: Search, state: Any, row: int) -> None:
+        """Copy the full blocks of a leaving request's prompt and answer that the cache lacks
+        into it, from its row of `state` (RunningBatch.on_leave): single-sequence searches
+        (greedy, sampling) that finished or were cancelled; not beams, whose rows reorder, nor
+        failures. The row holds the prompt but its last token, then a token a step: the
+        prompt's last and every generated one but the last, which was never fed."""
+        cache = self.prefix_cache
+        request = self.running.get(id(search))
+        if (
+            cache is None
+            or request is None
+            or search.error is not None
+            or not isinstance(search, GreedySearch)
+        ):
+            return
+        fed = len(request.source) + search.steps
+        if fed // cache.block <= len(request.source) // cache.block:
+            return  # no block past the prompt's, which were kept at admission
+        tokens = [*request.prefix, *search.tokens][:fed]
+        backend: Any = self.backend
+        try:
+            sequence = Prefix(0, [], cache.digests(tokens, request.cache_salt))
+
+            def columns(start: int, end: int) -> Any:
+                return backend.prefix_columns(state, row, end, start)
+
+            cache.insert(sequence, columns)
+        except Exception:  # the request's answer is not kept; nothing else changes
+            log.exception("keeping a finished request's answer in the prefix cache failed")
 
     def _chunked(self, requests: Sequence[Request]) -> bool:
         """Whether these requests' prompts are prefilled a chunk per step (language models
@@ -693,9 +723,12 @@ class Scheduler:
         if young is not None and rows * young.steps <= self.limits.max_join_padding:
             return young
         if len(self.cohorts) < self.limits.max_cohorts or new_anyway:
-            if self.limits.batching == "static":  # finished rows decode on, as padding
-                return RunningBatch(self.backend, dead_fraction=1.0)
-            return RunningBatch(self.backend)
+            # static: finished rows decode on, as padding
+            dead = 1.0 if self.limits.batching == "static" else None
+            cohort: RunningBatch[Any] = RunningBatch(self.backend, dead_fraction=dead)
+            if self.prefix_cache is not None:
+                cohort.on_leave = self._keep_answer
+            return cohort
         return None
 
     def _report_tokens(self, request: Request, events: StepEvents, now: float) -> None:

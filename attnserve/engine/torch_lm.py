@@ -117,14 +117,17 @@ class TorchLMBackend:
 
         return not length_dependent(self.model.config)
 
-    def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
-        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+    def prefix_columns(self, state: LMState, row: int, n: int, start: int = 0) -> np.ndarray:
+        """Row `row`'s cached tokens `start` .. n - 1, every layer's K/V: (2L, Hkv, n - start,
+        D), a copy. The row's tokens are its real columns (the cache's mask), wherever padding
+        put them."""
         import torch
 
         cache = state.cache
-        columns = torch.nonzero(cache.mask[row]).flatten()[:n]
+        columns = torch.nonzero(cache.mask[row]).flatten()
         if columns.shape[0] < n:
             raise ValueError(f"row {row} holds {columns.shape[0]} tokens, not {n}")
+        columns = columns[start:n]
         tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
         return torch.stack([t[row][:, columns] for t in tensors]).float().cpu().numpy()
 

@@ -136,7 +136,7 @@ def test_the_cached_keys_and_values_are_a_fresh_prefills(
     fresh = backend.encode(np.array([prompt]), np.array([n]))
     cache = PrefixCache(1 << 24, block=BLOCK)
     prefix = cache.lookup(SYSTEM)
-    cache.insert(prefix, lambda k: backend.prefix_columns(fresh, 0, k))
+    cache.insert(prefix, lambda start, end: backend.prefix_columns(fresh, 0, end, start))
     hit = cache.lookup(prompt)
     assert hit.tokens == 32 and hit.columns is not None
     assert np.array_equal(hit.columns, backend.prefix_columns(fresh, 0, 32))
@@ -175,18 +175,21 @@ def test_shared_prefixes_under_concurrency_and_long_prompts_in_chunks(
 
 def test_eviction_under_a_small_pool_and_while_in_use(model: DecoderOnly, exported: Path) -> None:
     """A pool with room for five blocks: prefixes come and go, the least recently used out
-    first and a prefix from its end; a prefix evicted while a request that read it runs
-    changes nothing for that request."""
+    first and a prefix from its end, and a sequence longer than the pool keeps its first
+    blocks; a prefix evicted while a request that read it runs changes nothing for that
+    request."""
     backend = backend_of("gqa-fp32", model, exported)
     one_block = backend.prefix_columns(backend.encode(np.array([SYSTEM]), np.array([37])), 0, 8)
     cache = PrefixCache(5 * one_block.nbytes, block=BLOCK)
     sched = scheduler(backend, cache)
     other = tokens(40, 200)
     run(sched, [lm_request("s", [*SYSTEM, 5], GREEDY)])
-    assert cache.snapshot().blocks == 4
-    run(sched, [lm_request("o", [*other, 5], GREEDY)])  # 5 blocks: the system prompt's go
+    assert cache.snapshot().blocks == 5  # the prompt's 4, then one of prompt and answer
+    # its prompt's 5 blocks, then a sixth with its answer's (past the pool: not read); the
+    # system prompt's go
+    run(sched, [lm_request("o", [*other, 5], GREEDY)])
     stats = cache.snapshot()
-    assert stats.blocks == 5 and stats.evictions == 4 and stats.bytes <= cache.max_bytes
+    assert stats.blocks == 5 and stats.evictions == 5 and stats.bytes <= cache.max_bytes
     assert cache.lookup([*other, 5]).tokens == 40
     assert cache.lookup(SYSTEM).tokens == 0
     # evicted while in use: the request was admitted with the cached prefix, then the pool
@@ -215,8 +218,10 @@ def test_salts_keep_prefixes_apart_and_the_counters_count(
     assert (b.cached_tokens, c.cached_tokens, d.cached_tokens) == (0, 32, 0)
     stats = cache.snapshot()
     assert stats.queries == 4 * 37 and stats.hits == 32
-    assert stats.blocks == 12  # four blocks for each of three salts (none is one)
-    assert stats.bytes == 12 * cache.lookup(prompt).columns.nbytes // 4  # type: ignore[union-attr]
+    # five blocks for each of three salts (none is one): the prompt's four and one that ends
+    # in the answer
+    assert stats.blocks == 15
+    assert stats.bytes == 15 * cache.lookup(prompt).columns.nbytes // 4  # type: ignore[union-attr]
 
 
 def test_a_scored_prompt_is_computed_whole() -> None:

@@ -300,14 +300,18 @@ class OnnxLMBackend:
         the prompt's length: dynamic, longrope)."""
         return not self.io_binding and not self.rope_lengths
 
-    def prefix_columns(self, state: LMState, row: int, n: int) -> np.ndarray:
-        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
-        columns = np.flatnonzero(state.past_mask[row, : state.length])[:n]
+    def prefix_columns(self, state: LMState, row: int, n: int, start: int = 0) -> np.ndarray:
+        """Row `row`'s cached tokens `start` .. n - 1, every layer's K/V: (2L, Hkv, n - start,
+        D), a copy. The row's tokens are its real columns (`past_mask`), wherever padding put
+        them: left padding, a join's, a resumed prompt's gap between its prefix and its rest."""
+        columns = np.flatnonzero(state.past_mask[row, : state.length])
         if columns.shape[0] < n:
             raise ValueError(f"row {row} holds {columns.shape[0]} tokens, not {n}")
-        start = int(columns[0]) if n else 0
-        if n and int(columns[-1]) - start + 1 == n:  # contiguous: slices, one copy
-            return np.stack([np.asarray(t)[row, :, start : start + n] for t in state.past])
+        columns = columns[start:n]
+        count = columns.shape[0]
+        first = int(columns[0]) if count else 0
+        if count and int(columns[-1]) - first + 1 == count:  # contiguous: slices, one copy
+            return np.stack([np.asarray(t)[row, :, first : first + count] for t in state.past])
         return np.stack([np.asarray(t)[row][:, columns] for t in state.past])
 
     def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> LMState:

@@ -264,11 +264,14 @@ class OnnxGqaLMBackend(OnnxLMBackend):
                     logits[row] = out[0]
         return logits, self._written(state, lengths)
 
-    def prefix_columns(self, state: GqaState, row: int, n: int) -> np.ndarray:  # type: ignore[override]
-        """Row `row`'s first `n` cached tokens' K/V, every layer's: (2L, Hkv, n, D), a copy."""
+    def prefix_columns(  # type: ignore[override]
+        self, state: GqaState, row: int, n: int, start: int = 0
+    ) -> np.ndarray:
+        """Row `row`'s cached tokens `start` .. n - 1, every layer's K/V: (2L, Hkv, n - start,
+        D), a copy (a row's tokens are its first `lengths[row]` columns)."""
         if n > int(state.lengths[row]):
             raise ValueError(f"row {row} holds {int(state.lengths[row])} tokens, not {n}")
-        return np.stack([t[row, :, :n] for t in state.past])
+        return np.stack([t[row, :, start:n] for t in state.past])
 
     def from_prefixes(self, prefixes: Sequence[Sequence[np.ndarray]]) -> GqaState:  # type: ignore[override]
         """A state of one row per prefix whose cache holds it: the prefix's blocks of K/V,
