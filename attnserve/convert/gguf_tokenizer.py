@@ -12,7 +12,9 @@ builds what transformers' GGUF loader builds (integrations/gguf/gguf_tokenizer_m
   step without its own;
 * the byte-level decoder;
 * CONTROL tokens (type 3) added as special tokens, USER_DEFINED ones (type 4) as added tokens,
-  so that both stay whole in text;
+  so that both stay whole in text; the turn markers (`TURN_MARKERS`: `<end_of_turn>`,
+  `<|im_end|>` ...) are special whatever their type, as llama.cpp overrides them, so that a
+  chat's text cannot write them (transformers leaves a USER_DEFINED one plain);
 * BOS added at encode time only when the file says so (`tokenizer.ggml.add_bos_token`).
 
 For `tokenizer.ggml.model == "llama"` (SentencePiece BPE with byte fallback: Llama 2, Mistral,
@@ -80,6 +82,24 @@ SPECIAL_KEYS = {
 }
 
 
+# Turn markers that some files type USER_DEFINED (plain added text) instead of CONTROL;
+# llama.cpp overrides their type to control ("control-looking token ... was not control-type"),
+# and so does the import: a chat's text must not be able to write them (service/prompts.py
+# treats only special tokens as the template's own).
+TURN_MARKERS = frozenset(
+    ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
+     "<|start_header_id|>", "<|end_header_id|>", "<|begin_of_text|>", "<|end_of_text|>",
+     "<start_of_turn>", "<end_of_turn>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>",
+     "<|im_sep|>", "<EOT>", "<s>", "</s>", "<bos>", "<eos>", "[INST]", "[/INST]")
+)  # fmt: skip
+
+
+def control_type(token: str, kind: int) -> bool:
+    """Whether a token of GGUF type `kind` is made a special token: CONTROL ones, and the turn
+    markers whatever their type."""
+    return kind == CONTROL or (kind == USER_DEFINED and token in TURN_MARKERS)
+
+
 class GGUFTokenizerError(ValueError):
     """The GGUF's tokenizer is of a kind attnserve does not build."""
 
@@ -141,12 +161,12 @@ def byte_level_bpe(fields: dict[str, Any]) -> Tokenizer:
     control = [
         AddedToken(t, normalized=False, special=True)
         for t, kind in zip(tokens, types, strict=False)
-        if kind == CONTROL and set(t) <= alphabet
+        if control_type(t, kind) and set(t) <= alphabet
     ]
     user = [
         AddedToken(t, normalized=False, special=False)
         for t, kind in zip(tokens, types, strict=False)
-        if kind == USER_DEFINED and t in vocab
+        if kind == USER_DEFINED and not control_type(t, kind) and t in vocab
     ]
     if control:
         tokenizer.add_special_tokens(control)
@@ -222,12 +242,12 @@ def sentencepiece_bpe(fields: dict[str, Any]) -> Tokenizer:
     control = [
         AddedToken(t, normalized=False, special=True)
         for t, kind in zip(tokens, types, strict=False)
-        if kind == CONTROL
+        if control_type(t, kind)
     ]
     user = [
         AddedToken(t, normalized=False, special=False)
         for t, kind in zip(tokens, types, strict=False)
-        if kind == USER_DEFINED
+        if kind == USER_DEFINED and not control_type(t, kind)
     ]
     if control:
         tokenizer.add_special_tokens(control)

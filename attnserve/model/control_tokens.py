@@ -130,7 +130,11 @@ class ControlTokens:
         post-processor adds, BOS, is still added)."""
         encoding = encode(self.tokenizer, text, add_special_tokens)
         ids = encoding.ids
-        if self.id_set.isdisjoint(ids) or not self._matched(encoding, text):
+        # no control token's text in it (a regex search): the ids as they are, without a
+        # walk over every token (BOS, which the post-processor adds, is a control id too)
+        if self.find(text) is None or self.id_set.isdisjoint(ids):
+            return list(ids)
+        if not self._matched(encoding, text):
             return list(ids)
         return list(self._encode_plain(text, add_special_tokens, at_start=True).ids)
 

@@ -66,7 +66,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts).describe()
+        hosts = HostPolicy.from_settings(settings.exposed_host, settings.allowed_hosts).describe()
         log.info(
             "answering to the hosts: %s%s",
             hosts,

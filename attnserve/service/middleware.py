@@ -73,7 +73,7 @@ class ServiceMiddleware:
         self.service = service
         self.known_paths = known_paths
         settings = service.settings
-        self.hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts)
+        self.hosts = HostPolicy.from_settings(settings.exposed_host, settings.allowed_hosts)
         key = settings.api_key
         self._key = key.get_secret_value().encode() if key is not None else None
         # The bytes a client may send the key as: UTF-8 (curl, httpx bytes), or latin-1 where

@@ -33,7 +33,12 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 # Requests that change nothing: never refused for their origin.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "*.localhost")
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A lone surrogate's JSON escape: a high one not followed by a low one, or a low one not
+# preceded by a high one (a pair, as json.dumps writes an emoji, is valid text).
+_SURROGATE_ESCAPE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 
 
 def with_security_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

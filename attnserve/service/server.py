@@ -79,6 +79,9 @@ def build_server(app: FastAPI, settings: Settings) -> DrainingServer:
         # h11 with a deadline for headers and a cap on connections (connections.py), whether or
         # not httptools is installed; idle kept-alive connections closed by uvicorn.
         http=guard.protocol(),
+        # no WebSocket routes: an Upgrade request is answered as plain HTTP (a WebSocket
+        # protocol taking the socket over would leave the guard's count and deadline behind)
+        ws="none",
         timeout_keep_alive=settings.keep_alive_seconds,
         log_config=None,  # logs.configure_logging owns the handlers
         access_log=False,  # the middleware logs every request with its id

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from attnserve.service.launch import ServeError, check_exposure
+from attnserve.service.security import HostPolicy
 from tests.deploy.files import (
     COMPOSE,
     GRAFANA_DIR,
@@ -81,6 +82,10 @@ def test_attnserve_services(
     assert settings.host == "0.0.0.0" and settings.api_key is None
     assert not settings.open_beyond_loopback
     check_exposure(settings)  # starts
+    # DNS rebinding: localhost's names and Prometheus' name for it, no other
+    hosts = HostPolicy.from_settings(settings.exposed_host, settings.allowed_hosts)
+    assert hosts.allows("localhost:8000") and hosts.allows("attnserve:8000")
+    assert not hosts.allows("rebound.attacker.example:8000")
 
 
 @pytest.mark.parametrize("name", list(ATTNSERVE))

@@ -213,6 +213,23 @@ def test_the_cors_origins_may_post(model_dir: Path) -> None:
         )
 
 
+def test_a_container_published_on_loopback_answers_to_localhost_names_only(
+    model_dir: Path,
+) -> None:
+    """Bound to 0.0.0.0 (a container) with its port published on 127.0.0.1: the Host check is
+    loopback's, so a rebinding page is refused though the server listens everywhere."""
+    settings = make_settings(model_dir, host="0.0.0.0", published_host="127.0.0.1")
+    with LiveServer(settings) as server:
+        port = server.url.rsplit(":", 1)[1]
+        rebound = {"host": f"rebind.attacker.example:{port}"}
+        check_error(
+            httpx.get(server.url + "/v1/models", headers=rebound), 421, "misdirected_request"
+        )
+        assert httpx.get(server.url + "/v1/models").status_code == 200
+    policy = HostPolicy.from_settings(settings.exposed_host, settings.allowed_hosts)
+    assert HostPolicy.from_settings("0.0.0.0", []).describe() == "any" != policy.describe()
+
+
 def test_every_answer_carries_the_security_headers(live: LiveServer) -> None:
     port = live.url.rsplit(":", 1)[1]
     answers = [

@@ -240,3 +240,23 @@ def test_a_request_that_is_not_http_gets_a_json_400(
         answer = read_all(sock)
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert error_type(answer) == "invalid_request"
+
+
+@pytest.mark.slow
+def test_a_websocket_upgrade_is_plain_http_and_leaves_no_count(guarded: tuple[str, int]) -> None:
+    """No WebSocket routes: an Upgrade is answered as HTTP (no protocol takes the socket over),
+    so the connection gauge and the header deadline stay the guard's."""
+    url, _ = guarded
+    upgrade = (
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+        b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    for _ in range(3):
+        with connect(url) as sock:
+            sock.sendall(upgrade)
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer  # /healthz, not 101
+    time.sleep(0.3)
+    metrics = httpx.get(url + "/metrics").text
+    assert metric_value(metrics, "attnserve_connections_open") <= 1  # this scrape's own
