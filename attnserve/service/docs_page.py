@@ -10,14 +10,12 @@ false (--no-docs) leaves these routes and /openapi.json out.
 from __future__ import annotations
 
 import functools
-import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from attnserve.service.errors import ApiError, shown
+from attnserve.service.ui import StaticFile, answer_file
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -64,13 +62,6 @@ MEDIA_TYPES = {
 router = APIRouter(include_in_schema=False)
 
 
-@dataclass(frozen=True)
-class DocsFile:
-    body: bytes
-    media_type: str
-    etag: str
-
-
 def swagger_ui_dir() -> Path:
     from swagger_ui_bundle import swagger_ui_path
 
@@ -78,29 +69,18 @@ def swagger_ui_dir() -> Path:
 
 
 @functools.cache
-def docs_files() -> dict[str, DocsFile]:
+def docs_files() -> dict[str, StaticFile]:
     """The page, its start-up script and Swagger UI's files, read once (the first request)."""
     contents = {"index.html": PAGE, "init.js": INIT}
     for name in ASSETS:
         contents[name] = (swagger_ui_dir() / name).read_bytes()
     return {
-        name: DocsFile(
-            body,
-            MEDIA_TYPES[Path(name).suffix],
-            '"' + hashlib.sha256(body).hexdigest()[:16] + '"',
-        )
-        for name, body in contents.items()
+        name: StaticFile.of(body, MEDIA_TYPES[Path(name).suffix]) for name, body in contents.items()
     }
 
 
 def _answer(name: str, request: Request) -> Response:
-    found = docs_files().get(name)
-    if found is None:
-        raise ApiError(404, f"no file {shown(name)}")
-    headers = {**HEADERS, "ETag": found.etag}
-    if request.headers.get("if-none-match") == found.etag:
-        return Response(status_code=304, headers=headers)
-    return Response(found.body, media_type=found.media_type, headers=headers)
+    return answer_file(docs_files(), name, request, HEADERS)
 
 
 @router.get("/docs")

@@ -49,6 +49,10 @@ class StaticFile:
     media_type: str
     etag: str
 
+    @classmethod
+    def of(cls, body: bytes, media_type: str) -> StaticFile:
+        return cls(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:16] + '"')
+
 
 @functools.cache
 def static_files() -> dict[str, StaticFile]:
@@ -58,20 +62,25 @@ def static_files() -> dict[str, StaticFile]:
         media_type = MEDIA_TYPES.get(path.suffix)
         if media_type is None or not path.is_file():
             continue
-        body = path.read_bytes()
-        etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
-        files[path.name] = StaticFile(body, media_type, etag)
+        files[path.name] = StaticFile.of(path.read_bytes(), media_type)
     return files
 
 
-def _answer(name: str, request: Request) -> Response:
-    found = static_files().get(name)
+def answer_file(
+    files: dict[str, StaticFile], name: str, request: Request, headers: dict[str, str]
+) -> Response:
+    """The file `name` of `files` with `headers` and its ETag (304 when the client has it)."""
+    found = files.get(name)
     if found is None:
         raise ApiError(404, f"no file {shown(name)}")
-    headers = {**HEADERS, "ETag": found.etag}
+    headers = {**headers, "ETag": found.etag}
     if request.headers.get("if-none-match") == found.etag:
         return Response(status_code=304, headers=headers)
     return Response(found.body, media_type=found.media_type, headers=headers)
+
+
+def _answer(name: str, request: Request) -> Response:
+    return answer_file(static_files(), name, request, HEADERS)
 
 
 @router.get("/")

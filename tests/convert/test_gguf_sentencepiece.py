@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
 
 import pytest
 from gguf import GGUFWriter
 
-from attnserve.convert.gguf import open_gguf, tokenizer_fields
-from attnserve.convert.gguf_tokenizer import gguf_text_tokenizer, implied_merges
+from attnserve.convert.gguf_tokenizer import implied_merges
 from attnserve.model.text_tokenizer import TextTokenizer
-from tests.convert.test_gguf_tokenizer import strings
+from tests.convert.test_gguf_tokenizer import ours, reference, strings
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -124,14 +122,6 @@ def write_spm_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
-
-def reference(path: Path) -> Any:
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-
-
-def ours(path: Path) -> TextTokenizer:
-    return gguf_text_tokenizer(tokenizer_fields(open_gguf(path)))
 
 
 TEXTS = [
