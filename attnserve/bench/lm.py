@@ -7,7 +7,10 @@ prompt, then exactly `new_tokens` generated tokens; the prefill's time is taken 
 chunked prefill). Every runtime gets the same token ids. Runtimes are timed round-robin, so
 the shared machine's drift hits them alike, and each figure is the median of `repeats`. With
 each, the weight bytes a decoding step reads (attnserve/bench/lm_bytes.py), so that decode
-tokens/s converts to the rate a runtime streams its weights (GB/s).
+tokens/s converts to the rate a runtime streams its weights (GB/s), and the rate at which the
+same number of threads reads memory on this machine, measured in the same run: a single
+stream's decode is bound by it, so the share of it a runtime reaches says how much faster it
+could still go.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.bench.lm_bytes import machine_read_rate
 from attnserve.bench.report import write_table
 from attnserve.defaults import DEFAULT_VARIANT
 from attnserve.engine.generator import Generator
@@ -48,6 +52,8 @@ class LMBenchResult:
     step_weight_mb: float | None = None
     # the machine's 1-minute load average when timing began (the machine may be shared)
     load_at_start: float | None = None
+    # GB/s at which as many threads read memory here (lm_bytes.machine_read_rate; None: not run)
+    machine_read_gb_s: float | None = None
 
     @property
     def weight_gb_per_second(self) -> float | None:
@@ -107,10 +113,12 @@ def bench_lm(
     spinning: bool = False,
     long_text: str = "",
     llama_cpp_src: Path | None = None,
+    measure_read_rate: bool = True,
 ) -> list[LMBenchResult]:
     """Results for attnserve's `variants`, then `peers` (LM_PEERS; one that cannot run here is
     skipped with a warning), in that order. `llama_cpp_src`: a llama.cpp source tree whose
-    converter makes the `llama.cpp-<type>` peers' GGUF files when missing."""
+    converter makes the `llama.cpp-<type>` peers' GGUF files when missing. The machine's read
+    rate at `threads` is measured after the warm-up, before the timed runs."""
     from attnserve.bench.lm_peers import PeerUnavailable, peer_runner
     from attnserve.engine.onnx.layout import LM_STEP_NAME, variant_dir
     from attnserve.provision import Runtime, load_generator
@@ -138,6 +146,7 @@ def bench_lm(
         runner.decode_tokens_per_second(prompt, 8)
         runner.prefill_seconds(long_ids)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    read_rate = machine_read_rate(threads or 1) if measure_read_rate else None
     decode: dict[str, list[float]] = {v: [] for v in runners}
     prefill: dict[str, list[float]] = {v: [] for v in runners}
     for repeat in range(repeats):
@@ -162,6 +171,7 @@ def bench_lm(
             prefill_runs=prefill[v],
             step_weight_mb=None if weights[v] is None else weights[v] / 1e6,
             load_at_start=load,
+            machine_read_gb_s=read_rate,
         )
         for v in runners
     ]
@@ -177,11 +187,13 @@ def runtime_name(variant: str) -> str:
 def markdown(results: Sequence[LMBenchResult]) -> str:
     base = results[0]
     first = runtime_name(base.variant)
+    ceiling = base.machine_read_gb_s
     lines = [
         f"| runtime | decode tokens/s (1 stream) | x {first} | "
         f"prefill tokens/s ({base.prefill_tokens}-token prompt) | x {first} | "
-        "MB of weights a step | decode GB/s of weights |",
-        "|---|---|---|---|---|---|---|",
+        "MB of weights a step | decode GB/s of weights |"
+        + ("" if ceiling is None else " % of the machine's read rate |"),
+        "|---|---|---|---|---|---|---|" + ("" if ceiling is None else "---|"),
     ]
     for r in results:
         rate = r.weight_gb_per_second
@@ -191,7 +203,10 @@ def markdown(results: Sequence[LMBenchResult]) -> str:
             f"{r.prefill_tokens_per_second:.0f} | "
             f"{r.prefill_tokens_per_second / base.prefill_tokens_per_second:.2f} | "
             + ("- | - |" if rate is None else f"{r.step_weight_mb:.0f} | {rate:.1f} |")
+            + ("" if ceiling is None else (" - |" if rate is None else f" {rate / ceiling:.0%} |"))
         )
+    if ceiling is not None:
+        lines.append(f"\nThe machine reads memory at {ceiling:.1f} GB/s with as many threads.")
     return "\n".join(lines) + "\n"
 
 

@@ -46,3 +46,38 @@ def gguf_step_bytes(path: Path) -> int:
         for t in tensors
         if not (t.name == "token_embd.weight" and "output.weight" in names)
     )
+
+
+def machine_read_rate(threads: int = 1, megabytes: int = 512, repeats: int = 7) -> float:
+    """GB/s at which `threads` threads of this process read memory together: the median of
+    `repeats` sums of a `megabytes` array of int64 (far larger than the caches), each thread
+    summing its contiguous share (numpy's reductions release the GIL). It is the ceiling of a
+    decoding step's GB/s: numpy asks Linux for huge pages for such an array, as attnserve's
+    weights are placed on them (attnserve/engine/memory.py), so both read at the same speed."""
+    import statistics
+    import threading
+    import time
+
+    import numpy as np
+
+    if threads < 1 or megabytes < 1 or repeats < 1:
+        raise ValueError("machine_read_rate wants threads, megabytes and repeats >= 1")
+    data = np.ones((megabytes << 20) // 8, dtype=np.int64)  # written: every page resident
+    parts = np.array_split(data, threads)
+    totals = [0] * threads
+
+    def read(i: int) -> None:
+        totals[i] = int(parts[i].sum())
+
+    rates = []
+    for _ in range(repeats):
+        workers = [threading.Thread(target=read, args=(i,)) for i in range(threads)]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        rates.append(data.nbytes / (time.perf_counter() - start) / 1e9)
+    if sum(totals) != data.size:  # every element read
+        raise RuntimeError("machine_read_rate: a thread's sum is wrong")
+    return statistics.median(rates)

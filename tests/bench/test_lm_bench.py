@@ -32,8 +32,13 @@ def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
         assert r.new_tokens == 6 and r.prefill_tokens == 24
         assert len(r.decode_runs) == 2 and r.decode_tokens_per_second > 0
         assert r.prefill_tokens_per_second > 0
+    rate = results[0].machine_read_gb_s  # measured once, in the same run
+    assert rate is not None and rate > 0 and {r.machine_read_gb_s for r in results} == {rate}
     table = markdown(results)
-    assert table.count("\n") == 4 and "| attnserve int8 |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| attnserve")]
+    assert len(rows) == 2 and "| attnserve int8 |" in table
+    share = results[1].weight_gb_per_second / rate  # type: ignore[operator]
+    assert rows[1].endswith(f" {share:.0%} |") and f"at {rate:.1f} GB/s" in table
     write_report(results, tmp_path, "tiny")
     assert len(json.loads((tmp_path / "tiny.json").read_text())) == 2
     assert (tmp_path / "tiny.png").stat().st_size > 0  # matplotlib: a test dependency

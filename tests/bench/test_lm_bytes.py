@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attnserve.bench.lm_bytes import gguf_step_bytes, onnx_step_bytes
+from attnserve.bench.lm_bytes import gguf_step_bytes, machine_read_rate, onnx_step_bytes
 
 
 def test_onnx_counts_what_a_product_reads(tmp_path: Path) -> None:
@@ -59,3 +59,16 @@ def test_gguf_leaves_out_the_embedding_only_beside_its_own_head(tmp_path: Path) 
         {"token_embd.weight": embedding, "blk.0.w": layer, "output.weight": embedding},
     )
     assert gguf_step_bytes(untied) == (50 * 8 + 8 * 8) * 4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_machine_read_rate_reads_every_byte(threads: int) -> None:
+    """A positive rate from threads that each read their share (the sums are checked)."""
+    assert machine_read_rate(threads, megabytes=16, repeats=2) > 0
+
+
+def test_machine_read_rate_refuses_nothing_to_read() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        machine_read_rate(0)
+    with pytest.raises(ValueError, match=">= 1"):
+        machine_read_rate(1, megabytes=0)
