@@ -8,9 +8,9 @@ chunked prefill). Every runtime gets the same token ids. Runtimes are timed roun
 the shared machine's drift hits them alike, and each figure is the median of `repeats`. With
 each, the weight bytes a decoding step reads (attnserve/bench/lm_bytes.py), so that decode
 tokens/s converts to the rate a runtime streams its weights (GB/s), and the rate at which the
-same number of threads reads memory on this machine, measured in the same run: a single
-stream's decode is bound by it, so the share of it a runtime reaches says how much faster it
-could still go.
+same number of threads reads memory on this machine (a plain streaming read, measured in the
+same run): a single stream's decode reads every weight once, so the share of that rate a
+runtime reaches says how close it runs to the memory's speed.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from attnserve.bench.report import write_table
 from attnserve.defaults import DEFAULT_VARIANT
 from attnserve.engine.generator import Generator
 from attnserve.engine.options import DecodingOptions
+from attnserve.kernels import physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,13 @@ def bench_lm(
     spinning: bool = False,
     long_text: str = "",
     llama_cpp_src: Path | None = None,
-    measure_read_rate: bool = True,
+    read_rate_megabytes: int = 512,
 ) -> list[LMBenchResult]:
     """Results for attnserve's `variants`, then `peers` (LM_PEERS; one that cannot run here is
     skipped with a warning), in that order. `llama_cpp_src`: a llama.cpp source tree whose
     converter makes the `llama.cpp-<type>` peers' GGUF files when missing. The machine's read
-    rate at `threads` is measured after the warm-up, before the timed runs."""
+    rate at `threads` (over `read_rate_megabytes`; 0: not measured) is measured after the
+    warm-up, before the timed runs."""
     from attnserve.bench.lm_peers import PeerUnavailable, peer_runner
     from attnserve.engine.onnx.layout import LM_STEP_NAME, variant_dir
     from attnserve.provision import Runtime, load_generator
@@ -146,7 +148,11 @@ def bench_lm(
         runner.decode_tokens_per_second(prompt, 8)
         runner.prefill_seconds(long_ids)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    read_rate = machine_read_rate(threads or 1) if measure_read_rate else None
+    read_rate = (
+        machine_read_rate(threads or physical_cores(), read_rate_megabytes)
+        if read_rate_megabytes > 0
+        else None
+    )
     decode: dict[str, list[float]] = {v: [] for v in runners}
     prefill: dict[str, list[float]] = {v: [] for v in runners}
     for repeat in range(repeats):

@@ -128,6 +128,13 @@ def _add_bench_lm(sub: Any) -> None:
         action="store_true",
         help="attnserve's ONNX Runtime threads spin between nodes (as GenAI's do by default)",
     )
+    p.add_argument(
+        "--read-rate-mb",
+        type=int,
+        default=512,
+        help="MB that --threads threads read to measure the machine's memory read rate, which "
+        "the report sets each runtime's decode GB/s against (0: not measured)",
+    )
     p.add_argument("--output-dir", type=Path, default=None, help="write NAME.json/.md here")
     p.add_argument("--name", default="bench-lm", help="file name stem in --output-dir")
     p.add_argument(
@@ -235,6 +242,7 @@ def cmd_bench_lm(args: argparse.Namespace) -> int:
         spinning=args.spinning,
         long_text=" ".join(held_out_chapters()),
         llama_cpp_src=args.llama_cpp_src,
+        read_rate_megabytes=args.read_rate_mb,
     )
     sys.stdout.write(markdown(results))
     if args.output_dir is not None:

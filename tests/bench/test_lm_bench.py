@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,13 @@ def lm_dir(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
     text = " ".join(f"w{i % 40}" for i in range(64))
     results = bench_lm(
-        lm_dir, ["fp32", "int8"], new_tokens=6, prefill_tokens=24, repeats=2, long_text=text
+        lm_dir,
+        ["fp32", "int8"],
+        new_tokens=6,
+        prefill_tokens=24,
+        repeats=2,
+        long_text=text,
+        read_rate_megabytes=32,
     )
     assert [r.variant for r in results] == ["fp32", "int8"]
     for r in results:
@@ -39,6 +46,7 @@ def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
     assert len(rows) == 2 and "| attnserve int8 |" in table
     share = results[1].weight_gb_per_second / rate  # type: ignore[operator]
     assert rows[1].endswith(f" {share:.0%} |") and f"at {rate:.1f} GB/s" in table
+    assert "read rate" not in markdown([replace(r, machine_read_gb_s=None) for r in results])
     write_report(results, tmp_path, "tiny")
     assert len(json.loads((tmp_path / "tiny.json").read_text())) == 2
     assert (tmp_path / "tiny.png").stat().st_size > 0  # matplotlib: a test dependency
@@ -49,8 +57,11 @@ def test_bench_lm_times_every_variant(lm_dir: Path, tmp_path: Path) -> None:
 def test_bench_lm_cli(lm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["bench-lm", "--model", str(lm_dir), "--variants", "fp32", "--new-tokens", "4"]
     args += ["--prefill-tokens", "16", "--repeats", "1", "--output-dir", str(tmp_path)]
-    assert main(args) == 0
-    assert "| attnserve fp32 |" in capsys.readouterr().out
+    assert main([*args, "--read-rate-mb", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| attnserve fp32 |" in out and "with as many threads" in out
+    assert main([*args, "--read-rate-mb", "0"]) == 0
+    assert "with as many threads" not in capsys.readouterr().out
     assert (tmp_path / "bench-lm.md").is_file()
 
 

@@ -67,6 +67,23 @@ def test_machine_read_rate_reads_every_byte(threads: int) -> None:
     assert machine_read_rate(threads, megabytes=16, repeats=2) > 0
 
 
+def test_machine_read_rate_notices_a_thread_that_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeat whose thread raised (threading swallows it) is an error, not a fast rate."""
+    import threading
+
+    start = threading.Thread.start
+    calls = iter(range(100))
+
+    def flaky_start(self: threading.Thread) -> None:
+        if next(calls) == 2:  # the second repeat's first thread
+            self._target = lambda *_: None  # type: ignore[attr-defined]
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", flaky_start)
+    with pytest.raises(RuntimeError, match="did not read its share"):
+        machine_read_rate(2, megabytes=8, repeats=3)
+
+
 def test_machine_read_rate_refuses_nothing_to_read() -> None:
     with pytest.raises(ValueError, match=">= 1"):
         machine_read_rate(0)

@@ -147,7 +147,7 @@ def test_bench_lm_on_a_shape_runs_on_its_model(
     monkeypatch.setattr(lm, "write_report", write_report)
     root = tmp_path / "shape"
     argv = ["bench-lm", "--shape", name, "--shape-dir", str(root), "--variants", "int8"]
-    argv += ["--new-tokens", "4", "--prefill-tokens", "16", "--repeats", "1"]
+    argv += ["--new-tokens", "4", "--prefill-tokens", "16", "--repeats", "1", "--read-rate-mb", "0"]
     assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 0
 
     assert json.loads((root / HF_DIR / "config.json").read_text()) == shape.config
