@@ -40,8 +40,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--split",
         default="test",
-        choices=["test", "dev", "modern-test", "modern-dev"],
-        help="Bible test/dev books, or the held-out packages' modern text (data build --modern)",
+        choices=["test", "dev", "modern-test", "modern-dev", "everyday"],
+        help="Bible test/dev books, the held-out packages' modern text (data build --modern), "
+        "or twenty fixed everyday sentences (no data needed; --hypotheses-dir: a table of all)",
     )
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--max-batch-size", type=int, default=32)

@@ -17,6 +17,7 @@ import sacrebleu
 
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import Translator
+from attnserve.training import everyday
 
 if TYPE_CHECKING:
     from attnserve.model.tokenizer import Tokenizer
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DIRECTIONS = (("en", "de"), ("de", "en"))
+EVERYDAY_SPLIT = "everyday"  # training/everyday.py's fixed sentences
 
 
 @dataclass(frozen=True)
@@ -91,19 +93,31 @@ def evaluate(
     max_batch_size: int = 32,
     hypotheses_dir: str | Path | None = None,
 ) -> list[DirectionScore]:
-    """Both directions of a split; optionally writes the hypotheses next to the scores."""
+    """Both directions of a split (`everyday`: training/everyday.py's fixed sentences, and with
+    `hypotheses_dir` a table of them all, everyday.md); optionally writes the hypotheses."""
     options = options or DecodingOptions(beam_size=4)
     scores = []
+    translated: list[tuple[everyday.Example, str]] = []
     for src, tgt in DIRECTIONS:
-        sources = read_split(data_dir, split, src, limit)
-        references = read_split(data_dir, split, tgt, limit)
+        if split == EVERYDAY_SPLIT:  # the fixed list, no data directory needed
+            fixed = everyday.examples(src, tgt)[:limit]
+            sources, references = [e.source for e in fixed], [e.reference for e in fixed]
+        else:
+            sources = read_split(data_dir, split, src, limit)
+            references = read_split(data_dir, split, tgt, limit)
         score, hyps = score_direction(translator, sources, references, tgt, options, max_batch_size)
         log.info("%s %s: %s", split, score.direction, asdict(score))
         scores.append(score)
+        if split == EVERYDAY_SPLIT:
+            translated += zip(fixed, hyps, strict=True)
         if hypotheses_dir:
             out = Path(hypotheses_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / f"{split}.{src}-{tgt}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    if hypotheses_dir and split == EVERYDAY_SPLIT:
+        (Path(hypotheses_dir) / f"{EVERYDAY_SPLIT}.md").write_text(
+            everyday.markdown(translated), encoding="utf-8"
+        )
     return scores
 
 

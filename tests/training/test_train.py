@@ -265,6 +265,21 @@ def test_cli_package_and_eval(
         assert 0.0 <= score["bleu"] <= 100.0 and 0.0 <= score["chrf"] <= 100.0
         assert score["target_tokens"] > 0 and score["bleu_signature"].startswith("nrefs:1")
     assert len((hyps / "test.en-de.hyp").read_text().splitlines()) == 5
+    # The fixed everyday sentences: no data directory, every output in a table.
+    code = main(
+        ["eval", "--model", str(tmp_path / "model"), "--backend", "torch", "--data-dir",
+         str(tmp_path / "absent"), "--split", "everyday", "--beam-size", "2", "--limit", "2",
+         "--hypotheses-dir", str(hyps)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(s["direction"], s["sentences"]) for s in report["scores"]] == [
+        ("en-de", 2),
+        ("de-en", 2),
+    ]
+    table = (hyps / "everyday.md").read_text().splitlines()
+    assert len(table) == 2 + 4 and "The meeting has been moved to Tuesday afternoon." in table[2]
+    assert "Der Zug nach Berlin fällt heute aus." in table[4]
 
 
 def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
