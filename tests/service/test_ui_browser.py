@@ -380,11 +380,14 @@ def test_api_key_is_asked_for(page: Any, keyed: LiveServer) -> None:
     def busy() -> None:
         httpx.post(f"{keyed.url}/v1/generate", json=body, headers=headers, timeout=30)
 
+    # One after the other: started together, the second could arrive while the first still
+    # waits (then the second is the one refused, and the page's request finds room).
     threads = [threading.Thread(target=busy) for _ in range(2)]
-    for thread in threads:
-        thread.start()
     model = keyed.service.registry.default.name
-    wait_for_metric(keyed, "attnserve_requests_waiting", 1, model=model)
+    threads[0].start()
+    assert wait_for_metric(keyed, "attnserve_requests_running", 1, model=model) == 1
+    threads[1].start()
+    assert wait_for_metric(keyed, "attnserve_requests_waiting", 1, model=model) == 1
     by_id(page, "translate").click()
     error = wait_until(
         lambda: by_id(page, "translate-error").is_displayed() and text_of(page, "translate-error")
