@@ -193,13 +193,13 @@ def runtime_name(variant: str) -> str:
 def markdown(results: Sequence[LMBenchResult]) -> str:
     base = results[0]
     first = runtime_name(base.variant)
-    ceiling = base.machine_read_gb_s
+    machine = base.machine_read_gb_s
     lines = [
         f"| runtime | decode tokens/s (1 stream) | x {first} | "
         f"prefill tokens/s ({base.prefill_tokens}-token prompt) | x {first} | "
         "MB of weights a step | decode GB/s of weights |"
-        + ("" if ceiling is None else " % of the machine's read rate |"),
-        "|---|---|---|---|---|---|---|" + ("" if ceiling is None else "---|"),
+        + ("" if machine is None else " % of the machine's read rate |"),
+        "|---|---|---|---|---|---|---|" + ("" if machine is None else "---|"),
     ]
     for r in results:
         rate = r.weight_gb_per_second
@@ -209,10 +209,10 @@ def markdown(results: Sequence[LMBenchResult]) -> str:
             f"{r.prefill_tokens_per_second:.0f} | "
             f"{r.prefill_tokens_per_second / base.prefill_tokens_per_second:.2f} | "
             + ("- | - |" if rate is None else f"{r.step_weight_mb:.0f} | {rate:.1f} |")
-            + ("" if ceiling is None else (" - |" if rate is None else f" {rate / ceiling:.0%} |"))
+            + ("" if machine is None else (" - |" if rate is None else f" {rate / machine:.0%} |"))
         )
-    if ceiling is not None:
-        lines.append(f"\nThe machine reads memory at {ceiling:.1f} GB/s with as many threads.")
+    if machine is not None:
+        lines.append(f"\nThe machine reads memory at {machine:.1f} GB/s with as many threads.")
     return "\n".join(lines) + "\n"
 
 

@@ -100,7 +100,7 @@ def evaluate(
     translated: list[tuple[everyday.Example, str]] = []
     for src, tgt in DIRECTIONS:
         if split == EVERYDAY_SPLIT:  # the fixed list, no data directory needed
-            fixed = everyday.examples(src, tgt)[:limit]
+            fixed = everyday.examples(src, tgt)[: limit or None]  # as read_split cuts
             sources, references = [e.source for e in fixed], [e.reference for e in fixed]
         else:
             sources = read_split(data_dir, split, src, limit)
