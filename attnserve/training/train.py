@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sentencepiece as spm
 import torch
 import torch.nn.functional as F
 
@@ -40,6 +41,7 @@ from attnserve.training.batching import (
 from attnserve.training.config import TrainConfig
 from attnserve.training.data import Manifest
 from attnserve.training.evaluate import dev_bleu
+from attnserve.training.vocab import transfer_state_dict, vocabulary_map
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +197,10 @@ class Trainer:
         self.model = EncoderDecoder(self.model_config)
         warm: dict[str, Any] | None = None
         if cfg.init_from and not self.checkpoint_path.exists():  # a resumed run has its own
-            self._init_from(Path(cfg.init_from))
+            transfer = self._init_from(Path(cfg.init_from))
             warm = source_training(cfg.init_from)
+            if transfer is not None:
+                warm["vocabulary"] = transfer
         self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
@@ -225,20 +229,42 @@ class Trainer:
             self.model.num_parameters() / 1e6,
         )  # fmt: skip
 
-    def _init_from(self, directory: Path) -> None:
+    def _init_from(self, directory: Path) -> dict[str, int] | None:
         """Copy the weights of a model directory into the fresh model (same architecture;
-        the dropout rates may differ: they are not weights, and fine-tuning often changes them)."""
+        the dropout rates may differ: they are not weights, and fine-tuning often changes them).
+        A run with another SentencePiece model gets the source's vocabulary tables moved to its
+        own (training/vocab.py); returns how their rows were made then, else None."""
         from attnserve.model.checkpoint import load_model_dir
 
         source, _ = load_model_dir(directory)
         theirs, ours = source.config.to_dict(), self.model_config.to_dict()
         for config in (theirs, ours):
-            for name in DROPOUT_FIELDS:
+            for name in (*DROPOUT_FIELDS, "vocab_size"):
                 config.pop(name, None)
         if theirs != ours:
             raise ValueError(f"{directory}: config.json differs from this run's model config")
-        self.model.load_state_dict(source.state_dict())
+        state = source.state_dict()
+        old_spm, new_spm = directory / "spm.model", Path(self.cfg.spm_model)
+        if not old_spm.exists():
+            raise ValueError(f"{directory}: no spm.model to compare this run's vocabulary with")
+        if old_spm.read_bytes() != new_spm.read_bytes():
+            if theirs.get("tgt_vocab_size") is not None:
+                raise ValueError(f"{directory}: a new vocabulary needs a joint one")
+            mapping = vocabulary_map(
+                spm.SentencePieceProcessor(model_file=str(old_spm)),
+                spm.SentencePieceProcessor(model_file=str(new_spm)),
+            )
+            state = transfer_state_dict(state, mapping)
+            transfer = mapping.summary()
+            log.info(
+                "new vocabulary (%d -> %d pieces): rows %s", source.config.vocab_size,
+                self.model_config.vocab_size, transfer,
+            )  # fmt: skip
+        else:
+            transfer = None
+        self.model.load_state_dict(state)
         log.info("weights initialised from %s", directory)
+        return transfer
 
     @property
     def checkpoint_path(self) -> Path:
@@ -512,7 +538,9 @@ def export_model_dir(
         "dev_history": history,
         "dev": dev,
         "averaged_steps": averaged_steps,
-        "warm_start": None if warm is None else {k: warm[k] for k in ("from", "steps", "hours")},
+        "warm_start": None
+        if warm is None
+        else {k: warm[k] for k in ("from", "steps", "hours", "vocabulary") if k in warm},
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
         "generation": {"num_beams": 4},
