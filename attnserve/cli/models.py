@@ -138,11 +138,17 @@ def cmd_package(args: argparse.Namespace) -> int:
     out = export_model_dir(args.run_dir, args.out, which=args.which, average=args.average)
     sys.stderr.write(f"wrote {out}\n")
     if args.curve is not None:
-        from attnserve.training.curve import curve_table, dev_history, plot_curve, train_threads
+        from attnserve.training.curve import (
+            curve_table,
+            dev_history,
+            plot_curve,
+            train_threads,
+            vocabulary_change,
+        )
 
         history = dev_history(out)
         sys.stdout.write(curve_table(history) + "\n")
         title = f"{out.name}: dev BLEU while training"
-        plot_curve(history, args.curve, title, train_threads(out))
+        plot_curve(history, args.curve, title, train_threads(out), vocabulary_change(out))
         sys.stderr.write(f"wrote {args.curve}\n")
     return 0

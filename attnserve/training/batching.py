@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,15 +54,36 @@ def load_train_examples(
     tokenizer: Tokenizer,
     train_sets: Sequence[dict[str, Any]],
     max_len: int,
+    weights: Mapping[str, float] | None = None,
+    seed: int = 0,
 ) -> Examples:
-    """Every training set of the manifest, in each of its directions (`en-de`, `de-en`)."""
+    """Every training set of the manifest, in each of its directions (`en-de`, `de-en`).
+
+    `weights`: how many times a set's examples are in the list, by set name (1 where not
+    named): 2 repeats each, 0.5 keeps a seeded half (the same half in every epoch and run)."""
+    weights = dict(weights or {})
+    names = [str(s["name"]) for s in train_sets]
+    unknown = sorted(set(weights) - set(names))
+    if unknown:
+        raise ValueError(f"set weights name {unknown}: the data's training sets are {names}")
+    if any(not w > 0 for w in weights.values()):
+        raise ValueError(f"set weights must be positive: {weights}")
+    rng = np.random.default_rng(seed)
     examples = Examples()
     for train_set in train_sets:
         name = str(train_set["name"])
         text = {lang: read_lines(data_dir / f"{name}.{lang}") for lang in ("en", "de")}
+        part = Examples()
         for direction in train_set["directions"]:
             src_lang, tgt_lang = direction.split("-")
-            examples.add(tokenizer, text[src_lang], text[tgt_lang], tgt_lang, max_len)
+            part.add(tokenizer, text[src_lang], text[tgt_lang], tgt_lang, max_len)
+        weight = weights.get(name, 1.0)
+        whole, fraction = int(weight), weight - int(weight)
+        picks = list(range(len(part))) * whole
+        picks += sorted(rng.choice(len(part), round(fraction * len(part)), replace=False))
+        examples.src += [part.src[i] for i in picks]
+        examples.tgt += [part.tgt[i] for i in picks]
+        examples.skipped_too_long += part.skipped_too_long
     return examples
 
 

@@ -44,6 +44,10 @@ class TrainConfig:
     # offset + warmup, not to the peak.
     schedule_offset: int = 0
     compile: bool = False  # torch.compile the training forward pass
+    # How often each training set's examples are in an epoch, by the manifest's set name
+    # (`train`: the Bible and Ding; `train.en-de`: extra English versions; `modern-train`):
+    # 1 where not named; a fraction keeps a seeded subset.
+    set_weights: dict[str, float] = field(default_factory=dict)
     # The weights at each of the last N dev evaluations (RUN/snapshots/), for `attnserve
     # package --average N`; 0: none.
     keep_snapshots: int = 5

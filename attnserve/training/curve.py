@@ -30,48 +30,96 @@ def _metadata(model_dir: str | Path) -> dict[str, Any]:
     return metadata
 
 
+def vocabulary_change(model_dir: str | Path) -> float | None:
+    """The training hour at which the model's run moved to a new vocabulary (a warm start
+    whose embedding was moved to other pieces), or None."""
+    warm = _metadata(model_dir).get("warm_start") or {}
+    return float(warm["hours"]) if warm.get("vocabulary") else None
+
+
+# The dev splits a history may have: the Bible's (keys without a suffix) and, for runs that
+# train on modern text, modern-dev's (`_modern`).
+SPLITS = (("", "Bible"), ("_modern", "modern"))
+
+
+def _splits(history: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(k, name) for k, name in SPLITS if any(f"bleu_ende{k}" in r for r in history)]
+
+
 def curve_table(history: Sequence[dict[str, Any]]) -> str:
-    """Markdown: step, hours, dev BLEU en-de and de-en."""
-    lines = ["| step | hours | dev BLEU en->de | dev BLEU de->en |", "|---|---|---|---|"]
+    """Markdown: step, hours, dev BLEU en-de and de-en of each dev split the history has
+    (blank where an evaluation did not have it)."""
+    splits = _splits(history)
+    named = len(splits) > 1
+    heads = [
+        f"{name + ' ' if named else ''}dev BLEU {d}"
+        for _, name in splits
+        for d in ("en->de", "de->en")
+    ]
+    lines = ["| step | hours | " + " | ".join(heads) + " |", "|---" * (2 + len(heads)) + "|"]
     for r in history:
-        lines.append(
-            f"| {r['step']} | {r['hours']:.2f} | {r['bleu_ende']:.2f} | {r['bleu_deen']:.2f} |"
-        )
+        cells = [
+            f"{r[key]:.2f}" if key in r else ""
+            for k, _ in splits
+            for key in (f"bleu_ende{k}", f"bleu_deen{k}")
+        ]
+        lines.append(f"| {r['step']} | {r['hours']:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot_curve(
-    history: Sequence[dict[str, Any]], out: str | Path, title: str, threads: int | None = None
+    history: Sequence[dict[str, Any]],
+    out: str | Path,
+    title: str,
+    threads: int | None = None,
+    vocabulary_hours: float | None = None,
 ) -> Path:
-    """Dev BLEU per direction against training hours; beside it the dev loss, where the
-    history has it (runs since dev loss was recorded)."""
+    """Dev BLEU per direction against training hours, each dev split the history has (the
+    Bible's solid, modern text's dashed); beside it the dev loss, where the history has it
+    (runs since dev loss was recorded). `vocabulary_hours`: a line where the run moved to a
+    new vocabulary (losses per piece before and after it are not on one scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with_loss = [r for r in history if "loss_ende" in r and "loss_deen" in r]
+    splits = _splits(history)
+    with_loss = any("loss_ende" in r for r in history)
     panels = 2 if with_loss else 1
     fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 3.6), dpi=120, squeeze=False)
     cores = f" ({threads} CPU thread{'s' if threads != 1 else ''})" if threads else ""
+    named = len(splits) > 1
+
+    def draw(ax: Any, metric: str) -> None:
+        for k, name in splits:
+            for d, label, marker, colour in (
+                ("ende", "en->de", "o", "tab:blue"), ("deen", "de->en", "s", "tab:orange")
+            ):  # fmt: skip
+                key = f"{metric}_{d}{k}"
+                points = [(r["hours"], r[key]) for r in history if key in r]
+                if points:
+                    ax.plot(
+                        *zip(*points, strict=True), marker=marker, markersize=3, color=colour,
+                        linestyle="--" if k else "-", label=f"{name} {label}" if named else label,
+                    )  # fmt: skip
+        if vocabulary_hours is not None:
+            ax.axvline(vocabulary_hours, color="grey", linewidth=0.8, linestyle=":")
+            ax.annotate(
+                " new vocabulary", (vocabulary_hours, 1.0), xycoords=("data", "axes fraction"),
+                va="top", fontsize=7, color="grey",
+            )  # fmt: skip
+        ax.set_xlabel(f"training hours{cores}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7 if named else None)
+
     bleu = axes[0][0]
-    hours = [r["hours"] for r in history]
-    bleu.plot(hours, [r["bleu_ende"] for r in history], marker="o", label="en->de")
-    bleu.plot(hours, [r["bleu_deen"] for r in history], marker="s", label="de->en")
-    bleu.set(xlabel=f"training hours{cores}", ylabel="dev BLEU (greedy, 100 verses)", title=title)
+    draw(bleu, "bleu")
+    unit = "100 sentences a split" if named else "100 verses"
+    bleu.set(ylabel=f"dev BLEU (greedy, {unit})", title=title)
     if with_loss:
         loss = axes[0][1]
-        hours = [r["hours"] for r in with_loss]
-        loss.plot(hours, [r["loss_ende"] for r in with_loss], marker="o", label="en->de")
-        loss.plot(hours, [r["loss_deen"] for r in with_loss], marker="s", label="de->en")
-        loss.set(
-            xlabel=f"training hours{cores}",
-            ylabel="dev loss (nats/token, teacher-forced)",
-            title="dev cross-entropy",
-        )
-    for ax in axes[0]:
-        ax.grid(alpha=0.3)
-        ax.legend()
+        draw(loss, "loss")
+        loss.set(ylabel="dev loss (nats/token, teacher-forced)", title="dev cross-entropy")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)

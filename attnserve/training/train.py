@@ -221,8 +221,9 @@ class Trainer:
         self.dev_examples: dict[str, Examples] | None = None
         manifest = Manifest.load(Path(cfg.data_dir) / "manifest.json")
         self.examples: Examples = load_train_examples(
-            Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len
-        )
+            Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len,
+            cfg.set_weights, cfg.seed,
+        )  # fmt: skip
         log.info(
             "%d training examples (%d too long skipped); model %s, %.1fM parameters",
             len(self.examples), self.examples.skipped_too_long, cfg.preset,

@@ -26,3 +26,36 @@ def test_the_loss_panel_is_drawn_when_the_history_has_losses(tmp_path: Path) -> 
     two = plot_curve(with_loss, tmp_path / "two.png", "new run", threads=1)
     assert png_width(two) == 2 * png_width(one)
     assert curve_table(with_loss).splitlines()[2] == "| 1 | 0.10 | 1.00 | 2.00 |"
+
+
+def test_both_domains_and_the_vocabulary_change(tmp_path: Path) -> None:
+    """A run warm-started from a Bible-only model and then moved to a new vocabulary: the
+    modern dev split's columns are blank before it was evaluated; the change is read from the
+    package's metadata."""
+    import json
+
+    from attnserve.training.curve import vocabulary_change
+
+    bible = [{"step": 1, "hours": 0.1, "bleu_ende": 20.0, "bleu_deen": 21.0, "loss_ende": 3.0}]
+    mixed = [
+        {"step": s, "hours": s / 10, "bleu_ende": 22.0, "bleu_deen": 23.0, "loss_ende": 2.5,
+         "bleu_ende_modern": 10.0 + s, "bleu_deen_modern": 12.0, "loss_ende_modern": 2.0}
+        for s in (2, 3)
+    ]  # fmt: skip
+    table = curve_table(bible + mixed).splitlines()
+    assert table[0] == (
+        "| step | hours | Bible dev BLEU en->de | Bible dev BLEU de->en "
+        "| modern dev BLEU en->de | modern dev BLEU de->en |"
+    )
+    assert table[2] == "| 1 | 0.10 | 20.00 | 21.00 |  |  |"
+    assert table[4] == "| 3 | 0.30 | 22.00 | 23.00 | 13.00 | 12.00 |"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "metadata.json").write_text(json.dumps({"warm_start": {"hours": 0.2}}))
+    assert vocabulary_change(model) is None
+    warm = {"hours": 0.25, "vocabulary": {"copied": 3, "composed": 2, "unknown": 0}}
+    (model / "metadata.json").write_text(json.dumps({"warm_start": warm}))
+    assert vocabulary_change(model) == 0.25
+    out = plot_curve(bible + mixed, tmp_path / "mixed.png", "mixed run", 1, 0.25)
+    no_loss = [{k: v for k, v in r.items() if "loss" not in k} for r in bible + mixed]
+    assert png_width(out) == 2 * png_width(plot_curve(no_loss, tmp_path / "b.png", "b"))

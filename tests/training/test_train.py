@@ -62,6 +62,35 @@ def test_examples_and_batches(tiny_data: tuple[Path, Path]) -> None:
     assert batch.labels[0, -1] == tok.eos_id
 
 
+def test_set_weights_repeat_or_subsample_a_training_set(tiny_data: tuple[Path, Path]) -> None:
+    """--set-weights: 2 puts a set's examples in twice, 0.5 a seeded half (the same each
+    time); unnamed sets once; an unknown set name or a weight <= 0 is refused."""
+    from attnserve.training.batching import load_train_examples
+    from attnserve.training.data import Manifest
+
+    data, spm_model = tiny_data
+    tok = Tokenizer.from_spm(spm_model)
+    sets = Manifest.load(data / "manifest.json").train_sets
+    assert [s["name"] for s in sets] == ["train"]
+
+    def pairs(examples: Examples) -> list[tuple[bytes, bytes]]:
+        return [(s.tobytes(), t.tobytes()) for s, t in zip(examples.src, examples.tgt, strict=True)]
+
+    once = pairs(load_train_examples(data, tok, sets, 60))
+    twice = pairs(load_train_examples(data, tok, sets, 60, {"train": 2.0}))
+    assert sorted(twice) == sorted(once + once)
+    half = pairs(load_train_examples(data, tok, sets, 60, {"train": 0.5}, seed=3))
+    assert len(half) == round(len(once) / 2) and set(half) <= set(once)
+    assert half == pairs(load_train_examples(data, tok, sets, 60, {"train": 0.5}, seed=3))
+    assert half != pairs(load_train_examples(data, tok, sets, 60, {"train": 0.5}, seed=4))
+    more = pairs(load_train_examples(data, tok, sets, 60, {"train": 1.5}, seed=3))
+    assert len(more) == len(once) + len(half) and set(more) == set(once)
+    with pytest.raises(ValueError, match="training sets are"):
+        load_train_examples(data, tok, sets, 60, {"modern-train": 2.0})
+    with pytest.raises(ValueError, match="positive"):
+        load_train_examples(data, tok, sets, 60, {"train": 0.0})
+
+
 def test_batches_respect_the_token_budget_and_cover_every_example(
     tiny_data: tuple[Path, Path],
 ) -> None:
