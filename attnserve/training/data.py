@@ -12,6 +12,13 @@ least `DING_MIN_WORDS` words, or both are sentences (capitalised German, final `
 words. Templates with placeholders (`jdm.`, `etw.`, `sb.`, `sth.`, `…`, `/he/`, `er/sie`) and
 conjugation rows are not natural text and are skipped.
 
+Ding terms (`ding_terms`, a training set of their own, `ding-terms`, so that its share is set by
+`attnserve train --set-weights`): the headword sub-entry of each line (the first: a word's base
+form, "Apotheke {f} [pharm.]" -> "pharmacy") that is not a phrase, after the same cleaning, of at
+most `DING_TERM_WORDS` words a side: the vocabulary of everyday life the Bible and software
+catalogs lack (umbrella, pharmacy, traffic light). Each sense is its own line in Ding, so a word
+has one pair per sense.
+
 A Psalm whose German verse 1 is only a superscription uses Hebrew verse numbers (every verse one
 off against the KJV, e.g. Psalm 13 in the Elberfelder); such chapters are dropped.
 
@@ -49,6 +56,8 @@ TEST_BOOKS = frozenset({8, 32, 41, 56})  # Ruth, Jonah, Mark, Titus
 DEV_BOOKS = frozenset({31, 57, 63, 64, 65})  # Obadiah, Philemon, 2-3 John, Jude
 BOTH = ("en-de", "de-en")
 DING_MIN_WORDS = 3
+DING_TERM_WORDS = 3  # words a side of a Ding term (ding-terms)
+DING_TERMS_SET = "ding-terms"  # its training set
 
 
 @dataclass(frozen=True)
@@ -217,8 +226,20 @@ def ding_pair(de: str, en: str, min_words: int = DING_MIN_WORDS) -> tuple[str, s
     return None
 
 
-def read_ding(path: Path, stats: Counter[str]) -> Iterator[tuple[str, str]]:
-    """(en, de) phrase pairs of a Ding file; counts malformed lines in `stats`."""
+def ding_term(de: str, en: str) -> tuple[str, str] | None:
+    """The term pair of a headword sub-entry, or None: not a phrase (those are `ding_pair`'s),
+    at most `DING_TERM_WORDS` words a side after cleaning, no template."""
+    if ding_pair(de, en) is not None:
+        return None
+    pair = ding_pair(de, en, min_words=1)
+    if pair is None or any(len(side.split()) > DING_TERM_WORDS for side in pair):
+        return None
+    return pair
+
+
+def _ding_entries(path: Path, stats: Counter[str]) -> Iterator[list[tuple[str, str]]]:
+    """The aligned (de, en) sub-entries of each well-formed line of a Ding file; counts lines
+    and malformed lines in `stats`."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.strip()
@@ -233,12 +254,26 @@ def read_ding(path: Path, stats: Counter[str]) -> Iterator[tuple[str, str]]:
                 stats["ding_malformed_lines"] += 1
                 continue
             stats["ding_lines"] += 1
-            for de, en in zip(de_parts, en_parts, strict=True):
-                pair = ding_pair(de, en)
-                if pair is None:
-                    stats["ding_subentries_not_phrases"] += 1
-                else:
-                    yield pair[1], pair[0]
+            yield list(zip(de_parts, en_parts, strict=True))
+
+
+def read_ding(path: Path, stats: Counter[str]) -> Iterator[tuple[str, str]]:
+    """(en, de) phrase pairs of a Ding file; counts malformed lines in `stats`."""
+    for entries in _ding_entries(path, stats):
+        for de, en in entries:
+            pair = ding_pair(de, en)
+            if pair is None:
+                stats["ding_subentries_not_phrases"] += 1
+            else:
+                yield pair[1], pair[0]
+
+
+def read_ding_terms(path: Path) -> Iterator[tuple[str, str]]:
+    """(en, de) term pairs of a Ding file: each line's headword, where it is a term."""
+    for entries in _ding_entries(path, Counter()):
+        pair = ding_term(*entries[0])
+        if pair is not None:
+            yield pair[1], pair[0]
 
 
 def held_out_verses(
@@ -287,10 +322,12 @@ def build_corpus(
     modern: str = "off",
     modern_train: bool = False,
     pypi_catalogs: str | Path | None = None,
+    ding_terms: bool = False,
 ) -> Manifest:
     """Build train/dev/test files and manifest.json under `out_dir`; `ding_path=None` skips Ding.
 
-    `modern`: "require", "available" or "off" (modern.py); `modern_train` trains on it."""
+    `modern`: "require", "available" or "off" (modern.py); `modern_train` trains on it.
+    `ding_terms`: Ding's headword terms as the training set `ding-terms` too."""
     from attnserve.training import modern as modern_text
 
     db = Path(bible_db) if bible_db is not None else default_bible_db()
@@ -340,6 +377,14 @@ def build_corpus(
     if ding_path is not None:
         for en, de in read_ding(Path(ding_path), stats):
             add_train(BOTH, en, de, "ding")
+    terms: dict[tuple[str, str], None] = {}
+    if ding_path is not None and ding_terms:
+        for pair in read_ding_terms(Path(ding_path)):
+            if pair in terms or pair in train.get(BOTH, {}):
+                stats["ding_terms_duplicate"] += 1
+            else:
+                terms[pair] = None
+        kept["ding_terms"] = len(terms)
 
     splits: dict[str, int] = {}
     train_sets = []
@@ -348,6 +393,10 @@ def build_corpus(
         _write_split(out, name, list(pairs))
         splits[name] = len(pairs)
         train_sets.append({"name": name, "directions": list(directions), "pairs": len(pairs)})
+    if terms:
+        _write_split(out, DING_TERMS_SET, list(terms))
+        splits[DING_TERMS_SET] = len(terms)
+        train_sets.append({"name": DING_TERMS_SET, "directions": list(BOTH), "pairs": len(terms)})
     for split, verses in held_out.items():
         _write_split(out, split, [(v.en, v.de) for v in verses])
         _write_tsv(out, split, verses)
@@ -386,6 +435,7 @@ def build_corpus(
             "test_books": sorted(TEST_BOOKS), "dev_books": sorted(DEV_BOOKS),
             "max_length_ratio": MAX_LENGTH_RATIO, "ratio_min_chars": RATIO_MIN_CHARS,
             "ding_min_words": DING_MIN_WORDS, "ding_lines": stats["ding_lines"],
+            **({"ding_term_words": DING_TERM_WORDS} if terms else {}),
         },
         modern=modern_section,
     )  # fmt: skip
@@ -418,6 +468,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "missing, build from those installed, or skip it",
     )  # fmt: skip
     parser.add_argument("--modern-train", action="store_true", help="train on modern-train too")
+    parser.add_argument(
+        "--ding-terms", action="store_true",
+        help="Ding's headword terms (pharmacy, umbrella) as the training set ding-terms too",
+    )  # fmt: skip
     parser.add_argument("--pypi-catalogs", default=None, help="PyPI sources' pip --target folder")
     parser.add_argument("--spm-vocab-size", type=int, default=8000, help="0 skips the tokenizer")
     parser.add_argument("--spm-type", default="unigram", choices=["unigram", "bpe"])
@@ -430,6 +484,7 @@ def build(args: argparse.Namespace) -> int:
     manifest = build_corpus(
         args.out, bible_db=args.bible_db, ding_path=args.ding or None, modern=args.modern,
         modern_train=args.modern_train, pypi_catalogs=args.pypi_catalogs,
+        ding_terms=args.ding_terms,
     )  # fmt: skip
     if args.spm_vocab_size:
         files = train_files(args.out, manifest)

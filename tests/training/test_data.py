@@ -179,3 +179,35 @@ def test_main_builds_the_corpus(tmp_path: Path) -> None:
         "test": 2,
     }
     assert "ding" not in Manifest.load(out / "manifest.json").sources
+
+
+def test_ding_terms_are_a_training_set_of_their_own(tmp_path: Path) -> None:
+    """--ding-terms: each line's headword, where it is a term (not a phrase, at most three words
+    a side, no template), cleaned as phrases are, in the training set `ding-terms` (both
+    directions); the phrases and the other sets as without it."""
+    from attnserve.training.data import ding_term
+
+    db = write_bible_db(tmp_path / "bible.db", ROWS)
+    ding = tmp_path / "de-en"
+    ding.write_text(DING + "Apotheke {f} [pharm.] | Apotheken {pl} :: pharmacy | pharmacies\n")
+    plain = build_corpus(tmp_path / "plain", bible_db=db, ding_path=ding)
+    out = tmp_path / "terms"
+    manifest = build_corpus(out, bible_db=db, ding_path=ding, ding_terms=True)
+    pairs = list(zip(lines(out / "ding-terms.en"), lines(out / "ding-terms.de"), strict=True))
+    # Headwords that are terms (annotations dropped); plural sub-entries are not headwords;
+    # "Da staunt der Laie." is a phrase (train); "jdm. etw. geben" a template.
+    assert pairs == [
+        ("house", "Haus"), ("sunburn", "Sonnenbrand"), ("to take off", "abnehmen"),
+        ("pharmacy", "Apotheke"),
+    ]  # fmt: skip
+    assert manifest.train_sets[-1] == {
+        "name": "ding-terms", "directions": ["en-de", "de-en"], "pairs": 4
+    }  # fmt: skip
+    assert manifest.train_sets[:-1] == plain.train_sets
+    assert lines(out / "train.en") == lines(tmp_path / "plain" / "train.en")
+    assert manifest.train_pairs_by_source["ding_terms"] == 4
+    assert manifest.rules["ding_term_words"] == 3
+    assert ding_term("Sonnenbrand {m} [med.]", "sunburn") == ("Sonnenbrand", "sunburn")
+    assert ding_term("Das Haus ist groß.", "The house is big.") is None  # a phrase
+    assert ding_term("jdm. helfen", "to help sb.") is None
+    assert ding_term("ein sehr langer Begriff", "a very long term") is None  # four words
