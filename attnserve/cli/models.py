@@ -143,12 +143,12 @@ def cmd_package(args: argparse.Namespace) -> int:
             dev_history,
             plot_curve,
             train_threads,
-            vocabulary_change,
+            vocabulary_changes,
         )
 
         history = dev_history(out)
         sys.stdout.write(curve_table(history) + "\n")
         title = f"{out.name}: dev BLEU while training"
-        plot_curve(history, args.curve, title, train_threads(out), vocabulary_change(out))
+        plot_curve(history, args.curve, title, train_threads(out), vocabulary_changes(out))
         sys.stderr.write(f"wrote {args.curve}\n")
     return 0

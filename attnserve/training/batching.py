@@ -21,9 +21,29 @@ class Examples:
     src: list[np.ndarray] = field(default_factory=list)
     tgt: list[np.ndarray] = field(default_factory=list)
     skipped_too_long: int = 0
+    # How often examples [start, stop) are in an epoch (`--set-weights`); examples in no range:
+    # once.
+    weights: list[tuple[int, int, float]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def epoch_indices(self, seed: int, epoch: int) -> np.ndarray:
+        """The examples of one epoch, as indices: each weighted range's examples its whole
+        number of times, plus a subset of the fraction drawn anew each (seed, epoch)."""
+        if not self.weights:
+            return np.arange(len(self), dtype=np.int64)
+        parts, covered = [], np.zeros(len(self), dtype=bool)
+        for k, (start, stop, weight) in enumerate(self.weights):
+            covered[start:stop] = True
+            span = np.arange(start, stop, dtype=np.int64)
+            parts += [span] * int(weight)
+            extra = round((weight - int(weight)) * len(span))
+            if extra:
+                rng = np.random.default_rng([seed, epoch, k])
+                parts.append(np.sort(rng.choice(span, extra, replace=False)))
+        parts.append(np.flatnonzero(~covered))
+        return np.concatenate(parts)
 
     def add(
         self,
@@ -55,12 +75,11 @@ def load_train_examples(
     train_sets: Sequence[dict[str, Any]],
     max_len: int,
     weights: Mapping[str, float] | None = None,
-    seed: int = 0,
 ) -> Examples:
     """Every training set of the manifest, in each of its directions (`en-de`, `de-en`).
 
-    `weights`: how many times a set's examples are in the list, by set name (1 where not
-    named): 2 repeats each, 0.5 keeps a seeded half (the same half in every epoch and run)."""
+    `weights`: how often a set's examples are in an epoch, by set name (1 where not named):
+    2 twice, 0.5 a seeded half drawn anew each epoch (`Examples.epoch_indices`)."""
     weights = dict(weights or {})
     names = [str(s["name"]) for s in train_sets]
     unknown = sorted(set(weights) - set(names))
@@ -68,22 +87,16 @@ def load_train_examples(
         raise ValueError(f"set weights name {unknown}: the data's training sets are {names}")
     if any(not w > 0 for w in weights.values()):
         raise ValueError(f"set weights must be positive: {weights}")
-    rng = np.random.default_rng(seed)
     examples = Examples()
     for train_set in train_sets:
         name = str(train_set["name"])
         text = {lang: read_lines(data_dir / f"{name}.{lang}") for lang in ("en", "de")}
-        part = Examples()
+        start = len(examples)
         for direction in train_set["directions"]:
             src_lang, tgt_lang = direction.split("-")
-            part.add(tokenizer, text[src_lang], text[tgt_lang], tgt_lang, max_len)
-        weight = weights.get(name, 1.0)
-        whole, fraction = int(weight), weight - int(weight)
-        picks = list(range(len(part))) * whole
-        picks += sorted(rng.choice(len(part), round(fraction * len(part)), replace=False))
-        examples.src += [part.src[i] for i in picks]
-        examples.tgt += [part.tgt[i] for i in picks]
-        examples.skipped_too_long += part.skipped_too_long
+            examples.add(tokenizer, text[src_lang], text[tgt_lang], tgt_lang, max_len)
+        if weights.get(name, 1.0) != 1.0:
+            examples.weights.append((start, len(examples), weights[name]))
     return examples
 
 
@@ -95,7 +108,7 @@ def make_batches(examples: Examples, max_tokens: int, seed: int, epoch: int) -> 
     rng = np.random.default_rng([seed, epoch])
     src_len = np.fromiter((len(s) for s in examples.src), dtype=np.int64, count=len(examples))
     tgt_len = np.fromiter((len(t) for t in examples.tgt), dtype=np.int64, count=len(examples))
-    order = rng.permutation(len(examples))
+    order = rng.permutation(examples.epoch_indices(seed, epoch))
     order = order[np.lexsort((tgt_len[order], src_len[order]))]  # stable: random among equals
     batches: list[np.ndarray] = []
     start, longest = 0, 0

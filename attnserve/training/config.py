@@ -36,8 +36,10 @@ class TrainConfig:
     threads: int = 0  # 0: torch's default
     seed: int = 1
     resume: bool = False
-    # Warm start: a model directory (config.json + model.safetensors) whose weights replace the
-    # initialisation; the optimizer and schedule start fresh. Its config must match this run's.
+    # Warm start: a model directory (config.json + model.safetensors + spm.model) whose weights
+    # replace the initialisation; the optimizer and schedule start fresh. Its config must match
+    # this run's but for the vocabulary size: a source on other pieces has its vocabulary tables
+    # moved to this run's (vocab.py).
     init_from: str = ""
     # The learning-rate schedule goes on as if this many updates had been made already (with
     # --init-from, the step of those weights): the warmup rises to the rate of update
@@ -45,8 +47,9 @@ class TrainConfig:
     schedule_offset: int = 0
     compile: bool = False  # torch.compile the training forward pass
     # How often each training set's examples are in an epoch, by the manifest's set name
-    # (`train`: the Bible and Ding; `train.en-de`: extra English versions; `modern-train`):
-    # 1 where not named; a fraction keeps a seeded subset.
+    # (`train`: the Bible and Ding phrases; `train.en-de`: extra English versions;
+    # `modern-train`; `ding-terms`): 1 where not named; the fraction of a weight draws a new
+    # seeded subset of the set each epoch. Fixed for a run (a resume refuses others).
     set_weights: dict[str, float] = field(default_factory=dict)
     # The weights at each of the last N dev evaluations (RUN/snapshots/), for `attnserve
     # package --average N`; 0: none.

@@ -6,7 +6,9 @@ and draws it with matplotlib (imported lazily: the `loadtest` or `bench` extra).
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +32,10 @@ def _metadata(model_dir: str | Path) -> dict[str, Any]:
     return metadata
 
 
-def vocabulary_change(model_dir: str | Path) -> float | None:
-    """The training hour at which the model's run moved to a new vocabulary (a warm start
-    whose embedding was moved to other pieces), or None."""
-    warm = _metadata(model_dir).get("warm_start") or {}
-    return float(warm["hours"]) if warm.get("vocabulary") else None
+def vocabulary_changes(model_dir: str | Path) -> list[float]:
+    """The training hours at which the model's training moved to a new vocabulary (warm starts
+    whose embedding was moved to other pieces: `attnserve package` records them)."""
+    return [float(c["hours"]) for c in _metadata(model_dir).get("vocabulary_changes") or []]
 
 
 # The dev splits a history may have: the Bible's (keys without a suffix) and, for runs that
@@ -43,7 +44,8 @@ SPLITS = (("", "Bible"), ("_modern", "modern"))
 
 
 def _splits(history: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(k, name) for k, name in SPLITS if any(f"bleu_ende{k}" in r for r in history)]
+    found = [(k, name) for k, name in SPLITS if any(f"bleu_ende{k}" in r for r in history)]
+    return found or [SPLITS[0]]
 
 
 def curve_table(history: Sequence[dict[str, Any]]) -> str:
@@ -72,12 +74,12 @@ def plot_curve(
     out: str | Path,
     title: str,
     threads: int | None = None,
-    vocabulary_hours: float | None = None,
+    vocabulary_hours: Sequence[float] = (),
 ) -> Path:
     """Dev BLEU per direction against training hours, each dev split the history has (the
     Bible's solid, modern text's dashed); beside it the dev loss, where the history has it
-    (runs since dev loss was recorded). `vocabulary_hours`: a line where the run moved to a
-    new vocabulary (losses per piece before and after it are not on one scale)."""
+    (runs since dev loss was recorded). `vocabulary_hours`: a line at each move to a new
+    vocabulary (losses per piece before and after one are not on one scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,20 +99,27 @@ def plot_curve(
             ):  # fmt: skip
                 key = f"{metric}_{d}{k}"
                 points = [(r["hours"], r[key]) for r in history if key in r]
-                if points:
+                # Losses per piece of two vocabularies are not one line: split at the change.
+                cuts = [-math.inf, *(vocabulary_hours if metric == "loss" else ()), math.inf]
+                segments = [
+                    [p for p in points if a < p[0] <= b] for a, b in itertools.pairwise(cuts)
+                ]
+                for n, segment in enumerate(s for s in segments if s):
                     ax.plot(
-                        *zip(*points, strict=True), marker=marker, markersize=3, color=colour,
-                        linestyle="--" if k else "-", label=f"{name} {label}" if named else label,
+                        *zip(*segment, strict=True), marker=marker, markersize=3, color=colour,
+                        linestyle="--" if k else "-",
+                        label=None if n else f"{name} {label}" if named else label,
                     )  # fmt: skip
-        if vocabulary_hours is not None:
-            ax.axvline(vocabulary_hours, color="grey", linewidth=0.8, linestyle=":")
+        for hours in vocabulary_hours:
+            ax.axvline(hours, color="grey", linewidth=0.8, linestyle=":")
             ax.annotate(
-                " new vocabulary", (vocabulary_hours, 1.0), xycoords=("data", "axes fraction"),
+                " new vocabulary", (hours, 1.0), xycoords=("data", "axes fraction"),
                 va="top", fontsize=7, color="grey",
             )  # fmt: skip
         ax.set_xlabel(f"training hours{cores}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7 if named else None)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7 if named else None)
 
     bleu = axes[0][0]
     draw(bleu, "bleu")

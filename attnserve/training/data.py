@@ -380,7 +380,9 @@ def build_corpus(
     terms: dict[tuple[str, str], None] = {}
     if ding_path is not None and ding_terms:
         for pair in read_ding_terms(Path(ding_path)):
-            if pair in terms or pair in train.get(BOTH, {}):
+            if not length_ok(*pair):
+                stats["ding_terms_length_ratio"] += 1
+            elif pair in terms or pair in train.get(BOTH, {}):
                 stats["ding_terms_duplicate"] += 1
             else:
                 terms[pair] = None
@@ -401,7 +403,7 @@ def build_corpus(
         _write_split(out, split, [(v.en, v.de) for v in verses])
         _write_tsv(out, split, verses)
         splits[split] = len(verses)
-    all_train = {pair for pairs in train.values() for pair in pairs}
+    all_train = {pair for pairs in (*train.values(), terms) for pair in pairs}
     overlap = sum((v.en, v.de) in all_train for v in held_out["test"])
     modern_section: dict[str, Any] = {}
     if modern != modern_text.OFF:

@@ -41,7 +41,7 @@ from attnserve.training.batching import (
 from attnserve.training.config import TrainConfig
 from attnserve.training.data import Manifest
 from attnserve.training.evaluate import dev_bleu
-from attnserve.training.vocab import transfer_state_dict, vocabulary_map
+from attnserve.training.vocab import same_pieces, transfer_state_dict, vocabulary_map
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +221,8 @@ class Trainer:
         self.dev_examples: dict[str, Examples] | None = None
         manifest = Manifest.load(Path(cfg.data_dir) / "manifest.json")
         self.examples: Examples = load_train_examples(
-            Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len,
-            cfg.set_weights, cfg.seed,
-        )  # fmt: skip
+            Path(cfg.data_dir), self.tokenizer, manifest.train_sets, cfg.max_len, cfg.set_weights
+        )
         log.info(
             "%d training examples (%d too long skipped); model %s, %.1fM parameters",
             len(self.examples), self.examples.skipped_too_long, cfg.preset,
@@ -248,13 +247,12 @@ class Trainer:
         old_spm, new_spm = directory / "spm.model", Path(self.cfg.spm_model)
         if not old_spm.exists():
             raise ValueError(f"{directory}: no spm.model to compare this run's vocabulary with")
-        if old_spm.read_bytes() != new_spm.read_bytes():
+        old_pieces = spm.SentencePieceProcessor(model_file=str(old_spm))
+        new_pieces = spm.SentencePieceProcessor(model_file=str(new_spm))
+        if not same_pieces(old_pieces, new_pieces):
             if theirs.get("tgt_vocab_size") is not None:
                 raise ValueError(f"{directory}: a new vocabulary needs a joint one")
-            mapping = vocabulary_map(
-                spm.SentencePieceProcessor(model_file=str(old_spm)),
-                spm.SentencePieceProcessor(model_file=str(new_spm)),
-            )
+            mapping = vocabulary_map(old_pieces, new_pieces)
             state = transfer_state_dict(state, mapping)
             transfer = mapping.summary()
             log.info(
@@ -292,6 +290,14 @@ class Trainer:
         # Through ModelConfig: a checkpoint of older code lacks fields added since (defaults).
         if ModelConfig.from_dict(ckpt["model_config"]).to_dict() != self.model_config.to_dict():
             raise ValueError("checkpoint model config differs from this run's")
+        # The saved data position (epoch, batch) indexes batches of the same example list only.
+        saved_weights = ckpt["train_config"].get("set_weights") or {}
+        if saved_weights != self.cfg.set_weights:
+            raise ValueError(
+                f"the run was trained with --set-weights {json.dumps(saved_weights)}, not "
+                f"{json.dumps(self.cfg.set_weights)}: resume it with the same weights, or "
+                "start a new run from its weights (package it, then --init-from)"
+            )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -542,6 +548,7 @@ def export_model_dir(
         "warm_start": None
         if warm is None
         else {k: warm[k] for k in ("from", "steps", "hours", "vocabulary") if k in warm},
+        "vocabulary_changes": vocabulary_changes(warm),
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
         "generation": {"num_beams": 4},
@@ -563,7 +570,19 @@ def source_training(source: str | Path) -> dict[str, Any]:
         "steps": int(meta.get("steps") or 0),
         "hours": float(meta.get("train_hours") or 0.0),
         "dev_history": list(meta.get("dev_history") or []),
+        "vocabulary_changes": list(meta.get("vocabulary_changes") or []),
     }
+
+
+def vocabulary_changes(warm: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Where the model's training moved to a new vocabulary (the update and hour, and how the
+    rows were made): its sources' moves, then its own run's (a warm start on other pieces)."""
+    if warm is None:
+        return []
+    changes = list(warm.get("vocabulary_changes") or [])
+    if warm.get("vocabulary"):
+        changes.append({"step": warm["steps"], "hours": warm["hours"], **warm["vocabulary"]})
+    return changes
 
 
 def warm_start(train_config: dict[str, Any]) -> dict[str, Any] | None:

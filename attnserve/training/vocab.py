@@ -25,19 +25,40 @@ class VocabularyMap:
 
     sources: list[list[int]]
     copied: int  # pieces the old vocabulary has (one source: itself)
-    composed: int  # pieces made of several old pieces, or one old piece of other text
-    unknown: int  # pieces the old tokenizer can only map to its unknown id
+    composed: int  # pieces spelled by old pieces (the unknown ones among them left out)
+    unknown: int  # pieces the old tokenizer only knows as unknown: they start as its row
 
     def summary(self) -> dict[str, int]:
         return {"copied": self.copied, "composed": self.composed, "unknown": self.unknown}
+
+
+def same_pieces(a: spm.SentencePieceProcessor, b: spm.SentencePieceProcessor) -> bool:
+    """Whether two SentencePiece models have the same pieces in the same order (their files
+    may differ in what does not change ids: the trainer's paths and thread count)."""
+    size = a.get_piece_size()
+    return size == b.get_piece_size() and all(
+        a.id_to_piece(i) == b.id_to_piece(i) for i in range(size)
+    )
+
+
+def _without_dummy_prefix(model: spm.SentencePieceProcessor) -> spm.SentencePieceProcessor:
+    """The same model, tokenizing text as the middle of a word (no word-start mark added)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.serialized_model_proto())
+    proto.normalizer_spec.add_dummy_prefix = False
+    return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
 
 
 def vocabulary_map(
     old: spm.SentencePieceProcessor, new: spm.SentencePieceProcessor
 ) -> VocabularyMap:
     """Map every piece of `new` to old ids: the same piece where `old` has it (special pieces
-    included), else the old tokenization of its text. A piece without the word-start mark is
-    the middle of a word: its old tokenization drops the start mark the encoder adds."""
+    included), else the old tokenization of its text — as a word's start where the piece
+    starts with the word-start mark, as the middle of a word where it does not. Old pieces
+    the old model does not know (`<unk>`) are left out of a mean that has others."""
+    inside = _without_dummy_prefix(old)
     old_unk = old.unk_id()
     sources: list[list[int]] = []
     copied = composed = unknown = 0
@@ -48,17 +69,13 @@ def vocabulary_map(
             sources.append([same])
             copied += 1
             continue
-        pieces = old.encode(piece.replace(WORD_START, " "), out_type=str)
-        if not piece.startswith(WORD_START) and pieces:
-            if pieces[0] == WORD_START and len(pieces) > 1:
-                pieces = pieces[1:]
-            elif pieces[0].startswith(WORD_START) and old.piece_to_id(pieces[0][1:]) != old_unk:
-                pieces[0] = pieces[0][1:]
-        ids = [old.piece_to_id(p) for p in pieces] or [old_unk]
-        if all(j == old_unk for j in ids):
-            unknown += 1
-        else:
+        model = old if piece.startswith(WORD_START) else inside
+        ids = [j for j in model.encode(piece.replace(WORD_START, " ")) if j != old_unk]
+        if ids:
             composed += 1
+        else:
+            unknown += 1
+            ids = [old_unk]
         sources.append(ids)
     return VocabularyMap(sources, copied, composed, unknown)
 
@@ -80,8 +97,16 @@ def transfer_state_dict(
     state: dict[str, torch.Tensor], mapping: VocabularyMap
 ) -> dict[str, torch.Tensor]:
     """`state` with its vocabulary tables (embeddings, an untied output projection, a final
-    logits bias) moved to the new vocabulary; every other tensor as it is."""
-    return {
-        name: transfer_rows(tensor, mapping) if name in VOCABULARY_TABLES else tensor
-        for name, tensor in state.items()
-    }
+    logits bias) moved to the new vocabulary; every other tensor as it is. A table tied to
+    another (one tensor under several names) is moved once and stays shared."""
+    moved: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # by storage: tied tables
+    out = {}
+    for name, tensor in state.items():
+        if name in VOCABULARY_TABLES:
+            key = (tensor.data_ptr(), tuple(tensor.shape))
+            if key not in moved:
+                moved[key] = transfer_rows(tensor, mapping)
+            out[name] = moved[key]
+        else:
+            out[name] = tensor
+    return out

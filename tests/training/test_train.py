@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,33 +63,68 @@ def test_examples_and_batches(tiny_data: tuple[Path, Path]) -> None:
     assert batch.labels[0, -1] == tok.eos_id
 
 
-def test_set_weights_repeat_or_subsample_a_training_set(tiny_data: tuple[Path, Path]) -> None:
-    """--set-weights: 2 puts a set's examples in twice, 0.5 a seeded half (the same each
-    time); unnamed sets once; an unknown set name or a weight <= 0 is refused."""
+def test_set_weights_repeat_or_subsample_a_training_set(
+    tiny_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--set-weights: 2 puts a set's examples in each epoch twice, 0.5 a seeded half drawn anew
+    each epoch (the same for the same seed and epoch: a resume replays it); unnamed sets once;
+    weight 1 is the unweighted order; an unknown set name or a weight <= 0 is refused."""
     from attnserve.training.batching import load_train_examples
     from attnserve.training.data import Manifest
 
     data, spm_model = tiny_data
     tok = Tokenizer.from_spm(spm_model)
     sets = Manifest.load(data / "manifest.json").train_sets
-    assert [s["name"] for s in sets] == ["train"]
+    n_first = len(load_train_examples(data, tok, sets, 60))
 
-    def pairs(examples: Examples) -> list[tuple[bytes, bytes]]:
-        return [(s.tobytes(), t.tobytes()) for s, t in zip(examples.src, examples.tgt, strict=True)]
+    def epoch(weights: dict[str, float], seed: int, epoch: int) -> list[int]:
+        examples = load_train_examples(data, tok, sets, 60, weights)
+        return sorted(examples.epoch_indices(seed, epoch).tolist())
 
-    once = pairs(load_train_examples(data, tok, sets, 60))
-    twice = pairs(load_train_examples(data, tok, sets, 60, {"train": 2.0}))
-    assert sorted(twice) == sorted(once + once)
-    half = pairs(load_train_examples(data, tok, sets, 60, {"train": 0.5}, seed=3))
-    assert len(half) == round(len(once) / 2) and set(half) <= set(once)
-    assert half == pairs(load_train_examples(data, tok, sets, 60, {"train": 0.5}, seed=3))
-    assert half != pairs(load_train_examples(data, tok, sets, 60, {"train": 0.5}, seed=4))
-    more = pairs(load_train_examples(data, tok, sets, 60, {"train": 1.5}, seed=3))
-    assert len(more) == len(once) + len(half) and set(more) == set(once)
+    assert epoch({"train": 2.0}, 1, 0) == sorted(list(range(n_first)) * 2)
+    half = epoch({"train": 0.5}, 1, 0)
+    assert len(half) == round(n_first / 2) and len(set(half)) == len(half)
+    assert half == epoch({"train": 0.5}, 1, 0)  # replayed
+    assert half != epoch({"train": 0.5}, 1, 1)  # the next epoch draws another half
+    assert half != epoch({"train": 0.5}, 2, 0)
+    more = epoch({"train": 1.5}, 1, 0)
+    assert len(more) == n_first + round(n_first / 2) and set(more) == set(range(n_first))
+    one = load_train_examples(data, tok, sets, 60, {"train": 1.0})
+    assert one.weights == [] and make_batches(one, 400, 1, 0)[0].tolist() == (
+        make_batches(load_train_examples(data, tok, sets, 60), 400, 1, 0)[0].tolist()
+    )
+    # Two sets: only the named one is weighted, and batches hold each epoch's examples.
+    for lang in ("en", "de"):
+        lines = (data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        (tmp_path / f"train.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (tmp_path / f"extra.{lang}").write_text("\n".join(lines[:10]) + "\n", encoding="utf-8")
+    two = [*sets, {"name": "extra", "directions": ["en-de"], "pairs": 10}]
+    weighted = load_train_examples(tmp_path, tok, two, 60, {"extra": 2.5})
+    assert weighted.weights == [(n_first, n_first + 10, 2.5)]
+    batches = make_batches(weighted, 400, seed=1, epoch=0)
+    drawn = sorted(np.concatenate(batches).tolist())
+    extra = [i for i in drawn if i >= n_first]
+    assert drawn[:n_first] == list(range(n_first)) and len(extra) == 25
+    assert all(extra.count(i) in (2, 3) for i in range(n_first, n_first + 10))
     with pytest.raises(ValueError, match="training sets are"):
         load_train_examples(data, tok, sets, 60, {"modern-train": 2.0})
     with pytest.raises(ValueError, match="positive"):
         load_train_examples(data, tok, sets, 60, {"train": 0.0})
+
+
+def test_a_resume_keeps_the_set_weights(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """The saved data position indexes one example list: other --set-weights are refused."""
+    from attnserve.training.train import Trainer
+
+    data, spm_model = tiny_data
+    train(config(data, spm_model, tmp_path / "run", max_steps=2, set_weights={"train": 2.0}))
+    with pytest.raises(ValueError, match="resume it with the same weights"):
+        Trainer(config(data, spm_model, tmp_path / "run", resume=True)).load_checkpoint()
+    again = Trainer(
+        config(data, spm_model, tmp_path / "run", resume=True, set_weights={"train": 2.0})
+    )
+    again.load_checkpoint()
+    assert again.state.step == 2
 
 
 def test_batches_respect_the_token_budget_and_cover_every_example(
