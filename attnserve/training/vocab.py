@@ -45,7 +45,7 @@ def _without_dummy_prefix(model: spm.SentencePieceProcessor) -> spm.SentencePiec
     """The same model, tokenizing text as the middle of a word (no word-start mark added)."""
     from sentencepiece import sentencepiece_model_pb2
 
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated
     proto.ParseFromString(model.serialized_model_proto())
     proto.normalizer_spec.add_dummy_prefix = False
     return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
