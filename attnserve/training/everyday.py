@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from attnserve.training.catalogs import dedup_key
+
 
 @dataclass(frozen=True)
 class Example:
@@ -77,6 +79,12 @@ EVERYDAY: tuple[Example, ...] = _examples(
 def examples(source_lang: str, target_lang: str) -> list[Example]:
     """The examples of one direction, in the list's order."""
     return [e for e in EVERYDAY if (e.source_lang, e.target_lang) == (source_lang, target_lang)]
+
+
+def everyday_keys() -> set[str]:
+    """Every source and reference of the list in `dedup_key` form: training data builds drop a
+    pair with a side equal to one of them, so that the list stays unseen."""
+    return {dedup_key(text) for e in EVERYDAY for text in (e.source, e.reference)}
 
 
 def markdown(rows: Sequence[tuple[Example, str]]) -> str:

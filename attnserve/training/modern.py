@@ -7,8 +7,10 @@ documentation; catalogs.py cleans them into (en, de) pairs. Then:
   of `MAX_HELD_OUT` of them is written, test first, dev without test lines); no held-out package
   contributes to training;
 - a training pair whose English or German side equals (case- and punctuation-insensitively) a
-  written dev or test line is dropped, and so are near-duplicates across the training packages
-  (same normalised English and German; the first source in list order keeps it).
+  written dev or test line, or one of the twenty everyday sentences or their references
+  (everyday.py), is dropped, and so are near-duplicates across the training packages (same
+  normalised English and German; the first source in list order keeps it);
+- each training package's pairs go to its training set (modern-train, or `phrases`).
 
 Missing packages: `require` (the CLI's default) stops before any work and names the install
 commands, since a corpus silently built from fewer packages has other counts and another split;
@@ -17,6 +19,7 @@ commands, since a corpus silently built from fewer packages has other counts and
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.metadata
 import logging
 import random
@@ -28,11 +31,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnserve.training.catalogs import MAX_CHARS, MIN_WORDS, clean_units, dedup_key, read_catalog
+from attnserve.training.everyday import everyday_keys
 from attnserve.training.helpdocs import aligned_units
+from attnserve.training.lessons import lesson_units
 from attnserve.training.modern_sources import (
     DEBIAN,
     DEV,
     MAX_HELD_OUT,
+    MODERN_TRAIN,
     PYPI_DIR,
     SOURCES,
     TEST,
@@ -48,7 +54,7 @@ log = logging.getLogger(__name__)
 OFF, AVAILABLE, REQUIRE = "off", "available", "require"
 MODES = (REQUIRE, AVAILABLE, OFF)
 GERMAN = ("de", "de_DE")  # catalog folders; not the regional de_AT, de_CH
-SPLIT_NAMES = {TRAIN: "modern-train", DEV: "modern-dev", TEST: "modern-test"}
+SPLIT_NAMES = {TRAIN: MODERN_TRAIN, DEV: "modern-dev", TEST: "modern-test"}
 Pair = tuple[str, str]
 
 
@@ -61,6 +67,7 @@ class Located:
     catalogs: list[Path] = field(default_factory=list)
     docs: list[tuple[Path, Path, tuple[str, str] | None]] = field(default_factory=list)
     langpacks: list[tuple[list[Path], Path]] = field(default_factory=list)
+    lessons: list[Path] = field(default_factory=list)
 
 
 # -- finding the installed packages ---------------------------------------------------------
@@ -117,6 +124,10 @@ def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
             )
         files = [Path(str(dist.locate_file(f))) for f in dist.files or ()]
         located = Located(source, dist.version, german_catalogs(files))
+        located.lessons = sorted(
+            Path(str(dist.locate_file(f))) for f in dist.files or ()
+            if any(fnmatch.fnmatch(str(f), pattern) for pattern in source.lessons)
+        )  # fmt: skip
     for tree in source.docs:
         if Path(tree.en).is_dir() and Path(tree.de).is_dir():
             located.docs.append((Path(tree.en), Path(tree.de), tree.rename))
@@ -168,6 +179,8 @@ def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
         pairs += clean_units(aligned_units(en_root, de_root, stats, rename), stats, catalog=False)
     for en_archives, de_archive in located.langpacks:
         pairs += clean_units(langpack_units(en_archives, de_archive), stats)
+    for path in located.lessons:
+        pairs += lesson_units(path, stats)
     stats["clean"] = len(pairs)
     unique = list(unique_pairs(pairs))
     stats["duplicate_in_source"] = len(pairs) - len(unique)
@@ -232,7 +245,8 @@ def build_modern(
             "package": s.package, "registry": s.registry, "version": loc.version,
             "licence": s.licence, "domain": s.domain, "role": s.role,
             "needs": list(s.needs), "files": len(loc.catalogs), "doc_trees": len(loc.docs),
-            "langpacks": len(loc.langpacks),
+            "langpacks": len(loc.langpacks), "lesson_files": len(loc.lessons),
+            "train_set": s.train_set,
             "pages": stats.pop("pages", 0), "units": stats.pop("units", 0),
             "clean": stats.pop("clean", 0),
             "pairs": len(pairs[s.package]), "written": 0, "dropped": dict(sorted(stats.items())),
@@ -242,7 +256,8 @@ def build_modern(
     rows = hold_out(located, pairs, seed, dropped)
     held_en = {dedup_key(r[1]) for role in (DEV, TEST) for r in rows[role]}
     held_de = {dedup_key(r[2]) for role in (DEV, TEST) for r in rows[role]}
-    rows[TRAIN] = []
+    everyday = everyday_keys()
+    train_sets: dict[str, list[tuple[str, str, str]]] = {MODERN_TRAIN: []}
     seen: set[Pair] = set()
     for loc in located:
         if loc.source.role != TRAIN:
@@ -251,20 +266,23 @@ def build_modern(
             key = (dedup_key(en), dedup_key(de))
             if key[0] in held_en or key[1] in held_de:
                 dropped["train_equals_held_out_line"] += 1
+            elif key[0] in everyday or key[1] in everyday:
+                dropped["train_equals_everyday_line"] += 1
             elif key in seen:
                 dropped["train_duplicate_across_sources"] += 1
             else:
                 seen.add(key)
-                rows[TRAIN].append((loc.source.package, en, de))
-    for role in (TRAIN, DEV, TEST):
-        role_rows = rows[role]
-        _write(out, SPLIT_NAMES[role], role_rows)
-        for package, _, _ in role_rows:
+                train_sets.setdefault(loc.source.train_set, []).append((loc.source.package, en, de))
+    written = train_sets | {SPLIT_NAMES[role]: rows[role] for role in (DEV, TEST)}
+    for name, split_rows in written.items():
+        _write(out, name, split_rows)
+        for package, _, _ in split_rows:
             records[package]["written"] += 1
     return {
         "sources": list(records.values()),
         "missing": [{"package": s.package, "registry": s.registry} for s in missing],
-        "splits": {SPLIT_NAMES[role]: len(rows[role]) for role in (TRAIN, DEV, TEST)},
+        "splits": {name: len(rows) for name, rows in written.items()},
+        "train_sets": list(train_sets),
         "dropped": dict(sorted(dropped.items())),
         "rules": {
             "min_words": MIN_WORDS, "max_chars": MAX_CHARS, "max_length_ratio": MAX_LENGTH_RATIO,

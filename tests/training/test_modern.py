@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,15 @@ from attnserve.cli import main
 from attnserve.training import modern
 from attnserve.training.data import Manifest
 from attnserve.training.modern import Located, build_modern, german_catalogs, locate, locate_all
-from attnserve.training.modern_sources import DEV, PYPI, TEST, TRAIN, Source, install_commands
+from attnserve.training.modern_sources import (
+    DEV,
+    PHRASES,
+    PYPI,
+    TEST,
+    TRAIN,
+    Source,
+    install_commands,
+)
 from tests.training.test_catalogs import write_mo
 from tests.training.test_data import ROWS
 from tests.training.tiny_corpus import write_bible_db
@@ -18,6 +27,19 @@ from tests.training.tiny_corpus import write_bible_db
 
 def fake_source(name: str, role: str = TRAIN) -> Source:
     return Source(name, PYPI, "MIT", "test", role, "1.0")
+
+
+def course_source(name: str = "fakecourse") -> Source:
+    return Source(
+        name,
+        PYPI,
+        "MIT",
+        "a course",
+        TRAIN,
+        "1.0",
+        lessons=("*/lessons/*.json",),
+        train_set=PHRASES,
+    )
 
 
 def located(
@@ -148,3 +170,61 @@ def test_data_build_writes_modern_files(tmp_path: Path, monkeypatch: pytest.Monk
     assert [s["package"] for s in manifest.modern["sources"]] == ["fakeshop", "fakemail"]
     assert lines(out / "modern-test.de") == ["In den Warenkorb legen"]
     assert DEV not in {s["role"] for s in manifest.modern["sources"]}
+
+
+def fake_course(target: Path, name: str, phrases: list[dict[str, str]]) -> None:
+    """A course wheel installed with --target: lesson files (one outside the pattern)."""
+    lessons = target / name / "lessons"
+    lessons.mkdir(parents=True)
+    (lessons / "travel.json").write_text(json.dumps({"phrases": phrases}), "utf-8")
+    (target / name / "settings.json").write_text(json.dumps({"de": "Einstellung", "en": "Setting"}))
+    info = target / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    record = [f"{name}/lessons/travel.json,,", f"{name}/settings.json,,"]
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+
+
+COURSE = [
+    {"de": "Wo ist der Bahnhof?", "en": "Where is the station?"},
+    {"de": "Heute ist es sonnig und warm.", "en": "It is sunny and warm today."},  # everyday 14
+    {"de": "Ein Ticket, bitte.", "en": "One ticket, please. (polite)"},
+    {"de": "Die Seite drucken", "en": "Print the page"},  # also in a catalog listed before it
+]
+
+
+def test_a_course_goes_to_its_own_training_set_without_the_everyday_lines(tmp_path: Path) -> None:
+    fake_course(tmp_path, "fakecourse", COURSE)
+    course = locate(course_source(), tmp_path)
+    assert course is not None and course.catalogs == []
+    assert [p.name for p in course.lessons] == ["travel.json"]
+    office = located(tmp_path, "office", [("Print the page", "Die Seite drucken")])
+    out = tmp_path / "out"
+    out.mkdir()
+    section = build_modern(out, [office, course])
+    assert section["train_sets"] == ["modern-train", PHRASES]
+    assert section["splits"] == {"modern-train": 1, PHRASES: 2, "modern-dev": 0, "modern-test": 0}
+    assert lines(out / "phrases.en") == ["Where is the station?", "One ticket, please."]
+    assert lines(out / "phrases.tsv")[1] == "fakecourse\tWhere is the station?\tWo ist der Bahnhof?"
+    assert section["dropped"]["train_equals_everyday_line"] == 1
+    assert section["dropped"]["train_duplicate_across_sources"] == 1
+    record = next(s for s in section["sources"] if s["package"] == "fakecourse")
+    assert record["lesson_files"] == 1 and record["train_set"] == PHRASES
+    assert record["units"] == 4 and record["written"] == 2
+
+
+def test_data_build_trains_on_a_course_as_its_own_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalogs = tmp_path / "catalogs"
+    fake_wheel(catalogs, "fakemail", [("Reply to all", "Allen antworten")])
+    fake_course(catalogs, "fakecourse", COURSE)
+    monkeypatch.setattr(modern, "SOURCES", (fake_source("fakemail"), course_source()))
+    db = write_bible_db(tmp_path / "bible.db", ROWS)
+    out = tmp_path / "data"
+    argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
+    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs), "--modern-train"]
+    assert main(argv) == 0
+    manifest = Manifest.load(out / "manifest.json")
+    assert [s["name"] for s in manifest.train_sets][-2:] == ["modern-train", PHRASES]
+    assert manifest.train_sets[-1]["pairs"] == 3 and manifest.splits[PHRASES] == 3
