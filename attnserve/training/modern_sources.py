@@ -144,6 +144,13 @@ SOURCES: tuple[Source, ...] = (
          langpacks=(THUNDERBIRD,), needs=("thunderbird",)),
     _deb("debian-handbook", "GPL-2.0+ or CC-BY-SA-3.0", "Debian administrator's handbook",
          catalogs=False, docs=(HANDBOOK,)),
+    # Maps and directions, weather, calendar, clocks, contacts: GNOME's everyday applications.
+    _deb("gnome-maps", "GPL-2+", "maps, routes and turn-by-turn directions"),
+    _deb("gnome-weather", "GPL-2+", "weather forecasts"),
+    _deb("libgweather-4-common", "GPL-2+", "weather conditions and place names"),
+    _deb("gnome-calendar", "GPL-3+", "calendar and appointments"),
+    _deb("gnome-clocks", "GPL-2+", "world clocks, alarms, timers"),
+    _deb("gnome-contacts", "GPL-2+", "address book"),
     # Web applications and frameworks: PyPI.
     _pypi("pretix", "2026.8.0", "AGPL-3.0 with additional terms", "event tickets and orders"),
     _pypi("indico", "3.2.9", "MIT", "meetings and conferences"),
