@@ -48,8 +48,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training forward pass
     # How often each training set's examples are in an epoch, by the manifest's set name
     # (`train`: the Bible and Ding phrases; `train.en-de`: extra English versions;
-    # `modern-train`; `ding-terms`): 1 where not named; the fraction of a weight draws a new
-    # seeded subset of the set each epoch. Fixed for a run (a resume refuses others).
+    # `modern-train`; `phrases`: a course's everyday phrases; `ding-terms`): 1 where not
+    # named; the fraction of a weight draws a new seeded subset of the set each epoch. Fixed
+    # for a run (a resume refuses others).
     set_weights: dict[str, float] = field(default_factory=dict)
     # The weights at each of the last N dev evaluations (RUN/snapshots/), for `attnserve
     # package --average N`; 0: none.

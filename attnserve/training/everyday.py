@@ -82,8 +82,8 @@ def examples(source_lang: str, target_lang: str) -> list[Example]:
 
 
 def everyday_keys() -> set[str]:
-    """Every source and reference of the list in `dedup_key` form: training data builds drop a
-    pair with a side equal to one of them, so that the list stays unseen."""
+    """Every source and reference of the list in `dedup_key` form: `attnserve data build` drops
+    a training pair of any set with a side equal to one of them, so that the list stays unseen."""
     return {dedup_key(text) for e in EVERYDAY for text in (e.source, e.reference)}
 
 

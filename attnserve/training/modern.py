@@ -1,7 +1,9 @@
-"""Modern parallel text for `attnserve data build`: SOURCES -> modern-{train,dev,test}.{en,de,tsv}.
+"""Modern parallel text for `attnserve data build`: SOURCES -> modern-{train,dev,test} and
+phrases .{en,de,tsv}.
 
-Each installed source package (modern_sources.py) gives its German catalogs and translated
-documentation; catalogs.py cleans them into (en, de) pairs. Then:
+Each installed source package (modern_sources.py) gives its German catalogs, translated
+documentation and language packs, which catalogs.py cleans into (en, de) pairs, or a course's
+lessons (lessons.py). Then:
 
 - the split is by package: all pairs of the `dev` / `test` packages are held out (a seeded sample
   of `MAX_HELD_OUT` of them is written, test first, dev without test lines); no held-out package
@@ -128,6 +130,9 @@ def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
             Path(str(dist.locate_file(f))) for f in dist.files or ()
             if any(fnmatch.fnmatch(str(f), pattern) for pattern in source.lessons)
         )  # fmt: skip
+        if source.lessons and not located.lessons:
+            log.warning("%s %s has no lesson files matching %s: its layout changed?",
+                        source.package, dist.version, ", ".join(source.lessons))  # fmt: skip
     for tree in source.docs:
         if Path(tree.en).is_dir() and Path(tree.de).is_dir():
             located.docs.append((Path(tree.en), Path(tree.de), tree.rename))
@@ -231,10 +236,23 @@ def hold_out(
     return rows
 
 
+def held_out_keys(out: Path) -> tuple[set[str], set[str]]:
+    """`dedup_key`s of the English and of the German lines of the written modern-dev and
+    modern-test: data.py keeps pairs with a side among them out of the Bible and Ding sets."""
+    keys: tuple[set[str], set[str]] = (set(), set())
+    for name in (SPLIT_NAMES[DEV], SPLIT_NAMES[TEST]):
+        for side, lang in zip(keys, ("en", "de"), strict=True):
+            side.update(
+                dedup_key(line) for line in (out / f"{name}.{lang}").read_text("utf-8").splitlines()
+            )
+    return keys
+
+
 def build_modern(
     out: Path, located: Sequence[Located], missing: Sequence[Source] = (), seed: int = 0
 ) -> dict[str, Any]:
-    """Write modern-{train,dev,test}.{en,de,tsv} under `out`; the manifest's `modern` section."""
+    """Write modern-{train,dev,test} and each further training set (phrases) as .{en,de,tsv}
+    under `out`; the manifest's `modern` section."""
     pairs: dict[str, list[Pair]] = {}
     records: dict[str, dict[str, Any]] = {}
     for loc in located:

@@ -14,6 +14,8 @@ A source's training pairs go to the training set `train_set`: modern-train, or a
 `role` holds whole packages out: every pair of a `dev` or `test` package goes to modern-dev /
 modern-test, none to training. They were chosen for everyday topics (chat, calendars and
 contacts, a web shop, accounts and sign-in, music and video) and sizes near `MAX_HELD_OUT`.
+Training packages share those topics (evolution-common's and GNOME's calendars and contacts):
+the split keeps every held-out package's strings unseen, not its subject.
 
 PyPI packages are installed without their dependencies into a folder of their own: only their
 catalog files are read, and their dependency trees (Django, Celery, Flask stacks) would clash
@@ -66,6 +68,13 @@ class Source:
     needs: tuple[str, ...] = ()  # further Debian packages (the English half of `docs`)
     lessons: tuple[str, ...] = ()  # fnmatch patterns of lesson files in the package
     train_set: str = MODERN_TRAIN
+
+    def __post_init__(self) -> None:
+        if self.train_set not in (MODERN_TRAIN, PHRASES):
+            raise ValueError(
+                f"{self.package}: training set {self.train_set!r} is not one of "
+                f"{MODERN_TRAIN!r}, {PHRASES!r}"
+            )
 
 
 def _deb(
@@ -164,7 +173,7 @@ SOURCES: tuple[Source, ...] = (
     _pypi("django", "5.2.19", "BSD-3-Clause", "web framework"),
     # Everyday speech: a German course's phrase packs, dialogues and stories.
     _pypi("auf-deutsch", "0.1.1", "MIT", "a German course: everyday phrases and dialogues",
-          lessons=("auf_deutsch/content/*.json",), train_set=PHRASES),
+          lessons=("auf_deutsch/content/*/*.json",), train_set=PHRASES),
     # Held out, whole packages.
     _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
     _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),

@@ -26,10 +26,16 @@ PACK = {
             "tags": ["price"],
         },
         {"de": "kommen -> gekommen", "en": "come / came"},
+        {"de": "Mittagessen = lunch", "en": "das Mittagessen"},
+        {"de": "helfen + Dat", "en": "to help someone"},
         {"de": "das Gleis", "en": "the platform / track"},
+        {"de": "Ich bin heute Abend spontan.", "en": "I'm free / spontaneous tonight."},
         {"de": " ", "en": "(no translation)"},
         {"de": 3, "en": "not text"},
     ],
+    "question_de": "Wann fährt der Zug?",
+    "question_en": "When does the train leave?",
+    "answer_de": "Um acht.",
 }
 
 
@@ -38,6 +44,8 @@ PACK = {
     [
         ("How old are you? (formal)", "How old are you?"),
         ("Until then! / See you then!", "Until then!"),
+        ("to go / walk", "to go"),
+        ("I'm free / spontaneous tonight.", ""),
         ("I'm thirsty. (literally 'I have thirst')", "I'm thirsty."),
         ("home (towards home) (casual)", "home"),
         ("Hi (there), friend", "Hi (there), friend"),
@@ -54,13 +62,14 @@ def test_lesson_units_read_every_object_at_any_depth(tmp_path: Path) -> None:
     path.write_text(json.dumps(PACK, ensure_ascii=False), "utf-8")
     stats: Counter[str] = Counter()
     assert list(lesson_units(path, stats)) == [
+        ("When does the train leave?", "Wann fährt der Zug?"),
         ("How much is this?", "Was kostet das?"),
         ("How much is the jacket?", "Was kostet die Jacke?"),
         ("That's right!", "Stimmt!"),
         ("How old are you?", "Wie alt sind Sie?"),
         ("the platform", "das Gleis"),
     ]
-    assert stats == {"units": 7, "lesson_grammar_form": 1, "lesson_empty": 1}
+    assert stats == {"units": 11, "lesson_grammar_notation": 3, "lesson_empty_or_partial": 2}
 
 
 def test_an_unreadable_lesson_file_is_counted_not_fatal(tmp_path: Path) -> None:

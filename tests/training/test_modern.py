@@ -9,7 +9,7 @@ import pytest
 
 from attnserve.cli import main
 from attnserve.training import modern
-from attnserve.training.data import Manifest
+from attnserve.training.data import Manifest, build_corpus
 from attnserve.training.modern import Located, build_modern, german_catalogs, locate, locate_all
 from attnserve.training.modern_sources import (
     DEV,
@@ -30,16 +30,8 @@ def fake_source(name: str, role: str = TRAIN) -> Source:
 
 
 def course_source(name: str = "fakecourse") -> Source:
-    return Source(
-        name,
-        PYPI,
-        "MIT",
-        "a course",
-        TRAIN,
-        "1.0",
-        lessons=("*/lessons/*.json",),
-        train_set=PHRASES,
-    )
+    lessons = ("*/content/*/*.json",)
+    return Source(name, PYPI, "MIT", "a course", TRAIN, "1.0", lessons=lessons, train_set=PHRASES)
 
 
 def located(
@@ -174,20 +166,21 @@ def test_data_build_writes_modern_files(tmp_path: Path, monkeypatch: pytest.Monk
 
 def fake_course(target: Path, name: str, phrases: list[dict[str, str]]) -> None:
     """A course wheel installed with --target: lesson files (one outside the pattern)."""
-    lessons = target / name / "lessons"
+    lessons = target / name / "content" / "packs"
     lessons.mkdir(parents=True)
     (lessons / "travel.json").write_text(json.dumps({"phrases": phrases}), "utf-8")
     (target / name / "settings.json").write_text(json.dumps({"de": "Einstellung", "en": "Setting"}))
     info = target / f"{name}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    record = [f"{name}/lessons/travel.json,,", f"{name}/settings.json,,"]
+    record = [f"{name}/content/packs/travel.json,,", f"{name}/settings.json,,"]
     (info / "RECORD").write_text("\n".join(record) + "\n")
 
 
 COURSE = [
     {"de": "Wo ist der Bahnhof?", "en": "Where is the station?"},
     {"de": "Heute ist es sonnig und warm.", "en": "It is sunny and warm today."},  # everyday 14
+    {"de": "Was kostet diese Jacke?", "en": "How much does this jacket cost?"},  # everyday 4
     {"de": "Ein Ticket, bitte.", "en": "One ticket, please. (polite)"},
     {"de": "Die Seite drucken", "en": "Print the page"},  # also in a catalog listed before it
 ]
@@ -206,11 +199,23 @@ def test_a_course_goes_to_its_own_training_set_without_the_everyday_lines(tmp_pa
     assert section["splits"] == {"modern-train": 1, PHRASES: 2, "modern-dev": 0, "modern-test": 0}
     assert lines(out / "phrases.en") == ["Where is the station?", "One ticket, please."]
     assert lines(out / "phrases.tsv")[1] == "fakecourse\tWhere is the station?\tWo ist der Bahnhof?"
-    assert section["dropped"]["train_equals_everyday_line"] == 1
+    assert section["dropped"]["train_equals_everyday_line"] == 2
     assert section["dropped"]["train_duplicate_across_sources"] == 1
     record = next(s for s in section["sources"] if s["package"] == "fakecourse")
     assert record["lesson_files"] == 1 and record["train_set"] == PHRASES
-    assert record["units"] == 4 and record["written"] == 2
+    assert record["units"] == 5 and record["written"] == 2
+
+
+def test_a_course_whose_lessons_moved_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_course(tmp_path, "fakecourse", COURSE)
+    moved = Source("fakecourse", PYPI, "MIT", "a course", lessons=("*/lessons/*.json",))
+    course = locate(moved, tmp_path)
+    assert course is not None and course.lessons == []
+    assert "no lesson files matching */lessons/*.json" in caplog.text
+    with pytest.raises(ValueError, match="training set 'modern-dev'"):
+        Source("fakecourse", PYPI, "MIT", "a course", train_set="modern-dev")
 
 
 def test_data_build_trains_on_a_course_as_its_own_set(
@@ -228,3 +233,36 @@ def test_data_build_trains_on_a_course_as_its_own_set(
     manifest = Manifest.load(out / "manifest.json")
     assert [s["name"] for s in manifest.train_sets][-2:] == ["modern-train", PHRASES]
     assert manifest.train_sets[-1]["pairs"] == 3 and manifest.splits[PHRASES] == 3
+
+
+def test_no_training_set_holds_an_everyday_or_modern_held_out_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Bible and Ding sets too: a pair with a side equal to a modern-dev / -test line or to
+    an everyday sentence (or its reference) is dropped; without --modern-train no modern set
+    is a training set."""
+    catalogs = tmp_path / "catalogs"
+    shop = [("Log out", "Abmelden"), ("Are you sure?", "Sind Sie sicher?")]
+    fake_wheel(catalogs, "fakeshop", shop)
+    monkeypatch.setattr(modern, "SOURCES", (fake_source("fakeshop", TEST),))
+    ding = tmp_path / "de-en"
+    ding.write_text(
+        "# Version :: devel test\n"
+        "Haus {n} | Das Haus ist groß. :: house | The house is big.\n"
+        "abmelden {vt} :: to log out\n"  # a term whose German side is a test line
+        "Sind Sie sicher? :: Are you sure?\n"  # a phrase that is a test line
+        "Ich habe mein Passwort vergessen. :: I have forgotten my password.\n",  # everyday 15
+        encoding="utf-8",
+    )
+    out = tmp_path / "data"
+    manifest = build_corpus(
+        out, write_bible_db(tmp_path / "bible.db", ROWS), ding, modern="available",
+        pypi_catalogs=catalogs, ding_terms=True,
+    )  # fmt: skip
+    assert "The house is big." in lines(out / "train.en")
+    assert not {"Are you sure?", "I have forgotten my password."} & set(lines(out / "train.en"))
+    assert lines(out / "ding-terms.de") == ["Haus"]
+    assert manifest.dropped["ding_equals_everyday_line"] == 1
+    assert manifest.dropped["ding_equals_modern_held_out_line"] == 1
+    assert manifest.dropped["ding_terms_equals_modern_held_out_line"] == 1
+    assert [s["name"] for s in manifest.train_sets] == ["train", "train.en-de", "ding-terms"]
