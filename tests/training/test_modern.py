@@ -141,17 +141,22 @@ def test_missing_sources_fail_with_the_install_commands(tmp_path: Path) -> None:
     assert install_commands(tmp_path, tuple(sources)).count("\n") == 1
 
 
+def cli_build(tmp_path: Path, catalogs: Path, out: Path) -> Manifest:
+    """`attnserve data build --modern-train` on the tiny Bible, no Ding, no tokenizer."""
+    db = write_bible_db(tmp_path / "bible.db", ROWS)
+    argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
+    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs), "--modern-train"]
+    assert main(argv) == 0
+    return Manifest.load(out / "manifest.json")
+
+
 def test_data_build_writes_modern_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     catalogs = tmp_path / "catalogs"
     fake_wheel(catalogs, "fakeshop", [("Add to basket", "In den Warenkorb legen")])
     fake_wheel(catalogs, "fakemail", [("Reply to all", "Allen antworten")])
     monkeypatch.setattr(modern, "SOURCES", (fake_source("fakeshop", TEST), fake_source("fakemail")))
-    db = write_bible_db(tmp_path / "bible.db", ROWS)
     out = tmp_path / "data"
-    argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
-    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs), "--modern-train"]
-    assert main(argv) == 0
-    manifest = Manifest.load(out / "manifest.json")
+    manifest = cli_build(tmp_path, catalogs, out)
     assert manifest.splits["modern-train"] == 1 and manifest.splits["modern-test"] == 1
     assert manifest.train_sets[-1] == {
         "name": "modern-train",
@@ -225,12 +230,8 @@ def test_data_build_trains_on_a_course_as_its_own_set(
     fake_wheel(catalogs, "fakemail", [("Reply to all", "Allen antworten")])
     fake_course(catalogs, "fakecourse", COURSE)
     monkeypatch.setattr(modern, "SOURCES", (fake_source("fakemail"), course_source()))
-    db = write_bible_db(tmp_path / "bible.db", ROWS)
     out = tmp_path / "data"
-    argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
-    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs), "--modern-train"]
-    assert main(argv) == 0
-    manifest = Manifest.load(out / "manifest.json")
+    manifest = cli_build(tmp_path, catalogs, out)
     assert [s["name"] for s in manifest.train_sets][-2:] == ["modern-train", PHRASES]
     assert manifest.train_sets[-1]["pairs"] == 3 and manifest.splits[PHRASES] == 3
 
