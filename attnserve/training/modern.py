@@ -124,11 +124,12 @@ def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
             log.warning(
                 "%s %s installed, %s expected", source.package, dist.version, source.version
             )
-        files = [Path(str(dist.locate_file(f))) for f in dist.files or ()]
+        names = [str(f) for f in dist.files or ()]
+        files = [Path(str(dist.locate_file(name))) for name in names]
         located = Located(source, dist.version, german_catalogs(files))
         located.lessons = sorted(
-            Path(str(dist.locate_file(f))) for f in dist.files or ()
-            if any(fnmatch.fnmatch(str(f), pattern) for pattern in source.lessons)
+            path for name, path in zip(names, files, strict=True)
+            if any(fnmatch.fnmatch(name, pattern) for pattern in source.lessons)
         )  # fmt: skip
         if source.lessons and not located.lessons:
             log.warning("%s %s has no lesson files matching %s: its layout changed?",
