@@ -49,6 +49,10 @@ CHECKPOINT_NAME = "checkpoint.pt"
 SNAPSHOTS = "snapshots"  # the weights at the last dev evaluations: step-00012000.pt
 # Model config fields `--init-from` lets differ from the packaged model's.
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
+# ... and the depths it may grow (new layers on top start as the identity: `grow_layers`).
+LAYER_FIELDS = ("encoder_layers", "decoder_layers")
+# A pre-LN layer's sublayer outputs: zeroed, the layer passes its input through unchanged.
+SUBLAYER_OUTPUTS = ("self_attn.out_proj.", "encoder_attn.out_proj.", "ffn.fc2.")
 
 
 # A step longer than this means the process was stopped (SIGSTOP, a suspended machine).
@@ -197,10 +201,12 @@ class Trainer:
         self.model = EncoderDecoder(self.model_config)
         warm: dict[str, Any] | None = None
         if cfg.init_from and not self.checkpoint_path.exists():  # a resumed run has its own
-            transfer = self._init_from(Path(cfg.init_from))
+            transfer, grown = self._init_from(Path(cfg.init_from))
             warm = source_training(cfg.init_from)
             if transfer is not None:
                 warm["vocabulary"] = transfer
+            if grown is not None:
+                warm["layers"] = grown
         self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
@@ -229,20 +235,30 @@ class Trainer:
             self.model.num_parameters() / 1e6,
         )  # fmt: skip
 
-    def _init_from(self, directory: Path) -> dict[str, int] | None:
+    def _init_from(
+        self, directory: Path
+    ) -> tuple[dict[str, int] | None, dict[str, list[int]] | None]:
         """Copy the weights of a model directory into the fresh model (same architecture;
         the dropout rates may differ: they are not weights, and fine-tuning often changes them).
         A run with another SentencePiece model gets the source's vocabulary tables moved to its
-        own (training/vocab.py); returns how their rows were made then, else None."""
+        own (training/vocab.py); a deeper run (more encoder or decoder layers, pre-LN) gets
+        the source's layers and new ones on top that start as the identity (`grow_layers`).
+        Returns how the vocabulary rows were made and which depths grew (None where not)."""
         from attnserve.model.checkpoint import load_model_dir
 
         source, _ = load_model_dir(directory)
         theirs, ours = source.config.to_dict(), self.model_config.to_dict()
+        depths = {name: (theirs[name], ours[name]) for name in LAYER_FIELDS}
         for config in (theirs, ours):
-            for name in (*DROPOUT_FIELDS, "vocab_size"):
+            for name in (*DROPOUT_FIELDS, *LAYER_FIELDS, "vocab_size"):
                 config.pop(name, None)
         if theirs != ours:
             raise ValueError(f"{directory}: config.json differs from this run's model config")
+        grown = {name: [old, new] for name, (old, new) in depths.items() if old != new}
+        if any(new < old for old, new in grown.values()):
+            raise ValueError(f"{directory}: has more layers than this run's model ({grown})")
+        if grown and self.model_config.norm_placement != "pre":
+            raise ValueError("new layers start as the identity only in a pre-LN model")
         state = source.state_dict()
         old_spm, new_spm = directory / "spm.model", Path(self.cfg.spm_model)
         if not old_spm.exists():
@@ -261,9 +277,12 @@ class Trainer:
             )  # fmt: skip
         else:
             transfer = None
+        if grown:
+            state = grow_layers(state, self.model.state_dict(), grown)
+            log.info("layers grown (new ones on top, as the identity): %s", grown)
         self.model.load_state_dict(state)
         log.info("weights initialised from %s", directory)
-        return transfer
+        return transfer, grown or None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -547,7 +566,7 @@ def export_model_dir(
         "averaged_steps": averaged_steps,
         "warm_start": None
         if warm is None
-        else {k: warm[k] for k in ("from", "steps", "hours", "vocabulary") if k in warm},
+        else {k: warm[k] for k in ("from", "steps", "hours", "vocabulary", "layers") if k in warm},
         "vocabulary_changes": vocabulary_changes(warm),
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
@@ -555,6 +574,31 @@ def export_model_dir(
     }
     tokenizer = Tokenizer.from_spm(ckpt["train_config"]["spm_model"])
     return save_model_dir(model.eval(), tokenizer, out_dir, extra_metadata=metadata)
+
+
+def grow_layers(
+    source: dict[str, torch.Tensor],
+    fresh: dict[str, torch.Tensor],
+    grown: dict[str, list[int]],
+) -> dict[str, torch.Tensor]:
+    """A deeper model's weights from a shallower one's: the source's layers where they were,
+    the new layers on top with the fresh model's random weights except their sublayers' output
+    projections, zeroed. In a pre-LN layer (x + f(norm(x))) those make every sublayer add zero,
+    so the grown model computes exactly what the source did, and training starts from there
+    (the zeroed projections get gradients at once; the rest of a new layer from the update
+    after). `grown` maps a depth field ("decoder_layers") to [old, new] layer counts."""
+    state = dict(source)
+    for stack, (old, new) in grown.items():  # the model's layer lists bear the fields' names
+        for index in range(old, new):
+            prefix = f"{stack}.{index}."
+            layer = {k: v for k, v in fresh.items() if k.startswith(prefix)}
+            if not layer:
+                raise ValueError(f"the model has no {prefix[:-1]} to grow into")
+            for name, tensor in layer.items():
+                sublayer = name[len(prefix) :]
+                zero = any(sublayer.startswith(out) for out in SUBLAYER_OUTPUTS)
+                state[name] = torch.zeros_like(tensor) if zero else tensor.clone()
+    return state
 
 
 def source_training(source: str | Path) -> dict[str, Any]:

@@ -347,6 +347,75 @@ def test_cli_package_and_eval(
     assert "Der Zug nach Berlin fällt heute aus." in table[4]
 
 
+def test_warm_start_grows_layers(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """--init-from into a deeper pre-LN model: the source's layers where they were, new layers
+    on top that start as the identity (the grown model's logits are the source's), trained from
+    the first update; packaged, the metadata says which depths grew. Fewer layers, or growing a
+    post-LN model (where a zeroed sublayer is not the identity), are refused."""
+    from attnserve.model.checkpoint import load_model_dir
+    from attnserve.training.train import Trainer
+
+    data, spm_model = tiny_data
+    pre = {"norm_placement": "pre"}
+    train(config(data, spm_model, tmp_path / "a", max_steps=3, model_overrides=pre))
+    packaged = export_model_dir(tmp_path / "a", tmp_path / "model", which="checkpoint")
+    source, _ = load_model_dir(packaged)
+    deeper = {**pre, "encoder_layers": 3, "decoder_layers": 4}
+    grown = Trainer(
+        config(data, spm_model, tmp_path / "b", init_from=str(packaged), model_overrides=deeper)
+    )
+    state, before = grown.model.state_dict(), source.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in before.items())
+    new = {k: v for k, v in state.items() if k not in before}
+    assert {k.split(".")[1] for k in new if k.startswith("decoder_layers.")} == {"2", "3"}
+    assert {k.split(".")[1] for k in new if k.startswith("encoder_layers.")} == {"2"}
+    outputs = [
+        k
+        for k in new
+        if k.split(".", 2)[2].startswith(("self_attn.out_proj", "encoder_attn.out_proj", "ffn.fc2"))
+    ]
+    assert len(outputs) == 2 * (2 + 3 + 3) and all(not new[k].any() for k in outputs)
+    assert all(new[k].any() for k in new if k.endswith("q_proj.weight"))  # random, not zero
+    examples, pad = grown.examples, grown.tokenizer.pad_id
+    batch = collate(examples, make_batches(examples, 200, seed=1, epoch=0)[0], pad, pad)
+    args = (batch.src_ids, batch.src_mask, batch.tgt_in, batch.tgt_mask)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            grown.model.eval()(*args), source.eval()(*args), atol=1e-5, rtol=1e-5
+        )
+    run = train(
+        config(data, spm_model, tmp_path / "b", init_from=str(packaged), model_overrides=deeper)
+    )
+    assert run.step == 6
+    trained = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(trained[k].any() for k in outputs if k.endswith("weight"))
+    assert not torch.equal(
+        trained["decoder_layers.3.self_attn.q_proj.weight"],
+        new["decoder_layers.3.self_attn.q_proj.weight"],
+    )
+    meta = json.loads(
+        (export_model_dir(tmp_path / "b", tmp_path / "b-model", which="checkpoint")
+         / "metadata.json").read_text()
+    )  # fmt: skip
+    assert meta["warm_start"]["layers"] == {"encoder_layers": [2, 3], "decoder_layers": [2, 4]}
+    with pytest.raises(ValueError, match="more layers than this run's"):
+        Trainer(
+            config(
+                data, spm_model, tmp_path / "c", init_from=str(packaged),
+                model_overrides={**pre, "decoder_layers": 1},
+            )
+        )  # fmt: skip
+    train(config(data, spm_model, tmp_path / "post", max_steps=1))
+    post = export_model_dir(tmp_path / "post", tmp_path / "post-model", which="checkpoint")
+    with pytest.raises(ValueError, match="only in a pre-LN model"):
+        Trainer(
+            config(
+                data, spm_model, tmp_path / "d", init_from=str(post),
+                model_overrides={"decoder_layers": 3},
+            )
+        )  # fmt: skip
+
+
 def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
     """--init-from copies a packaged model's weights (fresh optimizer); a different architecture
     is refused, other dropout rates are not; a resumed run keeps its checkpoint's weights; dev
@@ -407,7 +476,7 @@ def test_warm_start_from_a_model_directory(tiny_data: tuple[Path, Path], tmp_pat
         Trainer(
             config(
                 data, spm_model, tmp_path / "c", init_from=str(packaged),
-                model_overrides={"decoder_layers": 1},
+                model_overrides={"ffn_dim": 128},
             )
         )  # fmt: skip
     # Dropout is not a weight: fine-tuning may change it.
