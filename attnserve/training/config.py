@@ -38,8 +38,9 @@ class TrainConfig:
     resume: bool = False
     # Warm start: a model directory (config.json + model.safetensors + spm.model) whose weights
     # replace the initialisation; the optimizer and schedule start fresh. Its config must match
-    # this run's but for the vocabulary size: a source on other pieces has its vocabulary tables
-    # moved to this run's (vocab.py).
+    # this run's but for the vocabulary size, the dropout rates and, in a pre-LN model, more
+    # encoder / decoder layers: a source on other pieces has its vocabulary tables moved to this
+    # run's (vocab.py); new layers go on top and start as the identity (train.grow_layers).
     init_from: str = ""
     # The learning-rate schedule goes on as if this many updates had been made already (with
     # --init-from, the step of those weights): the warmup rises to the rate of update
