@@ -141,6 +141,7 @@ def cmd_package(args: argparse.Namespace) -> int:
         from attnserve.training.curve import (
             curve_table,
             dev_history,
+            layer_changes,
             plot_curve,
             train_threads,
             vocabulary_changes,
@@ -149,6 +150,9 @@ def cmd_package(args: argparse.Namespace) -> int:
         history = dev_history(out)
         sys.stdout.write(curve_table(history) + "\n")
         title = f"{out.name}: dev BLEU while training"
-        plot_curve(history, args.curve, title, train_threads(out), vocabulary_changes(out))
+        plot_curve(
+            history, args.curve, title, train_threads(out), vocabulary_changes(out),
+            layer_changes(out),
+        )  # fmt: skip
         sys.stderr.write(f"wrote {args.curve}\n")
     return 0

@@ -38,6 +38,20 @@ def vocabulary_changes(model_dir: str | Path) -> list[float]:
     return [float(c["hours"]) for c in _metadata(model_dir).get("vocabulary_changes") or []]
 
 
+def layer_changes(model_dir: str | Path) -> list[tuple[float, str]]:
+    """The training hours at which the model grew, and how ("decoder 3 -> 5 layers"): warm
+    starts into more layers, as `attnserve package` records them."""
+    changes = []
+    for change in _metadata(model_dir).get("layer_changes") or []:
+        grown = [
+            f"{field.split('_')[0]} {change[field][0]} -> {change[field][1]} layers"
+            for field in ("encoder_layers", "decoder_layers")
+            if field in change
+        ]
+        changes.append((float(change["hours"]), ", ".join(grown)))
+    return changes
+
+
 # The dev splits a history may have: the Bible's (keys without a suffix) and, for runs that
 # train on modern text, modern-dev's (`_modern`).
 SPLITS = (("", "Bible"), ("_modern", "modern"))
@@ -75,11 +89,13 @@ def plot_curve(
     title: str,
     threads: int | None = None,
     vocabulary_hours: Sequence[float] = (),
+    growths: Sequence[tuple[float, str]] = (),
 ) -> Path:
     """Dev BLEU per direction against training hours, each dev split the history has (the
     Bible's solid, modern text's dashed); beside it the dev loss, where the history has it
     (runs since dev loss was recorded). `vocabulary_hours`: a line at each move to a new
-    vocabulary (losses per piece before and after one are not on one scale)."""
+    vocabulary (losses per piece before and after one are not on one scale); `growths`: a line
+    at each growth of the model, labelled (`layer_changes`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,10 +126,11 @@ def plot_curve(
                         linestyle="--" if k else "-",
                         label=None if n else f"{name} {label}" if named else label,
                     )  # fmt: skip
-        for hours in vocabulary_hours:
+        marks = [(hours, "new vocabulary") for hours in vocabulary_hours] + list(growths)
+        for hours, text in marks:
             ax.axvline(hours, color="grey", linewidth=0.8, linestyle=":")
             ax.annotate(
-                " new vocabulary", (hours, 1.0), xycoords=("data", "axes fraction"),
+                f" {text}", (hours, 1.0), xycoords=("data", "axes fraction"),
                 va="top", fontsize=7, color="grey",
             )  # fmt: skip
         ax.set_xlabel(f"training hours{cores}")

@@ -568,6 +568,7 @@ def export_model_dir(
         if warm is None
         else {k: warm[k] for k in ("from", "steps", "hours", "vocabulary", "layers") if k in warm},
         "vocabulary_changes": vocabulary_changes(warm),
+        "layer_changes": layer_changes(warm),
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
         "generation": {"num_beams": 4},
@@ -615,6 +616,7 @@ def source_training(source: str | Path) -> dict[str, Any]:
         "hours": float(meta.get("train_hours") or 0.0),
         "dev_history": list(meta.get("dev_history") or []),
         "vocabulary_changes": list(meta.get("vocabulary_changes") or []),
+        "layer_changes": list(meta.get("layer_changes") or []),
     }
 
 
@@ -626,6 +628,17 @@ def vocabulary_changes(warm: dict[str, Any] | None) -> list[dict[str, Any]]:
     changes = list(warm.get("vocabulary_changes") or [])
     if warm.get("vocabulary"):
         changes.append({"step": warm["steps"], "hours": warm["hours"], **warm["vocabulary"]})
+    return changes
+
+
+def layer_changes(warm: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Where the model's training grew it (the update and hour, and each depth's [old, new]
+    layer counts): its sources' growths, then its own run's (a warm start into more layers)."""
+    if warm is None:
+        return []
+    changes = list(warm.get("layer_changes") or [])
+    if warm.get("layers"):
+        changes.append({"step": warm["steps"], "hours": warm["hours"], **warm["layers"]})
     return changes
 
 

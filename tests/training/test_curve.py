@@ -34,7 +34,7 @@ def test_both_domains_and_the_vocabulary_change(tmp_path: Path) -> None:
     package's metadata."""
     import json
 
-    from attnserve.training.curve import vocabulary_changes
+    from attnserve.training.curve import layer_changes, vocabulary_changes
 
     bible = [{"step": 1, "hours": 0.1, "bleu_ende": 20.0, "bleu_deen": 21.0, "loss_ende": 3.0}]
     mixed = [
@@ -56,7 +56,13 @@ def test_both_domains_and_the_vocabulary_change(tmp_path: Path) -> None:
     changes = [{"step": 2, "hours": 0.25, "copied": 3, "composed": 2, "unknown": 0}]
     (model / "metadata.json").write_text(json.dumps({"vocabulary_changes": changes}))
     assert vocabulary_changes(model) == [0.25]
-    out = plot_curve(bible + mixed, tmp_path / "mixed.png", "mixed run", 1, [0.25])
+    assert layer_changes(model) == []
+    grown = [{"step": 3, "hours": 0.28, "decoder_layers": [3, 5]}]
+    (model / "metadata.json").write_text(json.dumps({"layer_changes": grown}))
+    assert layer_changes(model) == [(0.28, "decoder 3 -> 5 layers")]
+    out = plot_curve(
+        bible + mixed, tmp_path / "mixed.png", "mixed run", 1, [0.25], layer_changes(model)
+    )
     assert curve_table([]).splitlines()[0] == "| step | hours | dev BLEU en->de | dev BLEU de->en |"
     no_loss = [{k: v for k, v in r.items() if "loss" not in k} for r in bible + mixed]
     assert png_width(out) == 2 * png_width(plot_curve(no_loss, tmp_path / "b.png", "b"))

@@ -397,7 +397,23 @@ def test_warm_start_grows_layers(tiny_data: tuple[Path, Path], tmp_path: Path) -
         (export_model_dir(tmp_path / "b", tmp_path / "b-model", which="checkpoint")
          / "metadata.json").read_text()
     )  # fmt: skip
-    assert meta["warm_start"]["layers"] == {"encoder_layers": [2, 3], "decoder_layers": [2, 4]}
+    layers = {"encoder_layers": [2, 3], "decoder_layers": [2, 4]}
+    assert meta["warm_start"]["layers"] == layers
+    assert meta["layer_changes"] == [{"step": 3, "hours": meta["warm_start"]["hours"], **layers}]
+    # A run warm-started from the grown model keeps the growth in its own package.
+    packaged_grown = tmp_path / "b-model"
+    again = train(
+        config(
+            data, spm_model, tmp_path / "e", init_from=str(packaged_grown), max_steps=1,
+            model_overrides=deeper,
+        )
+    )  # fmt: skip
+    assert again.step == 1
+    later = json.loads(
+        (export_model_dir(tmp_path / "e", tmp_path / "e-model", which="checkpoint")
+         / "metadata.json").read_text()
+    )  # fmt: skip
+    assert later["layer_changes"] == meta["layer_changes"] and "layers" not in later["warm_start"]
     with pytest.raises(ValueError, match="more layers than this run's"):
         Trainer(
             config(
