@@ -24,6 +24,13 @@ def register(sub: Any) -> None:
     )
     data.add_arguments(build)
     build.set_defaults(func=cmd_data_build)
+    describe = data_sub.add_parser(
+        "describe",
+        help="a build's data card (markdown): every source's package, version, licence, role and "
+        "pairs, and every set's pairs, from its manifest.json",
+    )
+    describe.add_argument("--data-dir", type=Path, default=Path("data"))
+    describe.set_defaults(func=cmd_data_describe)
 
     p = sub.add_parser("train", help="train (or --resume) a model on data/")
     add_train_arguments(p)
@@ -59,6 +66,17 @@ def register(sub: Any) -> None:
 
 def cmd_data_build(args: argparse.Namespace) -> int:
     return data.build(args)
+
+
+def cmd_data_describe(args: argparse.Namespace) -> int:
+    from attnserve.training.datacard import describe
+
+    manifest = args.data_dir / "manifest.json"
+    if not manifest.is_file():
+        sys.stderr.write(f"error: {manifest} not found: build it with `attnserve data build`\n")
+        return 2
+    sys.stdout.write(describe(data.Manifest.load(manifest)))
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

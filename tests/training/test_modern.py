@@ -169,6 +169,37 @@ def test_data_build_writes_modern_files(tmp_path: Path, monkeypatch: pytest.Monk
     assert DEV not in {s["role"] for s in manifest.modern["sources"]}
 
 
+def test_data_describe_is_the_builds_data_card(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`attnserve data describe`: a row per source (the Bible's pairings, each package with its
+    version, licence and use) and a row per set, from the build's manifest; no manifest: 2."""
+    catalogs = tmp_path / "catalogs"
+    fake_wheel(catalogs, "fakeshop", [("Add to basket", "In den Warenkorb legen")])
+    fake_wheel(
+        catalogs,
+        "fakemail",
+        [("Reply to all", "Allen antworten"), ("Mark as read", "Als gelesen markieren")],
+    )
+    monkeypatch.setattr(modern, "SOURCES", (fake_source("fakeshop", TEST), fake_source("fakemail")))
+    out = tmp_path / "data"
+    manifest = cli_build(tmp_path, catalogs, out)
+    capsys.readouterr()
+    assert main(["data", "describe", "--data-dir", str(out)]) == 0
+    card = capsys.readouterr().out
+    sources, sets = card.strip().split("\n\n")
+    rows = [r.strip("| ").split(" | ") for r in sources.splitlines()[2:]]
+    bible_pairs = manifest.train_pairs_by_source["bible_ke"]
+    assert rows[0][0].startswith("Bible: ") and rows[0][3] == "both directions (`train`)"
+    assert rows[0][4] == f"{bible_pairs:,}"
+    assert rows[-2][1:] == ["PyPI `fakemail` 1.0", "MIT", "both directions (`modern-train`)", "2"]
+    assert rows[-1][1:] == ["PyPI `fakeshop` 1.0", "MIT", "held out: `modern-test`", "1"]
+    assert "| `modern-train` | en-de and de-en | 2 |" in sets.splitlines()
+    assert "| `modern-test` | held out | 1 |" in sets.splitlines()
+    assert main(["data", "describe", "--data-dir", str(tmp_path / "absent")]) == 2
+    assert "attnserve data build" in capsys.readouterr().err
+
+
 def fake_course(target: Path, name: str, phrases: list[dict[str, str]]) -> None:
     """A course wheel installed with --target: lesson files (one outside the pattern)."""
     lessons = target / name / "content" / "packs"
