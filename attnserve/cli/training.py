@@ -1,4 +1,4 @@
-"""`attnserve data build | train | eval`: building and scoring the default model."""
+"""`attnserve data build | describe, train, eval`: building and scoring the default model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from attnserve.training.config import add_train_arguments, config_from_args
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("data", help="build the corpus and tokenizer (data build --help)")
+    p = sub.add_parser(
+        "data", help="build the corpus and tokenizer, describe a build (data build --help)"
+    )
     data_sub = p.add_subparsers(dest="data_command", required=True)
     build = data_sub.add_parser(
         "build",
@@ -26,7 +28,7 @@ def register(sub: Any) -> None:
     build.set_defaults(func=cmd_data_build)
     describe = data_sub.add_parser(
         "describe",
-        help="a build's data card (markdown): every source's package, version, licence, role and "
+        help="a build's data card (markdown): every source's package, version, licence, use and "
         "pairs, and every set's pairs, from its manifest.json",
     )
     describe.add_argument("--data-dir", type=Path, default=Path("data"))
@@ -73,8 +75,7 @@ def cmd_data_describe(args: argparse.Namespace) -> int:
 
     manifest = args.data_dir / "manifest.json"
     if not manifest.is_file():
-        sys.stderr.write(f"error: {manifest} not found: build it with `attnserve data build`\n")
-        return 2
+        raise FileNotFoundError(f"{manifest} not found: build it with `attnserve data build`")
     sys.stdout.write(describe(data.Manifest.load(manifest)))
     return 0
 

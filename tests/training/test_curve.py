@@ -34,7 +34,7 @@ def test_both_domains_and_the_vocabulary_change(tmp_path: Path) -> None:
     package's metadata."""
     import json
 
-    from attnserve.training.curve import layer_changes, vocabulary_changes
+    from attnserve.training.curve import layer_changes, marks, vocabulary_changes
 
     bible = [{"step": 1, "hours": 0.1, "bleu_ende": 20.0, "bleu_deen": 21.0, "loss_ende": 3.0}]
     mixed = [
@@ -57,9 +57,19 @@ def test_both_domains_and_the_vocabulary_change(tmp_path: Path) -> None:
     (model / "metadata.json").write_text(json.dumps({"vocabulary_changes": changes}))
     assert vocabulary_changes(model) == [0.25]
     assert layer_changes(model) == []
-    grown = [{"step": 3, "hours": 0.28, "decoder_layers": [3, 5]}]
+    grown = [
+        {"step": 3, "hours": 0.25, "decoder_layers": [3, 5]},
+        {"step": 4, "hours": 0.28, "encoder_layers": [6, 8], "decoder_layers": [5, 6]},
+    ]
     (model / "metadata.json").write_text(json.dumps({"layer_changes": grown}))
-    assert layer_changes(model) == [(0.28, "decoder 3 -> 5 layers")]
+    assert layer_changes(model) == [
+        (0.25, "decoder 3 -> 5 layers"),
+        (0.28, "encoder 6 -> 8 layers, decoder 5 -> 6 layers"),
+    ]
+    assert marks([0.25], layer_changes(model)) == {
+        0.25: "new vocabulary; decoder 3 -> 5 layers",
+        0.28: "encoder 6 -> 8 layers, decoder 5 -> 6 layers",
+    }
     out = plot_curve(
         bible + mixed, tmp_path / "mixed.png", "mixed run", 1, [0.25], layer_changes(model)
     )

