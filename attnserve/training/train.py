@@ -569,8 +569,8 @@ def export_model_dir(
         "warm_start": None
         if warm is None
         else {k: warm[k] for k in ("from", "steps", "hours", "vocabulary", "layers") if k in warm},
-        "vocabulary_changes": vocabulary_changes(warm),
-        "layer_changes": layer_changes(warm),
+        "vocabulary_changes": warm_changes(warm, "vocabulary_changes", "vocabulary"),
+        "layer_changes": warm_changes(warm, "layer_changes", "layers"),
         # Serving defaults (Hugging Face generation-config keys): beam 4, as the model card's
         # scores are measured.
         "generation": {"num_beams": 4},
@@ -622,25 +622,16 @@ def source_training(source: str | Path) -> dict[str, Any]:
     }
 
 
-def vocabulary_changes(warm: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Where the model's training moved to a new vocabulary (the update and hour, and how the
-    rows were made): its sources' moves, then its own run's (a warm start on other pieces)."""
+def warm_changes(warm: dict[str, Any] | None, recorded: str, own: str) -> list[dict[str, Any]]:
+    """Where the model's training changed it, with the update and hour: its sources' changes
+    (metadata key `recorded`: "vocabulary_changes", a move to other pieces with how the rows
+    were made; "layer_changes", a growth with each depth's [old, new] layer counts), then its
+    own run's (warm-start key `own`: "vocabulary", "layers")."""
     if warm is None:
         return []
-    changes = list(warm.get("vocabulary_changes") or [])
-    if warm.get("vocabulary"):
-        changes.append({"step": warm["steps"], "hours": warm["hours"], **warm["vocabulary"]})
-    return changes
-
-
-def layer_changes(warm: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Where the model's training grew it (the update and hour, and each depth's [old, new]
-    layer counts): its sources' growths, then its own run's (a warm start into more layers)."""
-    if warm is None:
-        return []
-    changes = list(warm.get("layer_changes") or [])
-    if warm.get("layers"):
-        changes.append({"step": warm["steps"], "hours": warm["hours"], **warm["layers"]})
+    changes = list(warm.get(recorded) or [])
+    if warm.get(own):
+        changes.append({"step": warm["steps"], "hours": warm["hours"], **warm[own]})
     return changes
 
 
