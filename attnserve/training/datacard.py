@@ -20,11 +20,16 @@ def _known(value: Any) -> str:
     return "?" if value is None or value == "" else str(value)
 
 
-def _use(manifest: Manifest, train_set: str, directions: Any = BOTH) -> str:
+def _trained(manifest: Manifest) -> dict[str, list[str]]:
+    """The sets the build trains on, with their directions."""
+    return {s["name"]: s["directions"] for s in manifest.train_sets}
+
+
+def _use(manifest: Manifest, train_set: str) -> str:
     """How a build's training set is used: its directions, or not at all (a set the build wrote
     but does not train on: modern text built without --modern-train)."""
-    trained = {s["name"]: s["directions"] for s in manifest.train_sets}
-    if train_set not in trained:
+    directions = _trained(manifest).get(train_set)
+    if directions is None:
         return f"not trained on (`{train_set}`)"
     both = set(directions) == set(BOTH)
     return f"{'both directions' if both else ', '.join(directions) + ' only'} (`{train_set}`)"
@@ -45,7 +50,7 @@ def _bible_rows(manifest: Manifest) -> list[list[str]]:
                 f"Bible: {en.get('name') or pairing['en']} / {de.get('name') or pairing['de']}",
                 package,
                 " and ".join(licences),
-                _use(manifest, train_set, pairing["directions"]),
+                _use(manifest, train_set),
                 f"{pairs:,}",
             ]
         )
@@ -118,7 +123,7 @@ def data_table(manifest: Manifest) -> str:
 def sets_table(manifest: Manifest) -> str:
     """Markdown: each file set the build wrote (training sets with their directions, dev and
     test splits, sets written but not trained on) and its pairs."""
-    directions = {s["name"]: " and ".join(s["directions"]) for s in manifest.train_sets}
+    directions = {name: " and ".join(d) for name, d in _trained(manifest).items()}
     lines = ["| set | used as | pairs |", "|---|---|---|"]
     for name, pairs in manifest.splits.items():
         use = directions.get(name, "held out" if name in HELD_OUT else "not trained on")
