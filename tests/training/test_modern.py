@@ -15,10 +15,13 @@ from attnserve.training.modern_sources import (
     DEV,
     PHRASES,
     PYPI,
+    SOURCES,
     TEST,
     TRAIN,
     Source,
+    debian_packages,
     install_commands,
+    pypi_requirements,
 )
 from tests.training.test_catalogs import write_mo
 from tests.training.test_data import ROWS
@@ -139,6 +142,18 @@ def test_missing_sources_fail_with_the_install_commands(tmp_path: Path) -> None:
     found, missing = locate_all("available", tmp_path, sources)
     assert found == [] and missing == sources
     assert install_commands(tmp_path, tuple(sources)).count("\n") == 1
+
+
+def test_the_source_list_names_each_package_once_with_its_licence_and_pin() -> None:
+    names = [s.package for s in SOURCES]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert all(s.licence and s.domain for s in SOURCES)
+    assert all(s.version for s in SOURCES if s.registry == PYPI)
+    held_out = {s.package for s in SOURCES if s.role != TRAIN}
+    assert {s.role for s in SOURCES if s.package in held_out} == {DEV, TEST}
+    # every package is installed once, however many sources need it
+    assert len(debian_packages()) == len(set(debian_packages()))
+    assert len(pypi_requirements()) == sum(s.registry == PYPI for s in SOURCES)
 
 
 def cli_build(tmp_path: Path, catalogs: Path, out: Path, modern_train: bool = True) -> Manifest:
