@@ -75,18 +75,25 @@ class TrainState:
     warm_start: dict[str, Any] | None = None
 
 
-def inverse_sqrt(warmup_steps: int, offset: int = 0) -> Any:
+def inverse_sqrt(warmup_steps: int, offset: int = 0, end: int = 0, cooldown: int = 0) -> Any:
     """LR multiplier: linear warmup to 1 at `warmup_steps`, then sqrt(warmup / step).
 
     With an `offset` the decay goes on from update `offset` (a warm start from weights trained
     that far): the fresh optimizer warms up over `warmup_steps` to the rate of update
-    `offset + warmup_steps` instead of to the peak, then decays as the first run would have."""
+    `offset + warmup_steps` instead of to the peak, then decays as the first run would have.
+    With a `cooldown` the last `cooldown` updates before update `end` take the rate linearly
+    down to zero (at `end`)."""
+    if cooldown and not 0 < cooldown <= end:
+        raise ValueError(f"a cool-down of {cooldown} updates needs an end at or after it")
 
     def factor(step: int) -> float:
         step = max(step, 1)
-        return min(step / warmup_steps, 1.0) * math.sqrt(
+        rate = min(step / warmup_steps, 1.0) * math.sqrt(
             warmup_steps / max(step + offset, warmup_steps)
         )
+        if cooldown:
+            rate *= min(max(end - step, 0) / cooldown, 1.0)
+        return rate
 
     return factor
 
@@ -190,6 +197,11 @@ class Trainer:
     """Owns the model, optimizer, scheduler, data and progress of one run."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        if cfg.cooldown_steps and not 0 < cfg.cooldown_steps <= cfg.max_steps:
+            raise ValueError(
+                f"--cooldown-steps {cfg.cooldown_steps} needs --max-steps of at least "
+                f"{cfg.cooldown_steps}: the update the cool-down ends on"
+            )
         self.cfg = cfg
         self.bf16 = cpu_has_bf16() if cfg.bf16 is None else cfg.bf16
         self.run_dir = Path(cfg.run_dir)
@@ -221,7 +233,8 @@ class Trainer:
             fused=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, inverse_sqrt(cfg.warmup_steps, cfg.schedule_offset)
+            self.optimizer,
+            inverse_sqrt(cfg.warmup_steps, cfg.schedule_offset, cfg.max_steps, cfg.cooldown_steps),
         )
         self.state = TrainState(warm_start=warm)
         self.dev_examples: dict[str, Examples] | None = None

@@ -154,6 +154,31 @@ def test_inverse_sqrt_schedule() -> None:
     assert g(1200) == pytest.approx(f(1500))
 
 
+def test_cooldown_takes_the_rate_to_zero_at_the_end() -> None:
+    f, g = inverse_sqrt(100, offset=300), inverse_sqrt(100, offset=300, end=1000, cooldown=200)
+    assert all(g(s) == f(s) for s in (1, 50, 100, 500, 800))
+    assert g(900) == pytest.approx(0.5 * f(900)) and g(1000) == 0.0 and g(1100) == 0.0
+    for cooldown, end in ((100, 0), (100, 50)):
+        with pytest.raises(ValueError, match="cool-down"):
+            inverse_sqrt(100, end=end, cooldown=cooldown)
+
+
+def test_a_resumed_run_ends_on_a_cooldown(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """A run stopped without one is resumed with --max-steps and --cooldown-steps: the rate
+    follows its schedule until the cool-down, then falls linearly to zero at the last update."""
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    train(config(data, spm_model, run, max_steps=3))
+    train(config(data, spm_model, run, max_steps=6, cooldown_steps=2, resume=True))
+    rates = [
+        float(x) for x in re.findall(r"\| lr ([0-9.e+-]+) \|", (run / "train.log").read_text())
+    ]
+    schedule = inverse_sqrt(10)
+    assert rates[3:] == pytest.approx([3e-3 * schedule(4), 3e-3 * schedule(5) / 2, 0.0], rel=0.01)
+    with pytest.raises(ValueError, match="--cooldown-steps 2 needs --max-steps"):
+        train(config(data, spm_model, tmp_path / "other", max_steps=0, cooldown_steps=2))
+
+
 def test_training_lowers_the_loss(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
     data, spm_model = tiny_data
     state = train(config(data, spm_model, tmp_path / "run", max_steps=40))
