@@ -46,8 +46,8 @@ class TrainConfig:
     # --init-from, the step of those weights): the warmup rises to the rate of update
     # offset + warmup, not to the peak.
     schedule_offset: int = 0
-    # The last N updates before --max-steps take the learning rate linearly down to zero (a
-    # cool-down: a run resumed with --max-steps and --cooldown-steps ends on it); 0: none.
+    # The last N updates up to --max-steps take the learning rate linearly down towards zero
+    # (a cool-down: a run resumed with --max-steps and --cooldown-steps ends on it); 0: none.
     cooldown_steps: int = 0
     compile: bool = False  # torch.compile the training forward pass
     # How often each training set's examples are in an epoch, by the manifest's set name

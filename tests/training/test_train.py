@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,13 @@ from attnserve.model.tokenizer import Tokenizer
 from attnserve.training.batching import Examples, collate, make_batches
 from attnserve.training.data import Pairing, build_corpus
 from attnserve.training.spm import train_sentencepiece
-from attnserve.training.train import TrainConfig, export_model_dir, inverse_sqrt, train
+from attnserve.training.train import (
+    TrainConfig,
+    Trainer,
+    export_model_dir,
+    inverse_sqrt,
+    train,
+)
 from tests.training.tiny_corpus import write_synthetic_bible
 
 
@@ -154,29 +161,48 @@ def test_inverse_sqrt_schedule() -> None:
     assert g(1200) == pytest.approx(f(1500))
 
 
-def test_cooldown_takes_the_rate_to_zero_at_the_end() -> None:
-    f, g = inverse_sqrt(100, offset=300), inverse_sqrt(100, offset=300, end=1000, cooldown=200)
-    assert all(g(s) == f(s) for s in (1, 50, 100, 500, 800))
-    assert g(900) == pytest.approx(0.5 * f(900)) and g(1000) == 0.0 and g(1100) == 0.0
+def test_cooldown_lowers_the_rate_of_the_last_updates() -> None:
+    f, g = inverse_sqrt(100, offset=300), inverse_sqrt(100, offset=300, end=1000, cooldown=199)
+    assert all(g(s) == f(s) for s in (1, 50, 100, 500, 800))  # update s + 1's rate
+    assert g(801) == pytest.approx(199 / 200 * f(801)) and g(999) == pytest.approx(f(999) / 200)
+    assert g(1000) == 0.0 and g(1100) == 0.0
     for cooldown, end in ((100, 0), (100, 50)):
         with pytest.raises(ValueError, match="cool-down"):
             inverse_sqrt(100, end=end, cooldown=cooldown)
 
 
-def test_a_resumed_run_ends_on_a_cooldown(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
-    """A run stopped without one is resumed with --max-steps and --cooldown-steps: the rate
-    follows its schedule until the cool-down, then falls linearly to zero at the last update."""
+def update_rates(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The learning rate each update of the runs that follow takes (appended in order)."""
+    rates: list[float] = []
+    step = Trainer.train_step
+
+    def recording(self: Trainer, batches: list[Any]) -> float:
+        rates.append(self.optimizer.param_groups[0]["lr"])
+        return step(self, batches)
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    return rates
+
+
+def test_a_resumed_run_ends_on_a_cooldown(
+    tiny_data: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped without one is resumed inside its cool-down (--max-steps and
+    --cooldown-steps): each update after the resume takes the cooled rate, falling linearly."""
     data, spm_model = tiny_data
-    run = tmp_path / "run"
-    train(config(data, spm_model, run, max_steps=3))
-    train(config(data, spm_model, run, max_steps=6, cooldown_steps=2, resume=True))
-    rates = [
-        float(x) for x in re.findall(r"\| lr ([0-9.e+-]+) \|", (run / "train.log").read_text())
-    ]
-    schedule = inverse_sqrt(10)
-    assert rates[3:] == pytest.approx([3e-3 * schedule(4), 3e-3 * schedule(5) / 2, 0.0], rel=0.01)
-    with pytest.raises(ValueError, match="--cooldown-steps 2 needs --max-steps"):
-        train(config(data, spm_model, tmp_path / "other", max_steps=0, cooldown_steps=2))
+    rates, schedule = update_rates(monkeypatch), inverse_sqrt(10)
+    train(config(data, spm_model, tmp_path / "run", max_steps=5))
+    train(config(data, spm_model, tmp_path / "run", max_steps=7, cooldown_steps=3, resume=True))
+    peak = [3e-3 * schedule(k) for k in range(7)]  # update k + 1's rate without a cool-down
+    assert rates == pytest.approx([*peak[:5], peak[5] * 2 / 4, peak[6] / 4])
+    rates.clear()  # the same cool-down in one go
+    train(config(data, spm_model, tmp_path / "straight", max_steps=7, cooldown_steps=3))
+    assert rates == pytest.approx([*peak[:4], peak[4] * 3 / 4, peak[5] * 2 / 4, peak[6] / 4])
+    for steps, cooldown in ((0, 2), (4, 5), (4, -1)):
+        with pytest.raises(ValueError, match=f"--cooldown-steps {cooldown}: give 0"):
+            train(config(data, spm_model, tmp_path / "refused", max_steps=steps,
+                         cooldown_steps=cooldown))  # fmt: skip
+    assert not (tmp_path / "refused").exists()
 
 
 def test_training_lowers_the_loss(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
