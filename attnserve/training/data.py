@@ -7,7 +7,7 @@ Sources
   aligned sub-entries (the headword first, then example phrases and sentences).
 
 Ding rule: a sub-entry pair is kept when, after dropping annotations (`{f}`, `[Br.]`, `<alt>`,
-`(explanations)`) and taking the first `;`-separated alternative on each side, both sides have at
+`(explanations)`, abbreviations `/Di/` as in "Dienstag {m} /Di/ :: Tuesday /Tue/") and taking the first `;`-separated alternative on each side, both sides have at
 least `DING_MIN_WORDS` words, or both are sentences (capitalised German, final `.!?`) of two or more
 words. Templates with placeholders (`jdm.`, `etw.`, `sb.`, `sth.`, `…`, `/he/`, `er/sie`) and
 conjugation rows are not natural text and are skipped.
@@ -200,6 +200,9 @@ def read_bible(db: Path, pairing: Pairing) -> Iterator[Verse]:
 
 
 _ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|\([^()]*\)")
+# Ding's abbreviation of a term, between slashes after it ("Kilometer {m} /km/"); a slash
+# inside a word ("er/sie") is a template's and stays for `_TEMPLATE`.
+_ABBREVIATION = re.compile(r"(?:^|\s)/[^/\s][^/]*/(?=[\s,;]|$)")
 _TEMPLATE = re.compile(
     r"\b(?:etw|jdm|jdn|jds|jd|sth|sb|so)\.|\bsb's\b|\bsb\b|\bsth\b|…|\.\.\.|/|~|\+"
 )
@@ -216,6 +219,7 @@ def _strip_annotations(text: str) -> str:
 def ding_pair(de: str, en: str, min_words: int = DING_MIN_WORDS) -> tuple[str, str] | None:
     """The usable phrase pair of one aligned Ding sub-entry, or None (see the module docstring)."""
     de, en = de.split(";")[0], en.split(";")[0]
+    de, en = _ABBREVIATION.sub(" ", de), _ABBREVIATION.sub(" ", en)
     if _TEMPLATE.search(de) or _TEMPLATE.search(en):
         return None
     de, en = _strip_annotations(de), _strip_annotations(en)

@@ -158,6 +158,11 @@ def test_normalize_and_version_markup() -> None:
             ("in der Reihe bleiben", "to keep in line"),
         ),
         ("er/sie nimmt ab", "he/she takes off", None),  # conjugation row
+        (
+            "Ende der Woche /EdW/",  # an abbreviation is an annotation, not a template
+            "end of the week /EOW/",
+            ("Ende der Woche", "end of the week"),
+        ),
         ("jdm. helfen", "to help sb.", None),  # template
         ("schnell laufen; rennen", "to run fast; to sprint", None),  # two words each
     ],
@@ -208,6 +213,9 @@ def test_ding_terms_are_a_training_set_of_their_own(tmp_path: Path) -> None:
     assert manifest.train_pairs_by_source["ding_terms"] == 4
     assert manifest.rules["ding_term_words"] == 3
     assert ding_term("Sonnenbrand {m} [med.]", "sunburn") == ("Sonnenbrand", "sunburn")
+    assert ding_term("Dienstag {m} /Di/", "Tuesday /Tue/") == ("Dienstag", "Tuesday")
+    assert ding_term("Kilometer {m} /km/", "kilometre /km/") == ("Kilometer", "kilometre")
+    assert ding_term("und/oder", "and/or") is None  # a slash inside a word: a template
     assert ding_term("Das Haus ist groß.", "The house is big.") is None  # a phrase
     assert ding_term("jdm. helfen", "to help sb.") is None
     assert ding_term("ein sehr langer Begriff", "a very long term") is None  # four words
