@@ -180,3 +180,50 @@ def layout_table() -> dict[str, set[str]]:
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_layout_table_states_the_import_rules(folder: str) -> None:
     assert layout_table().get(folder) == ALLOWED[folder]
+
+
+def test_readme_console_rewrites_only_server_curls_outputs() -> None:
+    """tests/service/readme_console.py: each server curl's output (up to the next `$ ` line or
+    the block's end) is replaced by a fresh run, blank separators stay, other lines and blocks
+    are kept; the README's own blocks parse (every server curl gets exactly one run)."""
+    from tests.service.readme_console import is_server_curl, rewrite
+
+    text = "\n".join([
+        "$ curl -s localhost:8000/outside",  # not in a console block
+        "```console",
+        "$ curl -s localhost:8000/a",
+        "old a",
+        "",
+        "$ # a comment, not run",
+        "kept",
+        "$ curl -s -N localhost:8000/b | grep x",
+        "old b1",
+        "old b2",
+        "```",
+        "```bash",
+        "$ curl -s localhost:8000/c",
+        "```",
+    ])  # fmt: skip
+    ran: list[str] = []
+
+    def run(command: str) -> str:
+        ran.append(command)
+        return f"new {len(ran)}\n\nsecond line\n"
+
+    assert rewrite(text, run).split("\n") == [
+        "$ curl -s localhost:8000/outside", "```console",
+        "$ curl -s localhost:8000/a", "new 1", "", "second line", "",
+        "$ # a comment, not run", "kept",
+        "$ curl -s -N localhost:8000/b | grep x", "new 2", "", "second line", "```",
+        "```bash", "$ curl -s localhost:8000/c", "```",
+    ]  # fmt: skip
+    assert ran == ["curl -s localhost:8000/a", "curl -s -N localhost:8000/b | grep x"]
+    readme = README.read_text(encoding="utf-8")
+    ran.clear()
+    rewrite(readme, run)
+    in_console = sum(
+        is_server_curl(line)
+        for block in re.findall(r"^```console\n(.*?)^```", readme, flags=re.M | re.S)
+        for line in block.split("\n")
+    )
+    assert len(ran) == in_console > 30

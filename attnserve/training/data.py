@@ -7,9 +7,10 @@ Sources
   aligned sub-entries (the headword first, then example phrases and sentences).
 
 Ding rule: a sub-entry pair is kept when, after dropping annotations (`{f}`, `[Br.]`, `<alt>`,
-`(explanations)`, abbreviations `/Di/` as in "Dienstag {m} /Di/ :: Tuesday /Tue/") and taking the first `;`-separated alternative on each side, both sides have at
-least `DING_MIN_WORDS` words, or both are sentences (capitalised German, final `.!?`) of two or more
-words. Templates with placeholders (`jdm.`, `etw.`, `sb.`, `sth.`, `…`, `/he/`, `er/sie`) and
+`(explanations)`, abbreviations between slashes: "Dienstag {m} /Di/ :: Tuesday /Tue/") and
+taking the first `;`-separated alternative on each side, both sides have at least
+`DING_MIN_WORDS` words, or both are sentences (capitalised German, final `.!?`) of two or more
+words. Templates with placeholders (`jdm.`, `etw.`, `sb.`, `sth.`, `…`, `er/sie`) and
 conjugation rows are not natural text and are skipped.
 
 Ding terms (`ding_terms`, a training set of their own, `ding-terms`, so that its share is set by
