@@ -124,11 +124,20 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         "q = QuantizeLinear(x / scale, 1/127, 128)",
     )
     int8_opset = [*opset, helper.make_opsetid(MS_DOMAIN, 1)]
+    # The weight goes in as uint8 around 128 (w + 128, zero point 128: the same integer sums):
+    # ONNX Runtime's uint8 x int8 GEMM on x86 without VNNI (AVX2, AVX-512 without VNNI) sums
+    # byte pairs into saturating int16 (vpmaddubsw), uint8 x uint8 widens first and is exact.
+    # The shift is of a constant weight: the session folds it once, at load.
+    shift = helper.make_tensor("shift", TensorProto.INT32, [], [128])
     product = [
         helper.make_node("Constant", [], ["zero_point_value"], value=zero_point),
+        helper.make_node("Constant", [], ["shift_value"], value=shift),
+        helper.make_node("Cast", ["w"], ["w_wide"], to=TensorProto.INT32),
+        helper.make_node("Add", ["w_wide", "shift_value"], ["w_shifted"]),
+        helper.make_node("Cast", ["w_shifted"], ["w_unsigned"], to=TensorProto.UINT8),
         helper.make_node(
             "MatMulIntegerToFloat",
-            ["q", "w", "scale", "w_scale", "zero_point_value"],
+            ["q", "w_unsigned", "scale", "w_scale", "zero_point_value", "zero_point_value"],
             ["product"],
             domain=MS_DOMAIN,
         ),
@@ -140,7 +149,7 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         ["product"],
         product,
         int8_opset,
-        doc_string="per-row int8 product: MatMulIntegerToFloat(q, w, scale, w_scale, 128)",
+        doc_string="per-row int8 product: MatMulIntegerToFloat(q, w + 128, scale, w_scale, 128, 128)",
     )
     qmatmul_bias = helper.make_function(
         DOMAIN,
@@ -150,7 +159,7 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         [*product, helper.make_node("Add", ["product", "bias"], ["y"])],
         int8_opset,
         doc_string="per-row int8 product and bias: "
-        "MatMulIntegerToFloat(q, w, scale, w_scale, 128) + bias",
+        "MatMulIntegerToFloat(q, w + 128, scale, w_scale, 128, 128) + bias",
     )
     # a packed weight (N / 64, K / 4, 64, 4) back to (K, N): (K / 4, 4, N / 64, 64), flattened
     unpack = [

@@ -54,3 +54,28 @@ def q8_0_weight(rng: np.random.Generator, k: int = K, n: int = N) -> np.ndarray:
     q[..., 0] = 127
     d = rng.uniform(0.001, 0.01, size=(n, k // 32, 1)).astype(np.float16).astype(np.float32)
     return np.ascontiguousarray((d * q).reshape(n, k).T)
+
+
+def unsigned_weights(model: bytes) -> bytes:
+    """The export's per-row int8 products (MatMulIntegerToFloat of uint8 rows and an int8
+    weight) with each weight stored as uint8 around 128 (w + 128, zero point 128): the same
+    integer sums, but exact on every CPU. ONNX Runtime's uint8 x int8 GEMM on x86 without VNNI
+    saturates pairs of products into int16; uint8 x uint8 does not. The reference the ops'
+    bodies and kernels are held to."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    parsed = onnx.load_from_string(model)
+    graph = parsed.graph
+    initializers = {i.name: i for i in graph.initializer}
+    zero_point = helper.make_tensor("unsigned_zero_point", TensorProto.UINT8, [], [128])
+    for node in graph.node:
+        if node.op_type != "MatMulIntegerToFloat" or len(node.input) != 5:
+            continue
+        weight = initializers[node.input[1]]
+        assert weight.data_type == TensorProto.INT8
+        shifted = (numpy_helper.to_array(weight).astype(np.int16) + 128).astype(np.uint8)
+        weight.CopyFrom(numpy_helper.from_array(shifted, weight.name))
+        node.input.append(zero_point.name)
+    graph.initializer.append(zero_point)
+    return parsed.SerializeToString()

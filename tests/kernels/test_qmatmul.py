@@ -18,6 +18,7 @@ from tests.kernels.helpers import (
     needs_library,
     needs_vnni,
     session,
+    unsigned_weights,
 )
 
 
@@ -88,7 +89,7 @@ def test_qmatmul_gives_the_stock_nodes_floats(shape: tuple[int, ...]) -> None:
     rank = len(rows) + 1
     rng = np.random.default_rng(sum(shape))
     x = activations(rng, (*rows, k))
-    stock = session(products_graph(k, n, rank, False), False).run(None, {"x": x})
+    stock = session(unsigned_weights(products_graph(k, n, rank, False)), False).run(None, {"x": x})
     portable = session(products_graph(k, n, rank, True), False).run(None, {"x": x})
     runs = [portable]
     if BUILT:
@@ -133,7 +134,7 @@ def qmatmul_node_graph(k: int, n: int) -> bytes:
     return model.SerializeToString()
 
 
-@needs_library
+@needs_vnni  # the kernel's own check: elsewhere the body runs
 def test_qmatmul_packs_a_weight_again_at_another_address() -> None:
     """The kernel keeps its packed copy by the weight's address (weights are constants in the
     exported graphs); a weight at another address is packed again."""
@@ -194,12 +195,13 @@ def test_weights_beside_the_graph_are_packed_and_saved_once(
     from attnserve.export import variants
 
     model = onnx.load_from_string(products_graph(16, 64, 2, False))
+    exact = unsigned_weights(model.SerializeToString())  # the reference, before it is saved
     path = tmp_path / "graph.onnx"
     onnx.save(
         model, str(path), save_as_external_data=True, location="graph.onnx.data", size_threshold=512
     )
     x = activations(np.random.default_rng(7), (5, 16))
-    stock = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    stock = ort.InferenceSession(exact, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     weights_bytes = (path.parent / "graph.onnx.data").stat().st_size
     monkeypatch.setattr(variants, "EXTERNAL_DATA_BYTES", 1)  # saved beside the graph again
     assert variants.use_kernels(path, decoder=False) == 4  # RowQuantize and the 3 products
@@ -285,7 +287,8 @@ def test_row_qmatmul_gives_the_stock_nodes_floats(shape: tuple[int, ...]) -> Non
     session's threads."""
     *rows, k, n = shape
     x = activations(np.random.default_rng(k * n), (*rows, k))
-    stock = session(row_product_graph(k, n, len(rows) + 1, False), False).run(None, {"x": x})[0]
+    reference = unsigned_weights(row_product_graph(k, n, len(rows) + 1, False))
+    stock = session(reference, False).run(None, {"x": x})[0]
     runs = [session(row_product_graph(k, n, len(rows) + 1, True), False)]
     if BUILT:
         runs.append(session(row_product_graph(k, n, len(rows) + 1, True), True))
