@@ -149,7 +149,8 @@ def functions(opset_version: int = MIN_OPSET) -> list[onnx.FunctionProto]:
         ["product"],
         product,
         int8_opset,
-        doc_string="per-row int8 product: MatMulIntegerToFloat(q, w + 128, scale, w_scale, 128, 128)",
+        doc_string="per-row int8 product: "
+        "MatMulIntegerToFloat(q, w + 128, scale, w_scale, 128, 128)",
     )
     qmatmul_bias = helper.make_function(
         DOMAIN,
