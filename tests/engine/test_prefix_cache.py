@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnserve import kernels
 from attnserve.engine.onnx.lm_open import open_lm_backend
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.prefix_cache import PrefixCache
@@ -92,6 +93,17 @@ def scheduler(backend: Any, cache: PrefixCache | None, chunk: int = 512) -> Sche
 
 
 BACKENDS = [f"{a}-{v}" for a in ("gqa", "plain") for v in ("fp32", "int8", "int4")] + ["torch"]
+# The int4 graph's products run on attnserve's kernel where the CPU has AVX-512 VNNI; elsewhere
+# on their stock bodies, ONNX Runtime's float GEMM over the dequantized weight, whose blocking
+# follows the number of rows: the same tokens, scores to the last bits, not the same bits.
+# (int8's stock products are exact integer sums everywhere.)
+EXACT_INT4 = kernels.integer_products()
+EXACT_LM = "gqa-int4" if EXACT_INT4 else "gqa-int8"
+
+
+def exact(name: str) -> bool:
+    """Whether `name`'s answers with the cache are its answers without, bit for bit."""
+    return name.startswith("gqa") and (name != "gqa-int4" or EXACT_INT4)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -115,12 +127,14 @@ def test_answers_with_the_cache_are_answers_without(
     run(cached, [lm_request("first", first, options)])
     got = run(cached, [lm_request(f"r{i}", p, options) for i, p in enumerate(later)])
     assert [r.cached_tokens for r in got] == [40, 32, 40]  # whole blocks of the prompts but last
-    if name.startswith("gqa"):
+    if exact(name):
         assert answers(got) == expected
-    else:  # the plain graph's sums run in another order: the tokens, and scores to 1e-4
+    else:  # the plain graph's sums run in another order: the tokens, and scores to 1e-4 (int4
+        # off its kernel: a last-bit difference may move an input's quantization step)
+        limit = 0.05 if name.endswith("int4") and not EXACT_INT4 else 1e-4
         for g, e in zip(answers(got), expected, strict=True):
             assert [t for t, _ in g] == [t for t, _ in e]
-            np.testing.assert_allclose([s for _, s in g], [s for _, s in e], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose([s for _, s in g], [s for _, s in e], rtol=1e-4, atol=limit)
 
 
 @pytest.mark.parametrize("name", ["gqa-int8", "plain-fp32"])
@@ -154,8 +168,9 @@ def test_shared_prefixes_under_concurrency_and_long_prompts_in_chunks(
 ) -> None:
     """Eight users behind one system prompt arrive together (one admission group: none finds
     it cached) and then eight more while the first still decode, with prompts prefilled a
-    chunk per step: every answer is its answer alone."""
-    backend = backend_of("gqa-int4", model, exported)
+    chunk per step: every answer is its answer alone (bit for bit: int4 where its kernel
+    runs, else int8)."""
+    backend = backend_of(EXACT_LM, model, exported)
     prompts = [[*SYSTEM, *tokens(3 + i, 10 + i)] for i in range(16)]
     expected = [answers(run(scheduler(backend, None), [lm_request("a", p, GREEDY)]))[0]
                 for p in prompts]  # fmt: skip
