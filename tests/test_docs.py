@@ -218,6 +218,9 @@ def test_readme_console_rewrites_only_server_curls_outputs() -> None:
         "```bash", "$ curl -s localhost:8000/c", "```",
     ]  # fmt: skip
     assert ran == ["curl -s localhost:8000/a", "curl -s -N localhost:8000/b | grep x"]
+    with pytest.raises(ValueError, match="never closed"):
+        rewrite("```console\n$ curl -s localhost:8000/a\nold", run)
+    assert not is_server_curl("$ curl -s localhost:8000/a \\")  # continued: left alone
     readme = README.read_text(encoding="utf-8")
     ran.clear()
     rewrite(readme, run)

@@ -17,13 +17,13 @@ q/k/v projections of one layer).
 u8 activations with s8 weights is the fast integer path of ONNX Runtime's CPU GEMM on x86 (s8
 activations run several times slower there); without VNNI that path adds byte pairs into saturating
 int16, so the graph served is the kernels' rewrite (attnserve.kernels), whose stock bodies shift
-the weight to uint8 and are exact everywhere. `MatMulIntegerToFloat` (ORT's contrib op, the one
-ORT's own dynamic quantization fuses into) applies the per-column weight scale in the GEMM's output
-stage. Its activation scale `s` may be a tensor (ONNX Runtime 1.18 and later): the kernel then
-multiplies its output by `s`, broadcast, so the (..., 1) per-row scales need no node of their own
-after the product. On a decoder step the tensors are small, so the cost is the number of nodes: the
-rewrite uses as few as it can (4 per quantized activation: Abs, ReduceMax, Div and QuantizeLinear;
-1 per product).
+the weight to uint8 and are exact everywhere (for the products it rewrites: all of an export's).
+`MatMulIntegerToFloat` (ORT's contrib op, the one ORT's own dynamic quantization fuses into)
+applies the per-column weight scale in the GEMM's output stage. Its activation scale `s` may be a
+tensor (ONNX Runtime 1.18 and later): the kernel then multiplies its output by `s`, broadcast, so
+the (..., 1) per-row scales need no node of their own after the product. On a decoder step the
+tensors are small, so the cost is the number of nodes: the rewrite uses as few as it can (4 per
+quantized activation: Abs, ReduceMax, Div and QuantizeLinear; 1 per product).
 
 Token embeddings (`Gather` from a constant (V, C) table with `embedding_rows` = V rows) are
 stored int8 with one scale per row (token), dequantized after the lookup: a row's values are its

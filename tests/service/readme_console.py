@@ -26,7 +26,8 @@ TIMEOUT = 600.0  # seconds a command may take: a first request to a cold server 
 
 
 def is_server_curl(line: str) -> bool:
-    return line.startswith("$ curl ") and HOST in line
+    """A one-line curl to the server (a command continued on the next line is left alone)."""
+    return line.startswith("$ curl ") and HOST in line and not line.rstrip().endswith("\\")
 
 
 def rewrite(text: str, run: Callable[[str], str]) -> str:
@@ -51,6 +52,8 @@ def rewrite(text: str, run: Callable[[str], str]) -> str:
         end = i + 1
         while end < len(lines) and not lines[end].startswith(("$ ", "```")):
             end += 1
+        if end == len(lines):
+            raise ValueError(f"line {i + 1}: a console block that is never closed")
         separated = end > i + 1 and lines[end - 1] == "" and lines[end].startswith("$ ")
         out.append(line)
         out.extend(run(line[2:]).rstrip("\n").split("\n"))
@@ -69,6 +72,8 @@ def shell(url: str) -> Callable[[str], str]:
             capture_output=True, text=True, timeout=TIMEOUT, check=False,
         )  # fmt: skip
         print(f"$ {command[:100]}", file=sys.stderr)
+        if done.returncode != 0 or not done.stdout.strip():  # no server: nothing is written
+            raise RuntimeError(f"`{command}` printed nothing (exit {done.returncode}) at {url}")
         return done.stdout
 
     return run
