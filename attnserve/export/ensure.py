@@ -1,24 +1,28 @@
 """The one rule for a missing ONNX variant, shared by `serve`, `translate` and `eval`.
 
 A model directory without `onnx/<variant>/` (or with a file its manifest lists missing, such as
-the shared weights) is exported on first use unless the caller refuses (`--no-auto-export`);
-then the error names the command to run. Checking costs no torch import;
-exporting imports torch once.
+the shared weights, or graphs that carry older stock bodies of attnserve's ops than this version
+writes) is exported on first use unless the caller refuses (`--no-auto-export`); then the error
+names the command to run. Checking costs no torch import; exporting imports torch once.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from attnserve.engine.onnx.layout import (
+    BODIES_VERSION,
     DECODER_NAME,
     ENCODER_NAME,
+    KERNEL_NODES,
     LM_STEP_NAME,
     MANIFEST_NAME,
     read_manifest,
     variant_dir,
 )
+from attnserve.kernels.ops import BODIES, BODIES_CHANGES
 from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
 
 log = logging.getLogger(__name__)
@@ -28,15 +32,33 @@ class NotExportedError(FileNotFoundError):
     """The variant's graphs are missing and exporting them was refused."""
 
 
+def stale_bodies(manifest: dict[str, Any]) -> str | None:
+    """Why the variant's graphs must be exported again for the stock bodies of attnserve's ops
+    they carry (what runs where the kernels do not), or None: they are older than a version that
+    changed this variant (attnserve.kernels.BODIES_CHANGES)."""
+    options = manifest.get("options", {})
+    if not options.get(KERNEL_NODES):
+        return None
+    have = int(options.get(BODIES_VERSION, 1))
+    for version in range(have + 1, BODIES + 1):
+        variants, change = BODIES_CHANGES.get(version, ((), ""))
+        if manifest.get("variant") in variants:
+            return f"carries older bodies of attnserve's ops (version {have}): {change}"
+    return None
+
+
 def is_exported(directory: Path, variant: str) -> bool:
     """The variant's graphs are there, and every file its manifest lists (weights beside the
-    graphs, the weights they share): a variant missing one is exported again."""
+    graphs, the weights they share), and their ops' bodies are current: a variant missing one,
+    or with stale bodies, is exported again."""
     graphs = variant_dir(directory, variant)
     names: tuple[str, ...] = (ENCODER_NAME, DECODER_NAME)
     if directory_family(directory) != ENCODER_DECODER:
         names = (LM_STEP_NAME,)
-    listed = tuple(read_manifest(graphs).get("files", {}))  # () without a manifest
-    return all((graphs / name).is_file() for name in (*names, *listed))
+    manifest = read_manifest(graphs)  # {} without a manifest
+    listed = tuple(manifest.get("files", {}))
+    present = all((graphs / name).is_file() for name in (*names, *listed))
+    return present and stale_bodies(manifest) is None
 
 
 def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool:
@@ -46,8 +68,13 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
         return False
     graphs = variant_dir(directory, variant)
     command = f"attnserve export {directory} --variants {variant}"
-    partial = (graphs / MANIFEST_NAME).is_file()
-    what = "is missing files its manifest lists" if partial else "has no ONNX graphs"
+    stale = stale_bodies(read_manifest(graphs))
+    if not (graphs / MANIFEST_NAME).is_file():
+        what = "has no ONNX graphs"
+    elif stale is not None:
+        what = stale
+    else:
+        what = "is missing files its manifest lists"
     if not allow:
         raise NotExportedError(
             f"{graphs} {what}: run `{command}`, or allow exporting on first use "

@@ -35,6 +35,7 @@ import onnx
 from attnserve import kernels
 from attnserve.defaults import EXPORT_VARIANTS, VARIANTS
 from attnserve.engine.onnx.layout import (
+    BODIES_VERSION,
     KERNEL_NODES,
     KERNEL_THREADS,
     KERNELS_VERSION,
@@ -320,6 +321,7 @@ def export_lm_variants(
                     out / LM_STEP_NAME, attention=attention == LM_GQA
                 )
                 options[KERNELS_VERSION] = kernels.VERSION
+                options[BODIES_VERSION] = kernels.BODIES
             options["attention"] = attention
             fallback = gqa_fallback(model.config) if attention == LM_GQA else None
             if fallback is not None:

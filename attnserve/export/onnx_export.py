@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attnserve import kernels
 from attnserve.defaults import ENCODER_DECODER_VARIANTS, EXPORT_VARIANTS, OPSET
 from attnserve.engine.onnx.layout import (
+    BODIES_VERSION,
     DECODER_INPUTS,
     DECODER_NAME,
     ENCODER_INPUTS,
@@ -316,6 +317,7 @@ def export_variants(
                     out / ENCODER_NAME, decoder=False
                 ) + build.use_kernels(out / DECODER_NAME)
                 options[KERNELS_VERSION] = kernels.VERSION
+                options[BODIES_VERSION] = kernels.BODIES
             shared = build.share_weights(out, (ENCODER_NAME, DECODER_NAME))
             if shared:
                 options[SHARED_WEIGHTS] = shared

@@ -7,6 +7,17 @@ import numpy as np
 
 DOMAIN = "ai.attnserve"
 VERSION = 12  # the library's `attnserve_kernels_version`; a stale build is not registered
+# The version of the ops' stock bodies (functions.py), which a graph carries with it, and what
+# each version changed in which variants: a variant's graphs exported with older bodies than one
+# that changed it are exported again (attnserve.export.ensure; a manifest without the version: 1).
+BODIES = 2
+BODIES_CHANGES: dict[int, tuple[tuple[str, ...], str]] = {
+    2: (
+        ("int8",),
+        "their int8 products gave ONNX Runtime's MatMulIntegerToFloat int8 weights, whose GEMM "
+        "saturates pairs of products in int16 on x86 without AVX-512 VNNI",
+    ),
+}
 SCORES = "AttnScores"
 MIX = "AttnMix"
 SCORES_HALF = "AttnScoresHalf"  # k float16: a cache stored in half precision

@@ -13,7 +13,12 @@ import pytest
 
 from attnserve import kernels
 from attnserve.engine.onnx.backend import OnnxBackend
-from attnserve.engine.onnx.layout import KERNEL_NODES, KERNELS_VERSION, read_manifest
+from attnserve.engine.onnx.layout import (
+    BODIES_VERSION,
+    KERNEL_NODES,
+    KERNELS_VERSION,
+    read_manifest,
+)
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import decode_batch
 from attnserve.export.onnx_export import export_model
@@ -56,6 +61,7 @@ def test_the_export_puts_every_decoder_attention_product_on_the_kernels(
         )
         assert read_manifest(graphs)["options"][KERNEL_NODES] == on_kernels
         assert read_manifest(graphs)["options"][KERNELS_VERSION] == kernels.VERSION
+        assert read_manifest(graphs)["options"][BODIES_VERSION] == kernels.BODIES
         if variant == "fp32":  # no int8 activations to quantize
             assert on_kernels == 4 * config.decoder_layers + 1
         else:

@@ -16,12 +16,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attnserve.engine.onnx.backend import OnnxBackend
-from attnserve.engine.onnx.layout import SHARED_DATA, SHARED_WEIGHTS
+from attnserve.engine.onnx.layout import BODIES_VERSION, SHARED_DATA, SHARED_WEIGHTS
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import decode_batch
 from attnserve.export import variants
 from attnserve.export.ensure import NotExportedError, ensure_exported, is_exported
 from attnserve.export.onnx_export import export_model, sha256
+from attnserve.kernels import BODIES
 from attnserve.model.checkpoint import read_model_config
 
 
@@ -168,3 +169,13 @@ def test_exported_variants_share_their_token_embedding_and_decode_as_before(
         ensure_exported(exports["shared"], "int8", allow=False)
     assert ensure_exported(exports["shared"], "int8", allow=True)
     assert (exports["shared"] / "onnx" / "int8" / SHARED_DATA).is_file()
+    # int8 graphs that carry the ops' older bodies (saturating off the kernels) are stale; the
+    # fp32 ones of the same age are not (no change touched their bodies)
+    for variant in ("int8", "fp32"):
+        path = exports["shared"] / "onnx" / variant / "manifest.json"
+        manifest = json.loads(path.read_text())
+        assert manifest["options"].pop(BODIES_VERSION) == BODIES
+        path.write_text(json.dumps(manifest))
+    assert not is_exported(exports["shared"], "int8") and is_exported(exports["shared"], "fp32")
+    with pytest.raises(NotExportedError, match=r"older bodies of attnserve's ops \(version 1\)"):
+        ensure_exported(exports["shared"], "int8", allow=False)

@@ -49,9 +49,11 @@ SHARED_WEIGHTS = "shared_weights"
 # How many of a variant's nodes run on attnserve's own kernels where the library is registered
 # (attnserve.kernels: a decoder's 4 attention products a layer and its log-softmax with the TopK,
 # and an int8 graph's per-row quantizations and products; the manifest's options["kernel_nodes"]),
-# and the version of the kernels the export rewrote for (attnserve.kernels.VERSION).
+# the version of the kernels the export rewrote for (attnserve.kernels.VERSION), and the version
+# of the ops' stock bodies the graphs carry (attnserve.kernels.BODIES; absent: 1).
 KERNEL_NODES = "kernel_nodes"
 KERNELS_VERSION = "kernels_version"
+BODIES_VERSION = "bodies_version"
 # Whether every product of a variant's graph is on attnserve's integer kernels where they run
 # (options["kernel_threads"]): a language model's session then runs ONNX Runtime's own nodes on
 # one thread and the products on the kernels' own threads (attnserve.kernels.use_threads).
