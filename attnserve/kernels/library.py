@@ -115,6 +115,26 @@ def register(options: object) -> bool:
     return True
 
 
+# The instruction sets the float kernels choose between (the library's `Isa`), best last; the
+# environment's ATTNSERVE_KERNELS_ISA caps them for a whole process.
+ISAS = ("portable", "avx2", "avx512")
+ENV_ISA = "ATTNSERVE_KERNELS_ISA"
+
+
+def isa(cap: str | None = None) -> str | None:
+    """The instruction sets the float kernels use in this process (`ISAS`: the CPU's best, at
+    most ATTNSERVE_KERNELS_ISA); with `cap`, at most that from now on (tests and benchmarks run
+    another CPU's loops; the integer products stay as registered). None without the library."""
+    if cap is not None and cap not in ISAS:
+        raise ValueError(f"unknown instruction sets {cap!r}; choose from {', '.join(ISAS)}")
+    library = _library()
+    if library is None:
+        return None
+    return ISAS[
+        int(library.attnserve_kernels_isa(ctypes.c_int(-1 if cap is None else ISAS.index(cap))))
+    ]
+
+
 def integer_products() -> bool:
     """Whether the library registers its integer products (QMatMul..., BlockQ4MatMul) here: a
     CPU with AVX-512 VNNI, the library built and not switched off."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 DOMAIN = "ai.attnserve"
-VERSION = 12  # the library's `attnserve_kernels_version`; a stale build is not registered
+VERSION = 13  # the library's `attnserve_kernels_version`; a stale build is not registered
 # The version of the ops' stock bodies (functions.py), which a graph carries with it, and what
 # each version changed in which variants: a variant's graphs exported with older bodies than one
 # that changed it are exported again (attnserve.export.ensure; a manifest without the version: 1).

@@ -105,8 +105,8 @@ void mix_portable_half(const float* p, const void* values, float* out, int64_t m
 }
 
 #if ATTNSERVE_AVX512
-// AVX-512 for the head sizes transformers use (D a multiple of 16, at most 256): the query row
-// and the output row stay in registers.
+// AVX-512 (and AVX2, below) for the head sizes transformers use (D a multiple of 16, at most
+// 256): the query row and the output row stay in registers.
 constexpr int64_t kMaxChunks = 16;
 
 // Sixteen keys' or values' elements as floats.
@@ -180,6 +180,68 @@ __attribute__((target("avx512f"))) void mix_avx512(const float* p, const void* v
   }
 }
 
+// The same loops on AVX2 (simd.h's F16: sixteen lanes as two halves), the same floats.
+template <typename T>
+ATTNSERVE_AVX2 void scores_avx2(const float* q, const void* keys, float* out, int64_t m_count,
+                                int64_t n_count, int64_t depth) {
+  const T* k = static_cast<const T*>(keys);
+  const int64_t chunks = depth / kLanes;
+  for (int64_t m = 0; m < m_count; ++m) {
+    const float* qm = q + m * depth;
+    float* om = out + m * n_count;
+    int64_t n = 0;
+    for (; n + 4 <= n_count; n += 4) {
+      const T* kn = k + n * depth;
+      const F16 q0 = load16_avx2(qm);
+      F16 a0 = mul16(q0, load16_avx2(kn));
+      F16 a1 = mul16(q0, load16_avx2(kn + depth));
+      F16 a2 = mul16(q0, load16_avx2(kn + 2 * depth));
+      F16 a3 = mul16(q0, load16_avx2(kn + 3 * depth));
+      for (int64_t c = 1; c < chunks; ++c) {
+        const int64_t o = c * kLanes;
+        const F16 qc = load16_avx2(qm + o);
+        a0 = fmadd16(qc, load16_avx2(kn + o), a0);
+        a1 = fmadd16(qc, load16_avx2(kn + depth + o), a1);
+        a2 = fmadd16(qc, load16_avx2(kn + 2 * depth + o), a2);
+        a3 = fmadd16(qc, load16_avx2(kn + 3 * depth + o), a3);
+      }
+      om[n] = reduce_add16(a0);
+      om[n + 1] = reduce_add16(a1);
+      om[n + 2] = reduce_add16(a2);
+      om[n + 3] = reduce_add16(a3);
+    }
+    for (; n < n_count; ++n) {
+      const T* kn = k + n * depth;
+      F16 a = mul16(load16_avx2(qm), load16_avx2(kn));
+      for (int64_t c = 1; c < chunks; ++c) {
+        a = fmadd16(load16_avx2(qm + c * kLanes), load16_avx2(kn + c * kLanes), a);
+      }
+      om[n] = reduce_add16(a);
+    }
+  }
+}
+
+// The output row in registers (or the stack, past eight of F16's sixteen registers).
+template <typename T>
+ATTNSERVE_AVX2 void mix_avx2(const float* p, const void* values, float* out, int64_t m_count,
+                             int64_t n_count, int64_t depth) {
+  const T* v = static_cast<const T*>(values);
+  const int64_t chunks = depth / kLanes;
+  for (int64_t m = 0; m < m_count; ++m) {
+    F16 acc[kMaxChunks];
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = zero16_avx2();
+    const float* pm = p + m * n_count;
+    for (int64_t n = 0; n < n_count; ++n) {
+      const F16 weight = set16_avx2(pm[n]);
+      const T* vn = v + n * depth;
+      for (int64_t c = 0; c < chunks; ++c) {
+        acc[c] = fmadd16(weight, load16_avx2(vn + c * kLanes), acc[c]);
+      }
+    }
+    for (int64_t c = 0; c < chunks; ++c) store16_avx2(out + m * depth + c * kLanes, acc[c]);
+  }
+}
+
 #endif  // ATTNSERVE_AVX512
 
 }  // namespace
@@ -187,8 +249,9 @@ __attribute__((target("avx512f"))) void mix_avx512(const float* p, const void* v
 template <typename T>
 Block pick(bool scores, int64_t depth) {
 #if ATTNSERVE_AVX512
-  if (cpu_has_avx512() && depth > 0 && depth % kLanes == 0 && depth / kLanes <= kMaxChunks) {
-    return scores ? scores_avx512<T> : mix_avx512<T>;
+  if (depth > 0 && depth % kLanes == 0 && depth / kLanes <= kMaxChunks) {
+    if (cpu_has_avx512()) return scores ? scores_avx512<T> : mix_avx512<T>;
+    if (cpu_has_avx2()) return scores ? scores_avx2<T> : mix_avx2<T>;
   }
 #endif
   if constexpr (std::is_same_v<T, Half>) return scores ? scores_portable_half : mix_portable_half;

@@ -181,6 +181,99 @@ void group_scores_block(const float* q, const void* k, float* out, int64_t m_cou
   group_scores<C>(q, static_cast<const float*>(k), out, m_count, n_count);
 }
 
+// The same softmax and grouped scores on AVX2 (simd.h's F16), the same floats: the transposing
+// tree's steps on each half (the in-lane unpacks) and across the halves (the block shuffles).
+// The grouped mix is attention.cc's AVX2 mix (one chain of fused multiply-adds per output
+// element in the order of n, as group_mix).
+ATTNSERVE_AVX2_INLINE F16 tail_load16(const float* x, int64_t count, float fill) {
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = l < count ? x[l] : fill;
+  return load16_avx2(lanes);
+}
+
+ATTNSERVE_AVX2 void softmax_avx2(float* x, int64_t n) {
+  const float lowest_value = -std::numeric_limits<float>::infinity();
+  F16 top = set16_avx2(lowest_value);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) top = max16(top, load16_avx2(x + i));
+  const int64_t rest = n - i;
+  top = max16(top, tail_load16(x + i, rest, lowest_value));
+  const F16 shift = set16_avx2(reduce_max16(top));
+  F16 sum = zero16_avx2();
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    const F16 e = exp16_avx2(sub16(load16_avx2(x + i), shift));
+    store16_avx2(x + i, e);
+    sum = add16(sum, e);
+  }
+  float lanes[kLanes];
+  store16_avx2(lanes, exp16_avx2(sub16(tail_load16(x + i, rest, 0.0f), shift)));
+  for (int l = rest; l < kLanes; ++l) lanes[l] = 0.0f;  // as the masked move
+  for (int l = 0; l < rest; ++l) x[i + l] = lanes[l];
+  sum = add16(sum, load16_avx2(lanes));
+  const float inverse = 1.0f / reduce_add16(sum);
+  for (i = 0; i < n; ++i) x[i] *= inverse;
+}
+
+ATTNSERVE_AVX2_INLINE F16 pair_sum_avx2(F16 a, F16 b) {
+  return {_mm256_add_ps(_mm256_unpacklo_ps(a.lo, b.lo), _mm256_unpackhi_ps(a.lo, b.lo)),
+          _mm256_add_ps(_mm256_unpacklo_ps(a.hi, b.hi), _mm256_unpackhi_ps(a.hi, b.hi))};
+}
+ATTNSERVE_AVX2_INLINE __m256 quad_sum8(__m256 a, __m256 b) {
+  const __m256d x = _mm256_castps_pd(a), y = _mm256_castps_pd(b);
+  return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                       _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+}
+ATTNSERVE_AVX2_INLINE F16 quad_sum_avx2(F16 a, F16 b) {
+  return {quad_sum8(a.lo, b.lo), quad_sum8(a.hi, b.hi)};
+}
+// _mm512_shuffle_f32x4(a, b, 0x88) holds the 128-bit blocks (a0, a2, b0, b2), 0xdd (a1, a3,
+// b1, b3); a.lo holds a's blocks 0 and 1, a.hi 2 and 3.
+ATTNSERVE_AVX2_INLINE F16 block_sum_avx2(F16 a, F16 b) {
+  return {_mm256_add_ps(_mm256_permute2f128_ps(a.lo, a.hi, 0x20),
+                        _mm256_permute2f128_ps(a.lo, a.hi, 0x31)),
+          _mm256_add_ps(_mm256_permute2f128_ps(b.lo, b.hi, 0x20),
+                        _mm256_permute2f128_ps(b.lo, b.hi, 0x31))};
+}
+ATTNSERVE_AVX2_INLINE F16 lane_sums_avx2(const F16* a) {
+  const F16 c0 = quad_sum_avx2(pair_sum_avx2(a[0], a[1]), pair_sum_avx2(a[2], a[3]));
+  const F16 c1 = quad_sum_avx2(pair_sum_avx2(a[4], a[5]), pair_sum_avx2(a[6], a[7]));
+  const F16 c2 = quad_sum_avx2(pair_sum_avx2(a[8], a[9]), pair_sum_avx2(a[10], a[11]));
+  const F16 c3 = quad_sum_avx2(pair_sum_avx2(a[12], a[13]), pair_sum_avx2(a[14], a[15]));
+  return block_sum_avx2(block_sum_avx2(c0, c1), block_sum_avx2(c2, c3));
+}
+
+template <int C>
+ATTNSERVE_AVX2 void group_scores_avx2(const float* q, const void* keys, float* out,
+                                      int64_t m_count, int64_t n_count, int64_t) {
+  constexpr int64_t depth = C * kLanes;
+  const float* k = static_cast<const float*>(keys);
+  for (int64_t m = 0; m < m_count; ++m) {
+    const float* qm = q + m * depth;
+    float* om = out + m * n_count;
+    int64_t n = 0;
+    for (; n + kLanes <= n_count; n += kLanes) {
+      F16 a[kLanes];
+      const float* kn = k + n * depth;
+      for (int i = 0; i < kLanes; ++i) {
+        a[i] = mul16(load16_avx2(qm), load16_avx2(kn + i * depth));
+        for (int c = 1; c < C; ++c) {
+          a[i] = fmadd16(load16_avx2(qm + c * kLanes), load16_avx2(kn + i * depth + c * kLanes),
+                         a[i]);
+        }
+      }
+      store16_avx2(om + n, lane_sums_avx2(a));
+    }
+    for (; n < n_count; ++n) {
+      const float* kn = k + n * depth;
+      F16 a = mul16(load16_avx2(qm), load16_avx2(kn));
+      for (int c = 1; c < C; ++c) {
+        a = fmadd16(load16_avx2(qm + c * kLanes), load16_avx2(kn + c * kLanes), a);
+      }
+      om[n] = reduce_add16(a);
+    }
+  }
+}
+
 template <int C>
 void group_mix_block(const float* p, const void* v, float* out, int64_t m_count, int64_t n_count,
                      int64_t) {
@@ -188,7 +281,8 @@ void group_mix_block(const float* p, const void* v, float* out, int64_t m_count,
 }
 #endif
 
-// The grouped loops for head sizes 16, 32, 64 and 128 on AVX-512, else the attention's loops.
+// The grouped loops for head sizes 16, 32, 64 and 128 on AVX-512 (AVX2: the grouped scores),
+// else the attention's loops.
 Block pick_group(bool scores, int64_t depth) {
 #if ATTNSERVE_AVX512
   if (cpu_has_avx512()) {
@@ -200,6 +294,15 @@ Block pick_group(bool scores, int64_t depth) {
       default: break;
     }
   }
+  if (cpu_has_avx2() && scores) {  // the mix: attention.cc's, below
+    switch (depth) {
+      case 16: return group_scores_avx2<1>;
+      case 32: return group_scores_avx2<2>;
+      case 64: return group_scores_avx2<4>;
+      case 128: return group_scores_avx2<8>;
+      default: break;
+    }
+  }
 #endif
   return pick<float>(scores, depth);
 }
@@ -207,6 +310,7 @@ Block pick_group(bool scores, int64_t depth) {
 SoftmaxFn pick_softmax() {
 #if ATTNSERVE_AVX512
   if (cpu_has_avx512()) return softmax_avx512;
+  if (cpu_has_avx2()) return softmax_avx2;
 #endif
   return softmax_portable;
 }

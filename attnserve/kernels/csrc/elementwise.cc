@@ -68,6 +68,17 @@ __attribute__((target("avx512f"))) void swiglu_row_avx512(const float* gate, con
   }
   swiglu_row_portable(gate + i, up + i, out + i, n - i);
 }
+
+ATTNSERVE_AVX2 void swiglu_row_avx2(const float* gate, const float* up, float* out, int64_t n) {
+  const F16 one = set16_avx2(1.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16 g = load16_avx2(gate + i);
+    const F16 e = exp16_avx2(sub16(zero16_avx2(), g));
+    store16_avx2(out + i, mul16(div16(g, add16(one, e)), load16_avx2(up + i)));
+  }
+  swiglu_row_portable(gate + i, up + i, out + i, n - i);
+}
 #endif
 
 void swiglu_row(void* data, size_t index) {
@@ -77,6 +88,7 @@ void swiglu_row(void* data, size_t index) {
   float* out = job.out + row * job.half;
 #if ATTNSERVE_AVX512
   if (cpu_has_avx512()) return swiglu_row_avx512(gate, gate + job.half, out, job.half);
+  if (cpu_has_avx2()) return swiglu_row_avx2(gate, gate + job.half, out, job.half);
 #endif
   swiglu_row_portable(gate, gate + job.half, out, job.half);
 }

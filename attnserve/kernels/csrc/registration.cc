@@ -274,7 +274,16 @@ ATTNSERVE_EXPORT uint64_t attnserve_kernels_thread_runs() {
   return pool().runs_.load(std::memory_order_relaxed);
 }
 
+// The instruction sets the float loops may use from now on (simd.h's Isa: 0 portable, 1 AVX2,
+// 2 AVX-512; a negative `cap` changes nothing), at most the CPU's; returns the set they use.
+// Tests and benchmarks run one CPU's loops for another's. The integer products are registered
+// or not once, at registration.
+ATTNSERVE_EXPORT int attnserve_kernels_isa(int cap) {
+  if (cap >= 0) isa_cap().store(cap, std::memory_order_relaxed);
+  return isa();
+}
+
 // The library's own version, read by attnserve/kernels/library.py to refuse a stale build.
-ATTNSERVE_EXPORT int attnserve_kernels_version() { return 12; }
+ATTNSERVE_EXPORT int attnserve_kernels_version() { return 13; }
 
 }  // namespace attnserve::kernels

@@ -71,12 +71,56 @@ __attribute__((target("avx512f"))) void quantize_avx512(const float* x, int64_t 
   }
   for (; i < n; ++i) q[i] = quantize_one(x[i], m);
 }
+
+// The same on AVX2 (simd.h's F16): the same maximum and bytes.
+ATTNSERVE_AVX2 float row_max_avx2(const float* x, int64_t n) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  F16 m = zero16_avx2();
+  unsigned nan = 0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16 v = load16_avx2(x + i);
+    nan |= compare16<_CMP_UNORD_Q>(v, v);
+    m = max16(m, {_mm256_and_ps(v.lo, magnitude), _mm256_and_ps(v.hi, magnitude)});
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  float top = reduce_max16(m);
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
+    top = std::max(top, std::fabs(x[i]));
+  }
+  return top;
+}
+
+ATTNSERVE_AVX2_INLINE __m128i bytes8_avx2(__m256 v, __m256 scale, __m256 step) {
+  v = _mm256_div_ps(_mm256_div_ps(v, scale), step);
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+  v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // ties to even
+  const __m256i r = _mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(128));
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  return _mm_packus_epi16(words, words);  // 0..255: exact
+}
+
+ATTNSERVE_AVX2 void quantize_avx2(const float* x, int64_t n, float m, uint8_t* q) {
+  const __m256 scale = _mm256_set1_ps(m), step = _mm256_set1_ps(kStep);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m128i low = bytes8_avx2(_mm256_loadu_ps(x + i), scale, step);
+    const __m128i high = bytes8_avx2(_mm256_loadu_ps(x + i + 8), scale, step);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_unpacklo_epi64(low, high));
+  }
+  for (; i < n; ++i) q[i] = quantize_one(x[i], m);
+}
 #endif  // ATTNSERVE_AVX512
 
 RowQuantJob row_quant_job(const float* x, uint8_t* q, float* scales, int64_t columns) {
   RowQuantJob job{row_max_portable, quantize_portable, x, q, scales, columns};
 #if ATTNSERVE_AVX512
-  if (cpu_has_avx512()) job.row_max = row_max_avx512, job.quantize = quantize_avx512;
+  if (cpu_has_avx512()) {
+    job.row_max = row_max_avx512, job.quantize = quantize_avx512;
+  } else if (cpu_has_avx2()) {
+    job.row_max = row_max_avx2, job.quantize = quantize_avx2;
+  }
 #endif
   return job;
 }

@@ -167,7 +167,7 @@ __attribute__((target("avx512f"))) void select_avx512(const float* x, int64_t n,
 
 // Lane l sums the elements l, l + 16, ... in double precision; the lanes are then added
 // pairwise, as the portable loop does (the same order: a row's sum never depends on the batch,
-// nor on the CPU's instruction set).
+// nor on the CPU's instruction set: the AVX2 loop below sums alike).
 __attribute__((target("avx512f"))) double exp_sum_avx512(const float* x, int64_t n, float top) {
   const int64_t whole = n - n % kLanes;
   __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
@@ -187,6 +187,96 @@ __attribute__((target("avx512f"))) double exp_sum_avx512(const float* x, int64_t
   }
   return lanes[0];
 }
+
+// The same three passes on AVX2 (simd.h's F16), the same floats and doubles.
+ATTNSERVE_AVX2_INLINE F16 exp_nonpositive16_avx2(F16 x) {
+  const F16 low = set16_avx2(-87.33654f);
+  const __m256 zero_lo = _mm256_cmp_ps(x.lo, low.lo, _CMP_LT_OQ);
+  const __m256 zero_hi = _mm256_cmp_ps(x.hi, low.hi, _CMP_LT_OQ);
+  const F16 n = {_mm256_round_ps(_mm256_mul_ps(x.lo, _mm256_set1_ps(1.44269504088896341f)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                 _mm256_round_ps(_mm256_mul_ps(x.hi, _mm256_set1_ps(1.44269504088896341f)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  const F16 r = add16(sub16(x, mul16(n, set16_avx2(0.693359375f))),
+                      mul16(n, set16_avx2(2.12194440e-4f)));
+  F16 p = set16_avx2(1.9875691500e-4f);
+  p = add16(mul16(p, r), set16_avx2(1.3981999507e-3f));
+  p = add16(mul16(p, r), set16_avx2(8.3334519073e-3f));
+  p = add16(mul16(p, r), set16_avx2(4.1665795894e-2f));
+  p = add16(mul16(p, r), set16_avx2(1.6666665459e-1f));
+  p = add16(mul16(p, r), set16_avx2(5.0000001201e-1f));
+  const F16 e = add16(add16(mul16(mul16(p, r), r), r), set16_avx2(1.0f));
+  return {_mm256_andnot_ps(zero_lo, scale_pow2(e.lo, n.lo)),
+          _mm256_andnot_ps(zero_hi, scale_pow2(e.hi, n.hi))};
+}
+
+ATTNSERVE_AVX2 float max_avx2(const float* x, int64_t n) {
+  F16 tops = set16_avx2(-std::numeric_limits<float>::infinity());
+  unsigned nan = 0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16 v = load16_avx2(x + i);
+    nan |= compare16<_CMP_UNORD_Q>(v, v);
+    tops = max16(tops, v);
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  float top = reduce_max16(tops);
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return x[i];
+    top = std::max(top, x[i]);
+  }
+  return top;
+}
+
+ATTNSERVE_AVX2 void select_avx2(const float* x, int64_t n, float top, float log_sum, Best& best,
+                                float* out) {
+  int64_t i = 0;
+  for (; i < n && best.count < best.k; ++i) {
+    const float value = (x[i] - top) - log_sum;
+    if (out != nullptr) out[i] = value;
+    best.offer(value, i);
+  }
+  const F16 tops = set16_avx2(top), sums = set16_avx2(log_sum);
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16 values = sub16(sub16(load16_avx2(x + i), tops), sums);
+    if (out != nullptr) store16_avx2(out + i, values);
+    unsigned above = compare16<_CMP_GT_OQ>(values, set16_avx2(best.threshold()));
+    if (!above) continue;
+    float lanes[kLanes];
+    store16_avx2(lanes, values);
+    while (above) {
+      const int l = __builtin_ctz(above);
+      best.offer(lanes[l], i + l);
+      above &= above - 1;
+    }
+  }
+  for (; i < n; ++i) {
+    const float value = (x[i] - top) - log_sum;
+    if (out != nullptr) out[i] = value;
+    best.offer(value, i);
+  }
+}
+
+ATTNSERVE_AVX2 double exp_sum_avx2(const float* x, int64_t n, float top) {
+  const int64_t whole = n - n % kLanes;
+  __m256d sums[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                     _mm256_setzero_pd()};  // lanes 0-3, 4-7, 8-11, 12-15
+  const F16 tops = set16_avx2(top);
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    const F16 e = exp_nonpositive16_avx2(sub16(load16_avx2(x + i), tops));
+    sums[0] = _mm256_add_pd(sums[0], _mm256_cvtps_pd(_mm256_castps256_ps128(e.lo)));
+    sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm256_extractf128_ps(e.lo, 1)));
+    sums[2] = _mm256_add_pd(sums[2], _mm256_cvtps_pd(_mm256_castps256_ps128(e.hi)));
+    sums[3] = _mm256_add_pd(sums[3], _mm256_cvtps_pd(_mm256_extractf128_ps(e.hi, 1)));
+  }
+  double lanes[kLanes];
+  for (int part = 0; part < 4; ++part) _mm256_storeu_pd(lanes + 4 * part, sums[part]);
+  for (int64_t i = whole; i < n; ++i) lanes[i - whole] += exp_nonpositive(x[i] - top);
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
 #endif  // ATTNSERVE_AVX512
 
 struct RowFns {
@@ -198,6 +288,7 @@ struct RowFns {
 RowFns pick_row_fns() {
 #if ATTNSERVE_AVX512
   if (cpu_has_avx512()) return {max_avx512, exp_sum_avx512, select_avx512};
+  if (cpu_has_avx2()) return {max_avx2, exp_sum_avx2, select_avx2};
 #endif
   return {max_portable, exp_sum_portable, select_portable};
 }
