@@ -37,6 +37,10 @@ The kernels run their tasks on ONNX Runtime's intra-op threads, or on threads of
 own where the process asks for them (`use_threads`: a language model whose every product is on
 these kernels, its session's own nodes on one thread).
 
+**Instruction sets.** Each float kernel has AVX-512 loops, AVX2 loops (FMA, F16C) that give the
+AVX-512 loops' floats bit for bit (sixteen lanes as two halves, the same order), and portable
+loops; the CPU's best runs, at most ATTNSERVE_KERNELS_ISA's set or `isa(cap)`'s.
+
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;
 MatMul; LogSoftmax + TopK; Abs, ReduceMax, Div, QuantizeLinear; MatMulIntegerToFloat + Add,

@@ -115,16 +115,18 @@ def register(options: object) -> bool:
     return True
 
 
-# The instruction sets the float kernels choose between (the library's `Isa`), best last; the
+# The instruction sets the kernels' loops choose between (the library's `Isa`), best last; the
 # environment's ATTNSERVE_KERNELS_ISA caps them for a whole process.
 ISAS = ("portable", "avx2", "avx512")
 ENV_ISA = "ATTNSERVE_KERNELS_ISA"
 
 
 def isa(cap: str | None = None) -> str | None:
-    """The instruction sets the float kernels use in this process (`ISAS`: the CPU's best, at
+    """The instruction sets the kernels' loops use in this process (`ISAS`: the CPU's best, at
     most ATTNSERVE_KERNELS_ISA); with `cap`, at most that from now on (tests and benchmarks run
-    another CPU's loops; the integer products stay as registered). None without the library."""
+    another CPU's loops; below avx512, sessions registered from then on go without the integer
+    products, as on a CPU without VNNI, and `integer_products()` says so). None without the
+    library."""
     if cap is not None and cap not in ISAS:
         raise ValueError(f"unknown instruction sets {cap!r}; choose from {', '.join(ISAS)}")
     library = _library()
@@ -137,7 +139,8 @@ def isa(cap: str | None = None) -> str | None:
 
 def integer_products() -> bool:
     """Whether the library registers its integer products (QMatMul..., BlockQ4MatMul) here: a
-    CPU with AVX-512 VNNI, the library built and not switched off."""
+    CPU with AVX-512 VNNI, the library built and not switched off, its loops not capped below
+    avx512 (`isa`)."""
     library = _library()
     try:
         return library is not None and bool(library.attnserve_kernels_integer_products())

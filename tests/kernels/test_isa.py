@@ -68,9 +68,14 @@ def test_the_sets_are_capped_and_named() -> None:
     assert BEST in kernels.ISAS and RUNS[0] == "portable"
     assert kernels.isa("portable") == "portable" and kernels.isa() == "portable"
     assert kernels.isa("avx512") == BEST  # at most the CPU's
+    if kernels.integer_products():  # below AVX-512, sessions go without them, as off VNNI
+        kernels.isa("avx2")
+        assert not kernels.integer_products()
+        kernels.isa("avx512")
+        assert kernels.integer_products()
     with pytest.raises(ValueError, match="unknown instruction sets 'sse'"):
         kernels.isa("sse")
-    env = {**os.environ, kernels.ENV_ISA: "portable"}
+    env = {**os.environ, kernels.ENV_ISA: "Portable"}  # any case
     code = "from attnserve import kernels; print(kernels.isa())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "portable", out.stderr

@@ -187,6 +187,10 @@ void q4_quantize_task(void* data, size_t index) {
     return q4_quantize_row(*quant.job, quant.x + row * quant.job->k, row, row_max_avx512,
                            quantize_avx512);
   }
+  if (cpu_has_avx2()) {
+    return q4_quantize_row(*quant.job, quant.x + row * quant.job->k, row, row_max_avx2,
+                           quantize_avx2);
+  }
 #endif
   q4_quantize_row(*quant.job, quant.x + row * quant.job->k, row, row_max_portable,
                   quantize_portable);

@@ -251,10 +251,11 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
         &kSwiGlu}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
+  const bool products = use_qmatmul();  // all of them or none
   for (const OrtCustomOp* op :
        {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kBlockQ4MatMul,
         &kBlockQ8MatMul, &kRowQMatMul}) {
-    if (!use_qmatmul()) break;
+    if (!products) break;
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   return api.AddCustomOpDomain(options, domain);
@@ -274,10 +275,11 @@ ATTNSERVE_EXPORT uint64_t attnserve_kernels_thread_runs() {
   return pool().runs_.load(std::memory_order_relaxed);
 }
 
-// The instruction sets the float loops may use from now on (simd.h's Isa: 0 portable, 1 AVX2,
-// 2 AVX-512; a negative `cap` changes nothing), at most the CPU's; returns the set they use.
-// Tests and benchmarks run one CPU's loops for another's. The integer products are registered
-// or not once, at registration.
+// The instruction sets the loops may use from now on (simd.h's Isa: 0 portable, 1 AVX2, 2
+// AVX-512; a negative `cap` changes nothing), at most the CPU's; returns the set they use. Tests
+// and benchmarks run one CPU's loops for another's. The integer products are registered or not
+// when a session registers the library: below AVX-512, sessions registered from then on go
+// without them (as on a CPU without VNNI); one registered before keeps them.
 ATTNSERVE_EXPORT int attnserve_kernels_isa(int cap) {
   if (cap >= 0) isa_cap().store(cap, std::memory_order_relaxed);
   return isa();

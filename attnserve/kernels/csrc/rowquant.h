@@ -32,6 +32,8 @@ void quantize_portable(const float* x, int64_t n, float m, uint8_t* q);
 __attribute__((target("avx512f"))) float row_max_avx512(const float* x, int64_t n);
 __attribute__((target("avx512f"))) void quantize_avx512(const float* x, int64_t n, float m,
                                                         uint8_t* q);
+ATTNSERVE_AVX2 float row_max_avx2(const float* x, int64_t n);
+ATTNSERVE_AVX2 void quantize_avx2(const float* x, int64_t n, float m, uint8_t* q);
 #endif
 
 struct RowQuantJob {

@@ -14,13 +14,15 @@
 //
 // `isa()` is the set the loops use: the CPU's best, at most ATTNSERVE_KERNELS_ISA (avx512, avx2
 // or portable) and at most what `attnserve_kernels_isa` (registration.cc) was last told: tests
-// and benchmarks run one CPU's loops for another's.
+// and benchmarks run one CPU's loops for another's (below AVX-512, sessions registered from then
+// on leave out the integer products, as on a CPU without VNNI; a registered one keeps them).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <strings.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -38,17 +40,16 @@ using Half = uint16_t;
 // The instruction sets the loops choose between, best last.
 enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// The best the CPU has.
+// The best the CPU has (AVX-512 counted only with the AVX2 set beside it).
 inline int cpu_isa() {
 #if ATTNSERVE_AVX512
   static const int best = [] {
     __builtin_cpu_init();  // a library loaded by dlopen may run before libgcc's own init
-    if (__builtin_cpu_supports("avx512f")) return static_cast<int>(kAvx512);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
-      return static_cast<int>(kAvx2);
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c")) {
+      return static_cast<int>(kPortable);
     }
-    return static_cast<int>(kPortable);
+    return static_cast<int>(__builtin_cpu_supports("avx512f") ? kAvx512 : kAvx2);
   }();
   return best;
 #else
@@ -60,10 +61,10 @@ inline int cpu_isa() {
 // caller sets (attnserve_kernels_isa).
 inline std::atomic<int>& isa_cap() {
   static std::atomic<int> cap{[] {
-    const char* name = std::getenv("ATTNSERVE_KERNELS_ISA");
-    if (name == nullptr) return static_cast<int>(kAvx512);
-    if (std::strcmp(name, "portable") == 0) return static_cast<int>(kPortable);
-    if (std::strcmp(name, "avx2") == 0) return static_cast<int>(kAvx2);
+    const char* value = std::getenv("ATTNSERVE_KERNELS_ISA");  // any case; else no cap
+    if (value == nullptr) return static_cast<int>(kAvx512);
+    if (strcasecmp(value, "portable") == 0) return static_cast<int>(kPortable);
+    if (strcasecmp(value, "avx2") == 0) return static_cast<int>(kAvx2);
     return static_cast<int>(kAvx512);
   }()};
   return cap;
@@ -79,7 +80,9 @@ inline int isa() {
 inline bool cpu_has_avx512() { return isa() >= kAvx512; }
 inline bool cpu_has_avx2() { return isa() >= kAvx2; }
 
-// The integer products' kernels: AVX-512 with VNNI (asked at registration).
+// The integer products' kernels: AVX-512 with VNNI, and the loops allowed AVX-512 (asked when a
+// session registers the library: a cap below AVX-512 registers them no more, as on a CPU
+// without VNNI).
 inline bool cpu_has_vnni() {
   static const bool vnni = [] {
     __builtin_cpu_init();
