@@ -7,6 +7,9 @@ import numpy as np
 
 DOMAIN = "ai.attnserve"
 VERSION = 13  # the library's `attnserve_kernels_version`; a stale build is not registered
+# The library version whose graph rewrites a current export holds: graphs exported for an older
+# one cover fewer nodes with the kernels (a manifest's `kernels_version` below it).
+REWRITES = 12
 # The version of the ops' stock bodies (functions.py), which a graph carries with it, and what
 # each version changed in which variants: a variant's graphs exported with older bodies than one
 # that changed it are exported again (attnserve.export.ensure; a manifest without the version: 1).

@@ -52,7 +52,7 @@ from attnserve.engine.onnx.rowops import (
     slot_index,
     width_of,
 )
-from attnserve.kernels import VERSION as KERNELS
+from attnserve.kernels import REWRITES
 from attnserve.kernels import register as register_kernels
 from attnserve.model.checkpoint import ModelFileInvalidError, read_model_config
 from attnserve.model.config import ModelConfig
@@ -225,10 +225,10 @@ class OnnxBackend:
         if (
             self.kernels
             and self.variant in ("fp32", "int8")
-            and self.manifest.get("options", {}).get(KERNELS_VERSION) != KERNELS
+            and int(self.manifest.get("options", {}).get(KERNELS_VERSION, 0)) < REWRITES
         ):
             log.info(
-                "%s was exported for another version of attnserve's kernels: re-export it "
+                "%s was exported for an older version of attnserve's kernels: re-export it "
                 "(`attnserve export %s --variants %s`) to run every node they cover on them",
                 directory,
                 directory.parent.parent,
