@@ -162,11 +162,11 @@ def block_down_projections(
 
 def quantize_int4(src_dir: Path, out_dir: Path, work_dir: Path, vocab_size: int) -> dict[str, Any]:
     """int4 prefill/decode graphs (export/blockwise.py) from the fp32 graphs: the 4-bit
-    products on attnserve's BlockQ4MatMul where this CPU runs it (AVX-512 VNNI), else ONNX
-    Runtime's MatMulNBits."""
+    products on attnserve's BlockQ4MatMul where this CPU runs it (AVX-512 VNNI or AVX2), else
+    ONNX Runtime's MatMulNBits."""
     work_dir.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
-    q4_kernel = kernels.integer_products()
+    q4_kernel = kernels.block_products()
     for name in LM_GRAPHS:
         optimized = onnx.load(str(build.optimize_offline(src_dir / name, work_dir / name)))
         counts = quantize_blockwise(optimized, vocab_size, q4_kernel=q4_kernel)
@@ -302,10 +302,10 @@ def export_lm_variants(
                     keep_float=keep_down if INT8_BLOCK_DOWN else None,
                     vocab_size=model.config.vocab_size,
                 )
-                if INT8_BLOCK_DOWN:  # on attnserve's kernels where they run (VNNI)
+                if INT8_BLOCK_DOWN:  # on attnserve's kernels where they run (VNNI, AVX2)
                     options["down_projections"] = block_down_projections(
                         out, model.config.intermediate_size, Path(tmp) / "int8-down",
-                        on_kernel=kernels.integer_products(),
+                        on_kernel=kernels.block_products(),
                     )  # fmt: skip
                 options["smoothquant"] = smoothed
                 # the activations' per-row quantization and the products on attnserve's kernels

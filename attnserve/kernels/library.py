@@ -137,8 +137,19 @@ def isa(cap: str | None = None) -> str | None:
     ]
 
 
+def block_products() -> bool:
+    """Whether the library registers its block products (BlockQ4MatMul, BlockQ8MatMul) here: a
+    CPU with AVX-512 VNNI or AVX2, the library built and not switched off (nor its products,
+    ATTNSERVE_KERNELS_QMATMUL)."""
+    library = _library()
+    try:
+        return library is not None and bool(library.attnserve_kernels_block_products())
+    except AttributeError:
+        return False
+
+
 def integer_products() -> bool:
-    """Whether the library registers its integer products (QMatMul..., BlockQ4MatMul) here: a
+    """Whether the library registers its per-row int8 products (QMatMul..., RowQMatMul) here: a
     CPU with AVX-512 VNNI, the library built and not switched off, its loops not capped below
     avx512 (`isa`)."""
     library = _library()

@@ -93,11 +93,11 @@ def scheduler(backend: Any, cache: PrefixCache | None, chunk: int = 512) -> Sche
 
 
 BACKENDS = [f"{a}-{v}" for a in ("gqa", "plain") for v in ("fp32", "int8", "int4")] + ["torch"]
-# The int4 graph's products run on attnserve's kernel where the CPU has AVX-512 VNNI; elsewhere
-# on their stock bodies, ONNX Runtime's float GEMM over the dequantized weight, whose blocking
-# follows the number of rows: the same tokens, scores to the last bits, not the same bits.
-# (int8's stock products are exact integer sums everywhere.)
-EXACT_INT4 = kernels.integer_products()
+# The int4 graph's products run on attnserve's kernel where the CPU has AVX-512 VNNI or AVX2;
+# elsewhere on their stock bodies, ONNX Runtime's float GEMM over the dequantized weight, whose
+# blocking follows the number of rows: the same tokens, scores to the last bits, not the same
+# bits. (int8's stock products are exact integer sums everywhere.)
+EXACT_INT4 = kernels.block_products()
 EXACT_LM = "gqa-int4" if EXACT_INT4 else "gqa-int8"
 
 

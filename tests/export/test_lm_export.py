@@ -173,7 +173,7 @@ def test_int4_keeps_q4_1_weights(
     from attnserve import kernels
     from attnserve.export import lm_export
 
-    monkeypatch.setattr(lm_export.kernels, "integer_products", lambda: block_kernels)
+    monkeypatch.setattr(lm_export.kernels, "block_products", lambda: block_kernels)
     model = tiny(seed=1)
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from attnserve import kernels
-from tests.kernels.helpers import activations, needs_library, session
+from tests.kernels.helpers import activations, needs_library, q4_1_weight, q8_0_weight, session
 from tests.kernels.test_attention import attention_graph, half_attention_graph, half_inputs, inputs
+from tests.kernels.test_blockquant import q4_graph, q4_session
 from tests.kernels.test_causal_attention import CASES, feeds, run_in_place
 from tests.kernels.test_causal_attention import attention_graph as causal_graph
 from tests.kernels.test_elementwise import mlp_block_graph
@@ -122,6 +123,27 @@ def test_causal_attention_agrees_across_the_sets(case: str) -> None:
     f = feeds(np.random.default_rng(5), heads, kv, depth, seq, seqlens, total, width)
     outputs = per_isa(causal_graph(heads, kv, depth, True), f, run_in_place)
     assert_sets_agree(outputs)
+
+
+@pytest.mark.skipif(not kernels.block_products(), reason="no block products on this CPU")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shape", [(1, 3, 96, 48), (1, 9, 1024, 80)])
+def test_the_block_products_are_the_same_on_every_set(bits: int, shape: tuple[int, ...]) -> None:
+    """Registered on AVX-512 VNNI or AVX2: the AVX2 loops' integer sums are exact and their
+    epilogue is the VNNI loops' (a cap below avx512 runs them on a session registered before)."""
+    b, t, k, n = shape
+    rng = np.random.default_rng(sum(shape) + bits)
+    w = q4_1_weight(rng, k, n) if bits == 4 else q8_0_weight(rng, k, n)
+    s = q4_session(q4_graph(w, bits), True)
+    x = rng.normal(size=(b, t, k)).astype(np.float32)
+    x[0, 0, :8] *= 40  # an outlier block
+    x[0, 1, 32:64] = -1e4  # a block of -127s: the 8-bit weights' largest products
+    outputs = {}
+    for name in RUNS:
+        kernels.isa(name)
+        outputs[name] = s.run(None, {"x": x})
+    for name in RUNS:
+        assert_same(outputs[name], outputs[RUNS[-1]])
 
 
 @needs_library

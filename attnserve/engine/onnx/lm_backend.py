@@ -60,7 +60,7 @@ from attnserve.engine.onnx.rowops import (
     width_of,
 )
 from attnserve.engine.torch_lm import lm_spec
-from attnserve.kernels import integer_products, physical_cores
+from attnserve.kernels import block_products, integer_products, physical_cores
 from attnserve.kernels import register as register_kernels
 from attnserve.kernels import use_threads as use_kernel_threads
 from attnserve.model.decoder_config import DecoderConfig
@@ -141,13 +141,17 @@ class OnnxLMBackend:
         # attnserve's kernels (an int8 step's activation quantization), on the CPU provider
         self.kernels = providers[0] == CPU and kernels and register_kernels(options)
         exported = self.manifest.get("options", {})
-        products = self.kernels and integer_products()
+        # the products the graph holds are registered: an int4 graph's are block products
+        # (AVX2 or AVX-512 VNNI), an int8 graph's per-row ones (VNNI) and block ones
+        blocks = bool(self.kernels) and block_products()
+        products = blocks if self.variant == "int4" else blocks and integer_products()
         if (exported.get("matmuls", {}).get("on_kernel") or exported.get(KERNEL_THREADS)) and not (
             products
         ):
             log.warning(
                 "%s runs its products on attnserve's integer kernels, which are not registered "
-                "here (they need AVX-512 VNNI and the built library): ONNX Runtime runs their "
+                "here (per-row int8 needs AVX-512 VNNI, the block products AVX2, and the built "
+                "library): ONNX Runtime runs their "
                 "stock bodies (slower; the block products on float copies of the weights); "
                 "export the variant again on this machine",
                 directory,

@@ -152,9 +152,112 @@ void q4_rows(const Q4Job& job, int64_t p, int64_t r0, int64_t r1) {
     default: return;
   }
 }
+
+// The same products on AVX2 (a CPU without VNNI): the same integer sums, exact (a 4-bit weight
+// times a signed byte, pairs added by vpmaddubsw, fit int16; 8-bit weights are widened to int16
+// first, vpmaddwd), and the same float epilogue lane for lane (simd.h's F16: columns 0-7 in
+// `lo`, 8-15 in `hi`): the AVX-512 kernel's results bit for bit.
+constexpr int kQ4RowsAvx2 = 2;  // rows per register block (sixteen registers)
+
+// Four signed bytes of x as one 32-bit value.
+inline int32_t quad_of(const int8_t* x) {
+  int32_t quad;
+  std::memcpy(&quad, x, 4);
+  return quad;
+}
+
+// 8 columns' sums of 4 products each (w: the columns' 4 bytes side by side, 0..15).
+ATTNSERVE_AVX2_INLINE __m256i nibble_dot_avx2(__m256i w, __m256i quad) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, quad), _mm256_set1_epi16(1));
+}
+
+// 4 columns' pairs of products (w: 16 bytes, 0..255, the columns' 4 bytes side by side):
+// int32 lanes (c0: k0 + k1, c0: k2 + k3, c1: ..., c3: ...).
+ATTNSERVE_AVX2_INLINE __m256i byte_pairs_avx2(__m128i w, __m256i quad16) {
+  return _mm256_madd_epi16(_mm256_cvtepu8_epi16(w), quad16);
+}
+
+// Two registers of pairs (columns 0-3, 4-7) -> the 8 columns' sums in order.
+ATTNSERVE_AVX2_INLINE __m256i pair_sums_avx2(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xd8);
+}
+
+template <int R, int Bits>
+ATTNSERVE_AVX2 void q4_block_avx2(const Q4Job& job, int64_t p, int64_t r) {
+  constexpr int64_t kBytes = Bits == 4 ? kQ4PanelBytes : kQ8PanelBytes;
+  const uint8_t* q = job.q + p * job.blocks * kBytes;
+  const Half* d = job.d + p * job.blocks * kQ4Panel;
+  const Half* m = Bits == 4 ? job.m + p * job.blocks * kQ4Panel : nullptr;
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  F16 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = zero16_avx2();
+  for (int64_t b = 0; b < job.blocks; ++b, q += kBytes, d += kQ4Panel) {
+    const F16 db = load16_avx2(d);
+    F16 mb = zero16_avx2();
+    if constexpr (Bits == 4) {
+      mb = load16_avx2(m);
+      m += kQ4Panel;
+    }
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = r + i;
+      const int8_t* x = job.xq + row * job.k + b * kQ4Block;
+      __m256i lo, hi;  // the 16 columns' exact sums over the block
+      if constexpr (Bits == 4) {
+        lo = hi = _mm256_setzero_si256();
+        for (int g = 0; g < 4; ++g) {  // group g: k = 4 g .. (low nibbles), 16 + 4 g .. (high)
+          const __m256i* group = reinterpret_cast<const __m256i*>(q + 64 * g);
+          const __m256i bytes_lo = _mm256_loadu_si256(group);
+          const __m256i bytes_hi = _mm256_loadu_si256(group + 1);
+          const __m256i first = _mm256_set1_epi32(quad_of(x + 4 * g));
+          const __m256i second = _mm256_set1_epi32(quad_of(x + 16 + 4 * g));
+          const __m256i high_lo = _mm256_and_si256(_mm256_srli_epi16(bytes_lo, 4), low4);
+          const __m256i high_hi = _mm256_and_si256(_mm256_srli_epi16(bytes_hi, 4), low4);
+          lo = _mm256_add_epi32(lo, nibble_dot_avx2(_mm256_and_si256(bytes_lo, low4), first));
+          hi = _mm256_add_epi32(hi, nibble_dot_avx2(_mm256_and_si256(bytes_hi, low4), first));
+          lo = _mm256_add_epi32(lo, nibble_dot_avx2(high_lo, second));
+          hi = _mm256_add_epi32(hi, nibble_dot_avx2(high_hi, second));
+        }
+      } else {
+        __m256i pairs[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                            _mm256_setzero_si256(), _mm256_setzero_si256()};  // columns by 4
+        for (int g = 0; g < 8; ++g) {
+          const __m256i quad16 = _mm256_cvtepi8_epi16(_mm_set1_epi32(quad_of(x + 4 * g)));
+          const __m128i* group = reinterpret_cast<const __m128i*>(q + 64 * g);
+          for (int part = 0; part < 4; ++part) {
+            const __m256i products = byte_pairs_avx2(_mm_loadu_si128(group + part), quad16);
+            pairs[part] = _mm256_add_epi32(pairs[part], products);
+          }
+        }
+        const int32_t sum = static_cast<int32_t>(job.sums[row * job.blocks + b]);
+        const __m256i offset = _mm256_set1_epi32(128 * sum);
+        lo = _mm256_sub_epi32(pair_sums_avx2(pairs[0], pairs[1]), offset);
+        hi = _mm256_sub_epi32(pair_sums_avx2(pairs[2], pairs[3]), offset);
+      }
+      const int64_t at = row * job.blocks + b;
+      const F16 dot = {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
+      F16 t;
+      if constexpr (Bits == 4) {
+        t = fmadd16(dot, db, mul16(mb, set16_avx2(job.sums[at])));
+      } else {
+        t = mul16(dot, db);
+      }
+      acc[i] = fmadd16(t, set16_avx2(job.scale[at]), acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) store16_avx2(job.y + (r + i) * job.n + p * kQ4Panel, acc[i]);
+}
+
+template <int Bits>
+void q4_rows_avx2(const Q4Job& job, int64_t p, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + kQ4RowsAvx2 <= r1; r += kQ4RowsAvx2) q4_block_avx2<kQ4RowsAvx2, Bits>(job, p, r);
+  if (r < r1) q4_block_avx2<1, Bits>(job, p, r);
+}
 #endif  // ATTNSERVE_AVX512
 
-// One task: up to kQ4TaskPanels panels for up to kTaskRows rows.
+// One task: up to kQ4TaskPanels panels for up to kTaskRows rows: on AVX-512 VNNI, else on AVX2
+// (the op is registered only on CPUs with one of them; a cap lowered after registration runs
+// the AVX2 loops, which give the same floats).
 void q4_task(void* data, size_t index) {
 #if ATTNSERVE_AVX512
   const Q4Job& job = *static_cast<const Q4Job*>(data);
@@ -162,11 +265,12 @@ void q4_task(void* data, size_t index) {
   const int64_t t = static_cast<int64_t>(index) % job.row_tasks;
   const int64_t r0 = t * kTaskRows, r1 = std::min(job.rows, r0 + kTaskRows);
   const int64_t p1 = std::min(job.panels, (group + 1) * kQ4TaskPanels);
+  const bool vnni = cpu_has_vnni();
   for (int64_t p = group * kQ4TaskPanels; p < p1; ++p) {
-    if (job.bits == 4) {
-      q4_rows<4>(job, p, r0, r1);
+    if (vnni) {
+      job.bits == 4 ? q4_rows<4>(job, p, r0, r1) : q4_rows<8>(job, p, r0, r1);
     } else {
-      q4_rows<8>(job, p, r0, r1);
+      job.bits == 4 ? q4_rows_avx2<4>(job, p, r0, r1) : q4_rows_avx2<8>(job, p, r0, r1);
     }
   }
 #else

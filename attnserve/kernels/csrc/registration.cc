@@ -4,8 +4,9 @@
 //
 // The graph declares each op as an ONNX function whose body is stock nodes
 // (attnserve/kernels/functions.py), so a runtime without this library runs the body instead.
-// The integer products (QMatMul..., BlockQ4MatMul, BlockQ8MatMul) are registered only on a CPU
-// with AVX-512 VNNI: elsewhere ONNX Runtime's own GEMM, running their bodies, is the fast one.
+// The per-row int8 products (QMatMul..., RowQMatMul) are registered only on a CPU with AVX-512
+// VNNI: elsewhere ONNX Runtime's own GEMM, running their bodies, is the fast one. The block
+// products (BlockQ4MatMul, BlockQ8MatMul) are registered on AVX-512 VNNI and on AVX2.
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
@@ -26,17 +27,32 @@ namespace {
 
 constexpr const char* kDomain = "ai.attnserve";
 
-// Whether to register QMatMul: a CPU with AVX-512 VNNI, unless ATTNSERVE_KERNELS_QMATMUL is
-// 0, false, no or off.
-bool use_qmatmul() {
+// Whether to register integer products at all: unless ATTNSERVE_KERNELS_QMATMUL is 0, false,
+// no or off.
+bool products_allowed() {
   const char* switch_value = std::getenv("ATTNSERVE_KERNELS_QMATMUL");
   if (switch_value != nullptr) {
     std::string value(switch_value);
     for (char& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (value == "0" || value == "false" || value == "no" || value == "off") return false;
   }
+  return true;
+}
+
+// Whether to register QMatMul and its kin (per-row int8): a CPU with AVX-512 VNNI.
+bool use_qmatmul() {
 #if ATTNSERVE_AVX512
-  return cpu_has_vnni();
+  return products_allowed() && cpu_has_vnni();
+#else
+  return false;
+#endif
+}
+
+// Whether to register BlockQ4MatMul and BlockQ8MatMul: AVX-512 VNNI, or AVX2 (blockquant.cc's
+// AVX2 loops: the same sums and floats).
+bool use_block_products() {
+#if ATTNSERVE_AVX512
+  return products_allowed() && (cpu_has_vnni() || cpu_has_avx2());
 #else
   return false;
 #endif
@@ -251,18 +267,24 @@ ATTNSERVE_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
         &kSwiGlu}) {
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
-  const bool products = use_qmatmul();  // all of them or none
+  const bool products = use_qmatmul(), blocks = use_block_products();  // each all or none
   for (const OrtCustomOp* op :
-       {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kBlockQ4MatMul,
-        &kBlockQ8MatMul, &kRowQMatMul}) {
+       {&kQMatMul, &kQMatMulBias, &kPackedQMatMul, &kPackedQMatMulBias, &kRowQMatMul}) {
     if (!products) break;
+    if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
+  }
+  for (const OrtCustomOp* op : {&kBlockQ4MatMul, &kBlockQ8MatMul}) {
+    if (!blocks) break;
     if (OrtStatus* status = api.CustomOpDomainAdd(domain, op)) return status;
   }
   return api.AddCustomOpDomain(options, domain);
 }
 
-// Whether the integer products (QMatMul..., BlockQ4MatMul) are registered on this CPU.
+// Whether the integer products (QMatMul..., RowQMatMul) are registered on this CPU.
 ATTNSERVE_EXPORT int attnserve_kernels_integer_products() { return use_qmatmul() ? 1 : 0; }
+
+// Whether the block products (BlockQ4MatMul, BlockQ8MatMul) are registered on this CPU.
+ATTNSERVE_EXPORT int attnserve_kernels_block_products() { return use_block_products() ? 1 : 0; }
 
 // The kernels' own threads: `threads` in all with the caller's (1: none, ONNX Runtime's are
 // used), spinning up to `spin_us` microseconds between calls.
