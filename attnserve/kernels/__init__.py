@@ -39,7 +39,10 @@ these kernels, its session's own nodes on one thread).
 
 **Instruction sets.** Each float kernel has AVX-512 loops, AVX2 loops (FMA, F16C) that give the
 AVX-512 loops' floats bit for bit (sixteen lanes as two halves, the same order), and portable
-loops; the CPU's best runs, at most ATTNSERVE_KERNELS_ISA's set or `isa(cap)`'s.
+loops; the CPU's best runs, at most ATTNSERVE_KERNELS_ISA's set or `isa(cap)`'s. The block
+products (BlockQ4MatMul, BlockQ8MatMul) run on AVX-512 VNNI or on AVX2 (the same integer sums
+and floats: `block_products()`), the per-row int8 ones on AVX-512 VNNI only
+(`integer_products()`).
 
 **Portable graphs.** The `use_*` functions rewrite a graph into these nodes *and* put each op's
 definition in the model as an ONNX function whose body is the stock nodes (Transpose + MatMul;

@@ -1,5 +1,5 @@
 // Block-quantized products: 4-bit affine blocks (llama.cpp's Q4_1) and 8-bit symmetric ones
-// (Q8_0), a weight-only product on AVX-512 VNNI.
+// (Q8_0), a weight-only product on AVX-512 VNNI or AVX2.
 //
 //   ai.attnserve.BlockQ4MatMul(x (..., K), q (N/16, K/32, 256) uint8, d, m (N/16, K/32, 16)
 //       float16) -> (..., N)
