@@ -37,8 +37,8 @@ def stale_bodies(manifest: dict[str, Any]) -> str | None:
     they carry (what runs where the kernels do not), or None: they are older than a version that
     changed this variant (attnserve.kernels.BODIES_CHANGES)."""
     options = manifest.get("options", {})
-    if not options.get(KERNEL_NODES):
-        return None
+    if not options.get(KERNEL_NODES) or options.get("activation_scales") == "tensor":
+        return None  # no attnserve ops, or int8 without them (ONNX Runtime's own quantization)
     have = int(options.get(BODIES_VERSION, 1))
     for version in range(have + 1, BODIES + 1):
         variants, change = BODIES_CHANGES.get(version, ((), ""))

@@ -217,6 +217,26 @@ def test_int4_keeps_q4_1_weights(
         assert manifest["options"]["kernel_threads"] is False
 
 
+def test_int8_without_the_per_row_kernel_runs_on_the_block_kernels_without_a_warning(
+    exported: tuple[DecoderOnly, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A CPU with the block products but not the per-row ones (AVX2: no VNNI) runs int8's per-row
+    products on ONNX Runtime's GEMM: nothing to export again, the kernels' own threads off."""
+    from attnserve.engine.onnx import lm_backend
+
+    model, root = exported
+    monkeypatch.setattr(lm_backend, "block_products", lambda: True)
+    monkeypatch.setattr(lm_backend, "integer_products", lambda: False)
+    with caplog.at_level(logging.INFO, logger="attnserve.engine.onnx.lm_backend"):
+        backend = open_lm_backend(model.config, root / "int8", provider="cpu")
+    assert "export the variant again" not in caplog.text
+    assert backend.kernel_threads == 0
+    if read_manifest(root / "int8")["options"].get("kernel_threads"):
+        assert "per-row int8 products run on ONNX Runtime's GEMM" in caplog.text
+
+
 def test_a_broken_int8_graph_fails_the_gate(exported: tuple[DecoderOnly, Path]) -> None:
     """The gate compares with torch: another model's graphs are far off and fail it."""
     _, root = exported

@@ -141,19 +141,23 @@ class OnnxLMBackend:
         # attnserve's kernels (an int8 step's activation quantization), on the CPU provider
         self.kernels = providers[0] == CPU and kernels and register_kernels(options)
         exported = self.manifest.get("options", {})
-        # the products the graph holds are registered: an int4 graph's are block products
-        # (AVX2 or AVX-512 VNNI), an int8 graph's per-row ones (VNNI) and block ones
+        # Whether the products the graph holds are registered: an int4 graph's are block
+        # products (AVX2 or AVX-512 VNNI), an int8 graph's per-row ones (VNNI) and block ones.
         blocks = bool(self.kernels) and block_products()
         products = blocks if self.variant == "int4" else blocks and integer_products()
-        if (exported.get("matmuls", {}).get("on_kernel") or exported.get(KERNEL_THREADS)) and not (
-            products
-        ):
+        on_kernels = exported.get("matmuls", {}).get("on_kernel") or exported.get(KERNEL_THREADS)
+        if on_kernels and not blocks:
             log.warning(
-                "%s runs its products on attnserve's integer kernels, which are not registered "
-                "here (per-row int8 needs AVX-512 VNNI, the block products AVX2, and the built "
-                "library): ONNX Runtime runs their "
-                "stock bodies (slower; the block products on float copies of the weights); "
-                "export the variant again on this machine",
+                "%s runs its products on attnserve's block kernels, which are not registered "
+                "here (they need AVX2 or AVX-512 VNNI and the built library): ONNX Runtime runs "
+                "their stock bodies (slower: float copies of the weights); export the variant "
+                "again on this machine",
+                directory,
+            )
+        elif on_kernels and not products:
+            log.info(
+                "%s: the per-row int8 products run on ONNX Runtime's GEMM here (their kernel "
+                "needs AVX-512 VNNI; the same sums), the kernels' own threads unused",
                 directory,
             )
         # Every product on the kernels: they run on threads of their own, ONNX Runtime's nodes

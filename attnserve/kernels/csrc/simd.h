@@ -7,8 +7,8 @@
 // library builds for any x86-64 and runs anywhere; elsewhere the portable loops run. Every file
 // is compiled with -ffp-contract=off: a multiply-add is fused only where the code says so.
 //
-// The AVX2 loops (AVX2 with FMA and F16C: every x86-64 CPU since 2013-2015 that lacks AVX-512)
-// hold each of AVX-512's sixteen-float vectors as two halves (`F16`) and do per lane what the
+// The AVX2 loops (AVX2 with FMA and F16C: the desktop and server x86-64 CPUs of the last decade
+// that lack AVX-512) hold each of AVX-512's sixteen-float vectors as two halves (`F16`) and do per lane what the
 // AVX-512 loops do, in the same order, down to the reductions' tree: their results are the
 // AVX-512 loops' results bit for bit (tests/kernels compare them where a CPU runs both).
 //
