@@ -265,7 +265,7 @@ def standin_tokenizer(shape: LMShape) -> Any:
     tokens at their ids, fillers between (every id a valid token)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from attnserve.convert.gguf_tokenizer import bytes_to_unicode
+    from attnserve.model.control_tokens import bytes_to_unicode
 
     size = int(shape.config["vocab_size"])
     by_id = {i: t for t, i in shape.special_tokens.items()}

@@ -35,7 +35,6 @@ file. Other tokenizer models (Unigram "t5", ...) are refused with a clear error.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from tokenizers import (
@@ -49,6 +48,7 @@ from tokenizers import (
     processors,
 )
 
+from attnserve.model.control_tokens import bytes_to_unicode
 from attnserve.model.text_tokenizer import TextTokenizer
 
 CONTROL, USER_DEFINED = 3, 4
@@ -102,24 +102,6 @@ def control_type(token: str, kind: int) -> bool:
 
 class GGUFTokenizerError(ValueError):
     """The GGUF's tokenizer is of a kind attnserve does not build."""
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map of the 256 byte values to printable characters."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    codes = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, codes, strict=True)}
 
 
 def byte_level_bpe(fields: dict[str, Any]) -> Tokenizer:

@@ -28,6 +28,7 @@ from typing import Generic
 import numpy as np
 
 from attnserve.engine.backend import Backend, Candidates, FloatArray, IntArray, State, pad_batch
+from attnserve.engine.constraints import GrammarError
 from attnserve.engine.search import Search
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,9 @@ class RunningBatch(Generic[State]):
                     parents = entry.step_candidates(rows_scores)
                 else:
                     parents = entry.step(rows_scores)
+            except GrammarError as exc:  # the client's grammar passed llguidance's limits
+                log.info("a request's grammar is too complex to follow; dropping its rows")
+                entry.fail(exc.with_traceback(None))
             except Exception as exc:  # one request's failure must not stop the others
                 log.exception("search of one request failed; dropping its rows")
                 entry.fail(exc.with_traceback(None))  # its frames would pin the whole batch

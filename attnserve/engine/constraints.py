@@ -35,7 +35,13 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 class GrammarError(ValueError):
-    """A grammar, schema or regex llguidance cannot use (the service answers 400)."""
+    """A grammar, schema or regex llguidance cannot use (the service answers 422 naming
+    `param`, the request's field that holds it): refused when compiled, or while decoding when
+    following it passes llguidance's limits (a regex or schema that builds too many states)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _llguidance() -> Any:
@@ -168,6 +174,7 @@ class Constraint:
     def __init__(self, vocabulary: Vocabulary, matcher: Any) -> None:
         self.vocabulary = vocabulary
         self.initial = matcher
+        self.param: str | None = None  # the request's field that holds the grammar
 
     def rows(self) -> Rows:
         """The per-row matchers of one search, starting with one row."""
@@ -219,13 +226,38 @@ class Rows:
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else self.constraint.masks(self.matchers)
 
-    def apply(self, log_probs: npt.NDArray[np.float32]) -> None:
-        """Set the tokens each row's grammar forbids to -inf, in place; (R, V)."""
+    def apply(
+        self,
+        log_probs: npt.NDArray[np.float32],
+        before: npt.NDArray[np.float32] | None = None,
+    ) -> None:
+        """Set the tokens each row's grammar forbids to -inf, in place; (R, V). `before`: the
+        rows before the processors. Where the processors left none of the tokens the grammar
+        allows (min_tokens forbids the stop token that alone ends the grammar; a no-repeat
+        n-gram rule forbids the one token it allows) the grammar wins: that row is `before`'s,
+        masked, so every row keeps a token to take."""
         allowed = self.masks()
-        if not allowed.any(axis=1).all():
-            raise ConstraintViolated("the grammar allows no token here")
-        forbidden = ~allowed[:, : log_probs.shape[1]]
-        np.copyto(log_probs, np.float32(-np.inf), where=forbidden)
+        empty = ~allowed.any(axis=1)
+        if empty.any():
+            self._raise_for(int(np.flatnonzero(empty)[0]), "the grammar allows no token here")
+        allowed = allowed[:, : log_probs.shape[1]]
+        np.copyto(log_probs, np.float32(-np.inf), where=~allowed)
+        if before is None:
+            return
+        for row in np.flatnonzero(~(log_probs > -np.inf).any(axis=1)):
+            np.copyto(log_probs[row], before[row])
+            np.copyto(log_probs[row], np.float32(-np.inf), where=~allowed[row])
+
+    def _raise_for(self, row: int, bug: str) -> None:
+        """GrammarError where row's matcher stopped at one of llguidance's limits (the
+        client's grammar is too large to follow); ConstraintViolated otherwise (a bug)."""
+        matcher = self.matchers[row]
+        if matcher.is_error():
+            raise GrammarError(
+                f"the grammar is too complex to follow: {_first_line(matcher.get_error())}",
+                self.constraint.param,
+            )
+        raise ConstraintViolated(bug)
 
     def advance(self, parents: Sequence[int], tokens: Sequence[int]) -> None:
         """The next rows: row i continues parents[i] with tokens[i] (a parent's matcher is
@@ -238,8 +270,8 @@ class Rows:
             used.add(parent)
             matchers.append(matcher)
         # the copies first (above), then the tokens: a copy is taken before its source moves
-        for matcher, token in zip(matchers, tokens, strict=True):
-            if not matcher.consume_token(int(token)):
-                raise ConstraintViolated(f"token {token} is outside the grammar")
         self.matchers = matchers
+        for row, (matcher, token) in enumerate(zip(matchers, tokens, strict=True)):
+            if not matcher.consume_token(int(token)):
+                self._raise_for(row, f"token {token} is outside the grammar")
         self._pending = None

@@ -86,11 +86,11 @@ class StopStrings:
 
 def check_stop_strings(stop: Sequence[str], options: DecodingOptions) -> None:
     if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidOption("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+        raise InvalidOption("stop", f"must hold at most {MAX_STOP_STRINGS} strings")
     if any(not isinstance(s, str) or not s for s in stop):
-        raise InvalidOption("stop", "stop strings must be non-empty strings")
+        raise InvalidOption("stop", "must hold non-empty strings only")
     if stop and options.beam_size > 1:
-        raise InvalidOption("stop", "stop strings need beam_size 1 (greedy or sampling)")
+        raise InvalidOption("stop", "needs beam_size 1 (greedy or sampling)")
 
 
 def fit_to_context(

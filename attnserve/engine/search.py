@@ -248,9 +248,10 @@ class GreedySearch(Search):
         raw = None
         if self.logprobs is not None:  # the model's own distribution, before the processors
             raw = log_softmax(log_probs[0]) if logits else log_probs[0].copy()
+        before = log_probs.copy() if self.grammar is not None else None  # processed in place
         processed = self.process(log_probs, [self.tokens])
         if self.grammar is not None:
-            self.grammar.apply(processed)
+            self.grammar.apply(processed, before)
         row = processed[0]
         token = self.choose(row)
         # the chosen token's log-prob, as log_softmax(row)[token] (the same float32 arithmetic)
@@ -370,9 +371,10 @@ class BeamSearch(Search):
         k, vocab = self.k, log_probs.shape[1]
         if self.spec.returns_logits:  # beam search processes log-probs (as Hugging Face's)
             log_probs = log_softmax(log_probs)
+        before = log_probs.copy() if self.grammar is not None else None  # processed in place
         processed = self.process(log_probs, self.sequences)
         if self.grammar is not None:
-            self.grammar.apply(processed)
+            self.grammar.apply(processed, before)
         candidates = (processed + self.scores[:, None]).ravel()  # (R*V,)
         # the 2k best continuations, best first
         top = top_indices(candidates, 2 * k, self.rank, processed.ravel())

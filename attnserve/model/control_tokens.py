@@ -32,6 +32,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from tokenizers import Encoding
@@ -286,3 +287,62 @@ def longest_token_bytes(tokenizer: HFTokenizer) -> int:
     byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
     longest = max((len(p) if byte_level else len(p.encode("utf-8")) for p in pieces), default=1)
     return max([longest, *(len(t.encode("utf-8")) for t in added)])
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map of the 256 byte values to printable characters."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    codes = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, codes, strict=True)}
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer: HFTokenizer, ids: Sequence[int]) -> list[bytes]:
+    """The bytes of text each token stands for, as OpenAI's logprobs `bytes` lists them: a
+    byte-level vocabulary's characters mapped back to their bytes, a byte-fallback piece
+    (`<0xF0>`) its byte, "▁" a space, an added token its text. A character of several
+    bytes may be spread over tokens: each holds its part, and the parts joined are the text."""
+    from tokenizers import decoders
+
+    added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+    byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
+    values = {char: byte for byte, char in bytes_to_unicode().items()}
+    out = []
+    for token in ids:
+        if token in added:
+            out.append(added[token].encode("utf-8"))
+            continue
+        piece = tokenizer.id_to_token(int(token)) or ""
+        fallback = _BYTE_PIECE.fullmatch(piece)
+        if byte_level and all(char in values for char in piece):
+            out.append(bytes(values[char] for char in piece))
+        elif fallback is not None:
+            out.append(bytes([int(fallback.group(1), 16)]))
+        else:
+            out.append(piece.replace("\u2581", " ").encode("utf-8"))
+    return out
+
+
+def unfinished(data: bytes) -> bool:
+    """Whether UTF-8 `data` ends inside a character of several bytes (the bytes that finish
+    it are still to come)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        wanted = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
+        return byte >= 0xC0 and wanted > back
+    return False

@@ -44,6 +44,7 @@ from attnserve.model.control_tokens import (
     check_prefix,
     encode,
     longest_token_bytes,
+    token_bytes,
 )
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -232,6 +233,10 @@ class TextTokenizer:
     def id_to_token(self, token_id: int) -> str:
         """The text a token id stands for (decoded, special tokens included)."""
         return str(self.tokenizer.decode([int(token_id)], skip_special_tokens=False))
+
+    def token_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        """The bytes of text each token stands for (part of a character for some tokens)."""
+        return token_bytes(self.tokenizer, ids)
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary's token string of each id, as stored (transformers'

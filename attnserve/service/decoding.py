@@ -134,23 +134,36 @@ def _check_source_language(
         raise ApiError(422, str(exc), param="source_lang") from exc
 
 
+def source_languages(model: ServedModel) -> list[str] | None:
+    """The languages a translation model translates from (None: it does not say)."""
+    tokenizer = model.tokenizer
+    if tokenizer.multilingual_source:
+        return list(tokenizer.languages)
+    declared = tokenizer.source_lang
+    if declared and declared not in ("mul", "multi"):
+        return [declared]
+    if tokenizer.layout != "hf" and tokenizer.target_languages:
+        return list(tokenizer.target_languages)  # one model for every direction (ende-small)
+    return None
+
+
 def check_languages(body: TranslateRequest, texts: Sequence[str], model: ServedModel) -> str | None:
     """The target language to tag sources with (None: no tag); 422 for unsupported ones, and
     for a multi-target model's text that names no target (no `target_lang`, no language token
     typed at its start)."""
     tokenizer = model.tokenizer
-    source = tokenizer.source_lang or ""
-    declared = source not in ("", "mul", "multi") and not tokenizer.multilingual_source
-    auto = body.source_lang is not None and body.source_lang.lower() == "auto"
+    sources = source_languages(model) if not tokenizer.multilingual_source else None
+    asked = body.source_lang
     if (
-        body.source_lang is not None
-        and not auto
-        and declared
-        and not same_language(body.source_lang, source)
+        asked is not None
+        and asked.lower() != "auto"
+        and sources
+        and not any(same_language(asked, source) for source in sources)
     ):
+        named = ", ".join(repr(source) for source in sources)
         raise ApiError(
             422,
-            f"model {model.name} translates from {source!r}, not {shown(body.source_lang)}",
+            f"model {model.name} translates from {named}, not {shown(asked)}",
             param="source_lang",
         )
     tags = tokenizer.target_languages

@@ -25,6 +25,7 @@ from attnserve.service.decoding import (
     deadline_seconds,
     decoding_options,
     new_requests,
+    source_languages,
     submit_all,
     text_name,
     texts_of,
@@ -88,19 +89,6 @@ class Plan:
         self.targets.append(target)
         self.source_langs.append(source)
         return len(self.units) - 1
-
-
-def source_languages(model: ServedModel) -> list[str] | None:
-    """The languages a translation model translates from (None: it does not say)."""
-    tokenizer = model.tokenizer
-    if tokenizer.multilingual_source:
-        return list(tokenizer.languages)
-    declared = tokenizer.source_lang
-    if declared and declared not in ("mul", "multi"):
-        return [declared]
-    if tokenizer.layout != "hf" and tokenizer.target_languages:
-        return list(tokenizer.target_languages)  # one model for every direction (ende-small)
-    return None
 
 
 def target_languages(model: ServedModel) -> list[str]:

@@ -110,6 +110,8 @@ def lm_options(body: GenerateRequest, model: ServedModel, service: ServiceState)
         raise ApiError(422, "stream needs beam_size 1 (greedy or sampling)", param="beam_size")
     if body.stream and options.num_samples != 1:
         raise ApiError(422, "stream needs n = 1", param="n")
+    if body.stream and options.logprobs is not None:
+        raise ApiError(422, "logprobs are not streamed: use stream false", param="logprobs")
     if options.prompt_logprobs is not None:
         if body.stream:
             raise ApiError(422, "prompt_logprobs are not streamed", param="prompt_logprobs")
@@ -265,10 +267,13 @@ async def start_lm(
     model: ServedModel,
     prompt: Sequence[int] | None = None,
     token_ids: Sequence[Sequence[int]] | None = None,
+    grammar_param: str | None = None,
 ) -> EngineRun:
     """Validate, tokenize and submit a language-model request (4xx before anything queues);
     `prompt`: a chat the caller rendered itself (the OpenAI route's chats with tools);
-    `token_ids`: prompts given as token ids instead of `text`."""
+    `token_ids`: prompts given as token ids instead of `text`; `grammar_param`: the client's
+    field a grammar the server wrote came from (a tool call's), for a limit it passes while
+    decoding."""
     options = lm_options(body, model, service)
     timeout = deadline_seconds(body, service)
     if prompt is None:
@@ -276,7 +281,7 @@ async def start_lm(
     else:
         prompts = [list(prompt)]
         check_lengths(["messages"], prompts, model)
-    constraint = await constraint_for(body, model)
+    constraint = await constraint_for(body, model, grammar_param)
     stops = stop_strings(body)
     stopper = StopStrings(model.tokenizer, stops) if stops else None
     request_id = request_id_var.get() or "request"

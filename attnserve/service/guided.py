@@ -101,6 +101,8 @@ def _checked(schema: dict[str, Any] | str, param: str) -> dict[str, Any]:
         raise ApiError(422, f"{param}: a JSON schema is an object", param=param)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
+    except RecursionError as exc:
+        raise ApiError(422, f"{param}: the schema is nested too deeply", param=param) from exc
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
         raise ApiError(
@@ -148,9 +150,12 @@ def vocabulary(model: ServedModel) -> Vocabulary:
         return found
 
 
-async def constraint_for(body: Guided, model: ServedModel) -> Constraint | None:
+async def constraint_for(
+    body: Guided, model: ServedModel, decoding_param: str | None = None
+) -> Constraint | None:
     """The request's compiled grammar (None for free text), compiled off the event loop;
-    422 naming the field for a grammar llguidance cannot use or a translation model."""
+    422 naming the field for a grammar llguidance cannot use or a translation model;
+    `decoding_param`: the field a limit passed while decoding names (default: the grammar's)."""
     asked = requested(body)
     if asked is None:
         return None
@@ -166,6 +171,8 @@ async def constraint_for(body: Guided, model: ServedModel) -> Constraint | None:
         return vocabulary(model).compile(grammar)
 
     try:
-        return await run_in_threadpool(compile_)
+        constraint = await run_in_threadpool(compile_)
     except GrammarError as exc:
         raise ApiError(422, f"{param}: {exc}", param=param) from exc
+    constraint.param = decoding_param or param  # a limit passed while decoding: its 422
+    return constraint

@@ -152,6 +152,10 @@ def _check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
         if value not in (None, {}, []):
             hint = ": use tools" if name in ("functions", "function_call") else ""
             raise ApiError(400, f"{name} is not supported by this server{hint}", param=name)
+    if body.stream_options is not None and not body.stream:  # as OpenAI answers it
+        raise ApiError(
+            400, "stream_options is only allowed with stream true", param="stream_options"
+        )
 
 
 def _native(body: ChatCompletionRequest | CompletionRequest, model: ServedModel) -> dict[str, Any]:
@@ -214,15 +218,20 @@ def _chat_messages(messages: Sequence[ChatCompletionMessage]) -> list[ChatMessag
         if isinstance(content, list):
             parts = []
             for part in content:
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise ApiError(
                         400,
                         f"messages[{i}]: only text content parts are supported, "
                         f"not {shown(part.type)}",
                         param="messages",
                     )
+                if part.text is None:
+                    why = f"messages[{i}]: a text content part needs its text"
+                    raise ApiError(400, why, param="messages")
                 parts.append(part.text)
             content = "".join(parts)
+        if content is None and message.role != "assistant":
+            raise ApiError(400, f"messages[{i}]: a message needs its content", param="messages")
         role = "system" if message.role == "developer" else message.role
         try:
             (content or "").encode("utf-8")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from attnserve.engine.search import Hypothesis as EngineHypothesis
 from attnserve.engine.search import TokenLogprob
+from attnserve.model.control_tokens import unfinished
 from attnserve.service.generation import MIN_LOGPROB
 from attnserve.service.models import ServedModel
 from attnserve.service.openai_schemas import (
@@ -28,23 +29,43 @@ from attnserve.service.openai_schemas import (
 
 class Pieces:
     """The text each token adds after the tokens before it (decoded after a few tokens of
-    context, so word-level and SentencePiece tokenizers keep their spaces and a multi-byte
-    character split over tokens comes out whole), for logprobs."""
+    context, so word-level and SentencePiece tokenizers keep their spaces), for logprobs, and
+    each token's bytes. A character of several bytes spread over tokens belongs to the token
+    that finishes it; the ones before add "" (their `bytes` hold their parts), so the pieces
+    joined are the text and each offset is where its token's text starts."""
 
     CONTEXT = 8  # tokens decoded before the one whose text is wanted
 
     def __init__(self, model: ServedModel, tokens: Sequence[int]) -> None:
         self.decode = model.tokenizer.decode
+        self.bytes_of = getattr(model.tokenizer, "token_bytes", None)
         self.tokens = list(tokens)
 
     def piece(self, i: int, token: int | None = None) -> str:
         """What token i (or `token` in its place) adds to the text before it."""
+        chosen = self.tokens[i] if token is None else token
         context = self.tokens[max(0, i - self.CONTEXT) : i]
-        before = str(self.decode(context))
-        after = str(self.decode([*context, self.tokens[i] if token is None else token]))
+        before, after = self._text(context), self._text([*context, chosen])
         if after.startswith(before):
             return after[len(before) :]
-        return str(self.decode([token if token is not None else self.tokens[i]]))
+        return self._text([chosen])
+
+    def token_bytes(self, token: int) -> list[int]:
+        """The token's bytes (OpenAI's `bytes`): its part of the text, even of a character;
+        none for a special token (the text leaves it out)."""
+        alone = str(self.decode([token]))
+        if self.bytes_of is None or not alone:
+            return list(alone.encode("utf-8"))
+        return list(self.bytes_of([token])[0])
+
+    def _text(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, less the U+FFFD that a character the tokens have not finished
+        decodes to at its end."""
+        text = str(self.decode(ids))
+        if self.bytes_of is None or not text.endswith("\ufffd"):
+            return text
+        tail = bytes(b for token in ids[-4:] for b in self.token_bytes(token))  # <= 4 a char
+        return text[:-1] if unfinished(tail) else text
 
 
 def generated(hyp: EngineHypothesis) -> list[TokenLogprob] | None:
@@ -66,16 +87,17 @@ def chat_logprobs(model: ServedModel, hyp: EngineHypothesis) -> ChoiceLogprobs |
     pieces = Pieces(model, [e.token for e in entries])
     content = []
     for i, e in enumerate(entries):
-        text = pieces.piece(i)
         top = [
-            TopLogprobEntry(token=alt, logprob=_logprob(lp), bytes=list(alt.encode("utf-8")))
-            for alt, lp in ((pieces.piece(i, t), lp) for t, lp in e.top)
+            TopLogprobEntry(
+                token=pieces.piece(i, t), logprob=_logprob(lp), bytes=pieces.token_bytes(t)
+            )
+            for t, lp in e.top
         ]
         content.append(
             LogprobEntry(
-                token=text,
+                token=pieces.piece(i),
                 logprob=_logprob(e.logprob),
-                bytes=list(text.encode("utf-8")),
+                bytes=pieces.token_bytes(e.token),
                 top_logprobs=top,
             )
         )
@@ -110,7 +132,7 @@ def completion_logprobs(
                 continue
             logprobs.append(_logprob(e.logprob))
             best = {pieces.piece(i, t): _logprob(lp) for t, lp in e.top[:top]}
-            best.setdefault(text, _logprob(e.logprob))  # the chosen token, always there
+            best[text] = _logprob(e.logprob)  # the chosen token, always there (its own)
             tops.append(best)
 
     if prompt is not None:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from attnserve.engine.constraints import GrammarError
 from attnserve.engine.generator import StopStrings
 from attnserve.engine.scheduler import Outcome
 from attnserve.engine.scheduler import Request as EngineRequest
@@ -188,8 +189,22 @@ def raise_for(
     if outcome is Outcome.DEADLINE:
         raise ApiError(504, f"deadline of {timeout * 1000:.0f} ms exceeded", param="timeout_ms")
     if outcome is Outcome.FAILED:
+        refused = grammar_refused(requests)
+        if refused is not None:
+            raise refused
         _log_failure(requests)
         raise ApiError(500, f"decoding failed; quote request id {request_id} when reporting it")
+
+
+def grammar_refused(requests: Sequence[EngineRequest]) -> ApiError | None:
+    """The 422 of a request whose grammar passed llguidance's limits while it was followed
+    (the client's grammar, not a failure of the server), naming the field that held it."""
+    for request in requests:
+        error = request.error
+        if request.outcome is Outcome.FAILED and isinstance(error, GrammarError):
+            where = f"{error.param}: " if error.param else ""
+            return ApiError(422, f"{where}{error}", param=error.param)
+    return None
 
 
 def _log_failure(requests: list[EngineRequest]) -> None:
@@ -287,6 +302,8 @@ async def token_deltas(
         yield StreamEnd(None)
     elif done.outcome is Outcome.DEADLINE:
         yield StreamEnd(None, (504, error_body(504, deadline, param="timeout_ms")))
+    elif (refused := grammar_refused([done])) is not None:
+        yield StreamEnd(None, (422, error_body(422, refused.message, param=refused.param)))
     else:
         _log_failure([done])
         message = f"decoding failed; quote request id {request_id_var.get()} when reporting it"
@@ -435,13 +452,19 @@ async def model(model_id: str, service: Service) -> OpenAIModel:
     return _model_entry(found, found is service.registry.default)
 
 
-@router.get("/healthz", response_model=Status, summary="Liveness: 200 while the process runs")
+@router.api_route(  # HEAD too: uptime checkers and some load balancers probe with it
+    "/healthz",
+    methods=["GET", "HEAD"],
+    response_model=Status,
+    summary="Liveness: 200 while the process runs",
+)
 async def healthz(service: Service) -> Status:
     return Status(status="ok")
 
 
-@router.get(
+@router.api_route(
     "/readyz",
+    methods=["GET", "HEAD"],
     response_model=Status,
     responses={503: {"model": Status, "description": "Loading, draining or failed"}},
     summary="Readiness: 200 once every model is warmed up, 503 before and while draining",

@@ -298,7 +298,7 @@ async def start(
     """start_lm for a chat with tools; a call grammar the model cannot follow is the tools'
     400 (the client sent no guided_grammar)."""
     try:
-        return await start_lm(native, service, model, prompt)
+        return await start_lm(native, service, model, prompt, grammar_param="tool_choice")
     except ApiError as exc:
         if not plan.constrained or exc.param != "guided_grammar":
             raise

@@ -165,6 +165,55 @@ def test_a_batch_of_different_grammars_gives_each_row_its_own_output(
         )
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_grammar_wins_over_min_tokens_and_banned_ngrams(
+    backend: Any, vocabulary: Vocabulary, variant: str
+) -> None:
+    """min_tokens forbids the stop token that alone ends a short choice; a no-repeat rule
+    forbids the one token a repeating regex allows: where the processors leave none of the
+    grammar's tokens, the grammar's tokens are taken as the model scores them, so the output
+    still follows it (not a failed request, nor an empty beam)."""
+    base = VARIANTS[variant]
+    choice = vocabulary.compile('start: "yes" | "no"')
+    repeat = vocabulary.compile(llguidance.LLMatcher.grammar_from_regex("(ab){3}"))
+    short, ngram = decode(
+        backend,
+        [
+            (base.replace(min_new_tokens=10), choice),
+            (base.replace(no_repeat_ngram_size=1, min_new_tokens=8), repeat),
+        ],
+    )
+    for request, want in ((short, {"yes", "no"}), (ngram, {"ababab"})):
+        assert request.hypotheses
+        for hyp in request.hypotheses:
+            assert text(hyp.tokens) in want and hyp.ended_with_eos
+            assert np.isfinite(hyp.log_prob)
+
+
+def test_a_grammar_past_llguidance_limits_fails_its_request_alone(
+    backend: Any, vocabulary: Vocabulary
+) -> None:
+    """A regex that builds too many lexer states passes the compile check and fails at its
+    first token: a GrammarError naming the request's field (the service's 422), and the
+    request beside it in the batch decodes as it does alone."""
+    huge = vocabulary.compile(llguidance.LLMatcher.grammar_from_regex("a{1000000}"))
+    huge.param = "guided_regex"
+    fine = vocabulary.compile('start: "yes" | "no"')
+    scheduler = Scheduler(backend, SchedulerLimits(max_new_tokens=60, max_join_padding=10**6))
+    failing = lm_request("huge", PROMPT, VARIANTS["greedy"], constraint=huge)
+    other = lm_request("fine", PROMPT, VARIANTS["greedy"], constraint=fine)
+    for request in (failing, other):
+        scheduler.submit(request)
+    while scheduler.has_work:
+        scheduler.step()
+    assert failing.outcome is Outcome.FAILED
+    assert isinstance(failing.error, GrammarError) and failing.error.param == "guided_regex"
+    assert "too complex" in str(failing.error)
+    (alone,) = decode(backend, [(VARIANTS["greedy"], fine)])
+    assert other.outcome is Outcome.DONE
+    assert other.hypotheses[0].tokens == alone.hypotheses[0].tokens
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_masks_are_the_matchers(
     vocabulary: Vocabulary, overlap: bool, monkeypatch: pytest.MonkeyPatch

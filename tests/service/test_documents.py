@@ -169,3 +169,27 @@ def test_html_with_images_comments_and_breaks_inside_inline_elements(live: LiveS
     (doc,) = translate(live, source, format="html")["translations"]
     assert tags_of(doc["text"]) == tags_of(source)
     assert '<img src="x.png">' in doc["text"] and "<!-- c -->" in doc["text"]
+
+
+def test_a_two_way_model_refuses_a_source_language_it_does_not_read() -> None:
+    """The default model reads English and German: a source_lang of another language is the
+    client's 422 (as LibreTranslate's /translate answers it), not a translation of the text
+    read as English or German."""
+    from types import SimpleNamespace
+
+    from attnserve.defaults import default_model_dir
+    from attnserve.model.tokenizer import Tokenizer
+    from attnserve.service.decoding import check_languages
+    from attnserve.service.errors import ApiError
+    from attnserve.service.schemas import TranslateRequest
+
+    model: Any = SimpleNamespace(name="ende-small", tokenizer=Tokenizer.load(default_model_dir()))
+    for source in ("de", "DE", "deu", "auto"):
+        body = TranslateRequest(text="Guten Tag.", source_lang=source, target_lang="en")
+        check_languages(body, ["Guten Tag."], model)
+    for source in ("fr", "xx", "\u0000\n"):
+        body = TranslateRequest(text="Guten Tag.", source_lang=source, target_lang="en")
+        with pytest.raises(ApiError) as refused:
+            check_languages(body, ["Guten Tag."], model)
+        assert refused.value.status == 422 and refused.value.param == "source_lang"
+        assert "'de', 'en'" in refused.value.message or "'en', 'de'" in refused.value.message

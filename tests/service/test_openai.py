@@ -234,6 +234,8 @@ def test_invalid_requests_are_bad_request_errors(oa: openai.OpenAI, model_dir: P
     ]
     cases += [
         {"top_logprobs": 2},  # without logprobs
+        {"stream_options": {"include_usage": True}},  # without stream (as OpenAI answers it)
+        {"stop": [""]},
     ]
     for extra in cases:
         with pytest.raises(openai.BadRequestError) as caught:
@@ -250,6 +252,45 @@ def test_invalid_requests_are_bad_request_errors(oa: openai.OpenAI, model_dir: P
     assert "max_tokens" in message and "max_new_tokens" not in message, message
     with pytest.raises(openai.NotFoundError):
         oa.chat.completions.create(model="no-such-model", messages=CHAT)
+
+
+def test_messages_without_their_text_and_native_streams_with_logprobs_are_refused(
+    both: LiveServer,
+) -> None:
+    """A user message without content, a text part without its text: 400s that say so (an
+    assistant's message may have none: its tool calls); the native stream does not carry
+    logprobs, so asking for both is a 422, as the OpenAI routes' 400."""
+    with both.client() as http:
+        for message, words in [
+            ({"role": "user"}, "needs its content"),
+            ({"role": "user", "content": None}, "needs its content"),
+            ({"role": "user", "content": [{"type": "text"}]}, "needs its text"),
+            ({"role": "user", "content": [{"type": "image_url"}]}, "not 'image_url'"),
+        ]:
+            answer = http.post(
+                "/v1/chat/completions",
+                json={"model": "tiny-lm", "max_tokens": 2, "messages": [message]},
+            )
+            assert answer.status_code == 400, answer.text
+            assert words in answer.json()["error"]["message"], answer.text
+        answer = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny-lm",
+                "max_tokens": 2,
+                "messages": [*CHAT, {"role": "assistant", "content": None}, *CHAT],
+            },
+        )
+        assert answer.status_code == 200, answer.text
+        native = http.post(
+            "/v1/generate",
+            json={"model": "tiny-lm", "text": "w1", "stream": True, "logprobs": 1},
+        )
+        assert native.status_code == 422 and native.json()["error"]["param"] == "logprobs"
+        stop = http.post("/v1/generate", json={"model": "tiny-lm", "text": "w1", "stop": ["", "x"]})
+        assert stop.json()["error"]["message"] == "stop must hold non-empty strings only"
+        for probe in ("/healthz", "/readyz"):
+            assert http.head(probe).status_code == 200
 
 
 def test_text_that_is_not_unicode_is_a_bad_request(both: LiveServer) -> None:

@@ -173,3 +173,125 @@ def test_a_translation_model_refuses_structured_outputs(live: LiveServer) -> Non
         answer = http.post("/v1/completions", json={"prompt": "Hello.", "guided_choice": ["a"]})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == "guided_choice"
+
+
+def test_the_grammar_wins_over_min_tokens_and_banned_ngrams(byte_lm: LiveServer) -> None:
+    """min_tokens past a choice's end, a no-repeat rule against a repeating regex: the answer
+    follows the grammar (greedy, sampling and beam search), never a 500 or an empty choice."""
+    oa = client(byte_lm)
+    for extra in (
+        {"temperature": 0},
+        {"temperature": 0.9, "seed": 4},
+        {"use_beam_search": True, "best_of": 2, "n": 2},
+    ):
+        answer = oa.chat.completions.create(
+            model="tiny-byte-lm",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=8,
+            extra_body={"guided_choice": ["yes", "no"], "min_tokens": 3, **extra},
+        )
+        assert answer.choices, extra
+        for choice in answer.choices:
+            assert choice.message.content in ("yes", "no") and choice.finish_reason == "stop"
+    with byte_lm.client() as http:
+        native = http.post(
+            "/v1/generate",
+            json={
+                "text": "Answer:",
+                "max_new_tokens": 12,
+                "guided_regex": "(ab){1,3}",
+                "no_repeat_ngram_size": 1,
+                "beam_size": 2,
+            },
+        )
+    assert native.status_code == 200, native.text
+    assert re.fullmatch("(ab){1,3}", native.json()["translations"][0]["text"])
+
+
+def test_grammars_past_llguidance_limits_or_nested_too_deep_are_400s(byte_lm: LiveServer) -> None:
+    """A regex that builds too many lexer states passes the compile check and fails at the
+    first token it writes: the request's 400 (OpenAI) / 422 (native) naming the field, or the
+    stream's error event; a schema nested too deeply for jsonschema's checker: the same."""
+    deep: Any = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "array", "items": deep}
+    with byte_lm.client() as http:
+        for route, body, param, status in [
+            (
+                "/v1/completions",
+                {"prompt": "hi", "guided_regex": "a{1000000}"},
+                "guided_regex",
+                400,
+            ),
+            ("/v1/generate", {"text": "hi", "guided_regex": "a{1000000}"}, "guided_regex", 422),
+            ("/v1/generate", {"text": "hi", "guided_json": deep}, "guided_json", 422),
+            (
+                "/v1/chat/completions",
+                {
+                    "messages": MESSAGES,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "deep", "schema": deep},
+                    },
+                },
+                "response_format",
+                400,
+            ),
+        ]:
+            length = "max_new_tokens" if route == "/v1/generate" else "max_tokens"
+            answer = http.post(route, json={length: 4, **body})
+            assert answer.status_code == status, (route, answer.text)
+            error = answer.json()["error"]
+            assert error["param"] == param
+            assert "too complex" in error["message"] or "nested too deeply" in error["message"]
+        streamed = http.post(
+            "/v1/completions",
+            json={"prompt": "hi", "max_tokens": 4, "stream": True, "guided_regex": "a{1000000}"},
+        )
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line[6:8] == '{"']
+    assert events[-1]["error"]["param"] == "guided_regex", streamed.text
+    assert "too complex" in events[-1]["error"]["message"]
+
+
+def test_logprobs_of_tokens_that_hold_part_of_a_character(byte_lm: LiveServer) -> None:
+    """A byte tokenizer spells 🎉 in four tokens: the first three add "" and the fourth the
+    whole character, so tokens join to the text and offsets point at each token's text;
+    chat's `bytes` are each token's own byte, which joined decode to the text."""
+    text = "🎉 ok 日本"
+    oa = client(byte_lm)
+    completion = oa.completions.create(
+        model="tiny-byte-lm",
+        prompt="Party:",
+        temperature=0,
+        max_tokens=30,
+        logprobs=2,
+        extra_body={"guided_regex": re.escape(text)},
+    )
+    assert completion.choices[0].text == text
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None
+    assert logprobs.tokens[:4] == ["", "", "", "🎉"] and "".join(logprobs.tokens) == text
+    assert logprobs.text_offset == [
+        sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))
+    ]
+    chat = oa.chat.completions.create(
+        model="tiny-byte-lm",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=30,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"guided_regex": re.escape(text)},
+    )
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None
+    written = [entry for entry in content if entry.bytes]  # the stop token has none
+    assert [len(entry.bytes or []) for entry in written[:4]] == [1, 1, 1, 1]
+    assert bytes(b for entry in written for b in entry.bytes or []).decode() == text
+    assert "".join(entry.token for entry in written) == text
+    for entry in written:  # one byte a token; none for the stop token
+        for alternative in entry.top_logprobs:
+            assert len(alternative.bytes or []) == 1 or (alternative.token, alternative.bytes) == (
+                "",
+                [],
+            )
