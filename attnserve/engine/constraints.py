@@ -215,6 +215,7 @@ class Rows:
         self.constraint = constraint
         self.matchers = matchers
         self._pending: Future[BoolArray] | None = None
+        self._allowed: BoolArray | None = None  # the masks `apply` used last, (R, V)
 
     def prefetch(self) -> None:
         """Start computing the rows' next masks on the worker thread (with a CPU to spare)."""
@@ -237,10 +238,13 @@ class Rows:
         n-gram rule forbids the one token it allows) the grammar wins: that row is `before`'s,
         masked, so every row keeps a token to take."""
         allowed = self.masks()
-        empty = ~allowed.any(axis=1)
-        if empty.any():
-            self._raise_for(int(np.flatnonzero(empty)[0]), "the grammar allows no token here")
+        for matcher in self.matchers:  # a limit passed computing the mask: its mask allows
+            if matcher.is_error():  # only the stops (the answer would be cut short)
+                raise self._too_complex(matcher)
+        if not allowed.any(axis=1).all():
+            raise ConstraintViolated("the grammar allows no token here")
         allowed = allowed[:, : log_probs.shape[1]]
+        self._allowed = allowed
         np.copyto(log_probs, np.float32(-np.inf), where=~allowed)
         if before is None:
             return
@@ -248,16 +252,11 @@ class Rows:
             np.copyto(log_probs[row], before[row])
             np.copyto(log_probs[row], np.float32(-np.inf), where=~allowed[row])
 
-    def _raise_for(self, row: int, bug: str) -> None:
-        """GrammarError where row's matcher stopped at one of llguidance's limits (the
-        client's grammar is too large to follow); ConstraintViolated otherwise (a bug)."""
-        matcher = self.matchers[row]
-        if matcher.is_error():
-            raise GrammarError(
-                f"the grammar is too complex to follow: {_first_line(matcher.get_error())}",
-                self.constraint.param,
-            )
-        raise ConstraintViolated(bug)
+    def _too_complex(self, matcher: Any) -> GrammarError:
+        return GrammarError(
+            f"the grammar is too complex to follow: {_first_line(matcher.get_error())}",
+            self.constraint.param,
+        )
 
     def advance(self, parents: Sequence[int], tokens: Sequence[int]) -> None:
         """The next rows: row i continues parents[i] with tokens[i] (a parent's matcher is
@@ -270,8 +269,14 @@ class Rows:
             used.add(parent)
             matchers.append(matcher)
         # the copies first (above), then the tokens: a copy is taken before its source moves
+        allowed = self._allowed
+        for parent, matcher, token in zip(parents, matchers, tokens, strict=True):
+            if matcher.consume_token(int(token)):
+                continue
+            masked = allowed is not None and token < allowed.shape[1] and allowed[parent, token]
+            if masked:  # the mask allowed it: a limit passed consuming it (the client's grammar)
+                raise self._too_complex(matcher)
+            raise ConstraintViolated(f"token {token} is outside the grammar")  # a bug
         self.matchers = matchers
-        for row, (matcher, token) in enumerate(zip(matchers, tokens, strict=True)):
-            if not matcher.consume_token(int(token)):
-                self._raise_for(row, f"token {token} is outside the grammar")
         self._pending = None
+        self._allowed = None

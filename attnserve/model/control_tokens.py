@@ -310,39 +310,56 @@ def bytes_to_unicode() -> dict[int, str]:
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def token_bytes(tokenizer: HFTokenizer, ids: Sequence[int]) -> list[bytes]:
+class TokenBytes:
     """The bytes of text each token stands for, as OpenAI's logprobs `bytes` lists them: a
     byte-level vocabulary's characters mapped back to their bytes, a byte-fallback piece
     (`<0xF0>`) its byte, "▁" a space, an added token its text. A character of several
-    bytes may be spread over tokens: each holds its part, and the parts joined are the text."""
-    from tokenizers import decoders
+    bytes may be spread over tokens: each holds its part, and the parts joined are the text.
+    Built once per tokenizer; each id's bytes are kept once asked for."""
 
-    added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
-    byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
-    values = {char: byte for byte, char in bytes_to_unicode().items()}
-    out = []
-    for token in ids:
-        if token in added:
-            out.append(added[token].encode("utf-8"))
-            continue
-        piece = tokenizer.id_to_token(int(token)) or ""
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        from tokenizers import decoders
+
+        self._tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        self._added = {i: token.content.encode("utf-8") for i, token in added.items()}
+        self.special = frozenset(i for i, token in added.items() if token.special)
+        self._byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
+        self._values = {char: byte for byte, char in bytes_to_unicode().items()}
+        decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+        # ByteFallback decodes each byte of an unfinished character to its own U+FFFD; the
+        # byte-level decoder (from_utf8_lossy) the unfinished character to one
+        self.byte_fallback = '"ByteFallback"' in json.dumps(decoder)
+        self._cache: dict[int, bytes] = {}
+
+    def __call__(self, ids: Sequence[int]) -> list[bytes]:
+        return [self.one(int(token)) for token in ids]
+
+    def one(self, token: int) -> bytes:
+        cached = self._cache.get(token)
+        if cached is None:
+            cached = self._cache[token] = self._bytes(token)
+        return cached
+
+    def _bytes(self, token: int) -> bytes:
+        if token in self._added:
+            return self._added[token]
+        piece = self._tokenizer.id_to_token(token) or ""
         fallback = _BYTE_PIECE.fullmatch(piece)
-        if byte_level and all(char in values for char in piece):
-            out.append(bytes(values[char] for char in piece))
-        elif fallback is not None:
-            out.append(bytes([int(fallback.group(1), 16)]))
-        else:
-            out.append(piece.replace("\u2581", " ").encode("utf-8"))
-    return out
+        if self._byte_level and all(char in self._values for char in piece):
+            return bytes(self._values[char] for char in piece)
+        if fallback is not None:
+            return bytes([int(fallback.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
 
 
-def unfinished(data: bytes) -> bool:
-    """Whether UTF-8 `data` ends inside a character of several bytes (the bytes that finish
-    it are still to come)."""
+def unfinished_bytes(data: bytes) -> int:
+    """How many bytes at the end of UTF-8 `data` start a character of several bytes that the
+    bytes after them would finish (0: the last character is whole)."""
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
         if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
             continue
         wanted = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
-        return byte >= 0xC0 and wanted > back
-    return False
+        return back if byte >= 0xC0 and wanted > back else 0
+    return 0

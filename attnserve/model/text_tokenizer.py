@@ -40,11 +40,11 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from attnserve.model.control_tokens import (
     ControlTokens,
+    TokenBytes,
     affixes,
     check_prefix,
     encode,
     longest_token_bytes,
-    token_bytes,
 )
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -234,9 +234,10 @@ class TextTokenizer:
         """The text a token id stands for (decoded, special tokens included)."""
         return str(self.tokenizer.decode([int(token_id)], skip_special_tokens=False))
 
-    def token_bytes(self, ids: Sequence[int]) -> list[bytes]:
+    @cached_property
+    def token_bytes(self) -> TokenBytes:
         """The bytes of text each token stands for (part of a character for some tokens)."""
-        return token_bytes(self.tokenizer, ids)
+        return TokenBytes(self.tokenizer)
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary's token string of each id, as stored (transformers'

@@ -140,8 +140,10 @@ def source_languages(model: ServedModel) -> list[str] | None:
     if tokenizer.multilingual_source:
         return list(tokenizer.languages)
     declared = tokenizer.source_lang
-    if declared and declared not in ("mul", "multi"):
-        return [declared]
+    if declared in ("mul", "multi"):  # a Marian mul-* model reads any language
+        return None
+    if declared:
+        return declared.split("+")  # opus-mt-ROMANCE-en: "fr+fr_BE+...+la"
     if tokenizer.layout != "hf" and tokenizer.target_languages:
         return list(tokenizer.target_languages)  # one model for every direction (ende-small)
     return None

@@ -95,6 +95,8 @@ def _checked(schema: dict[str, Any] | str, param: str) -> dict[str, Any]:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
+        except RecursionError as exc:
+            raise ApiError(422, f"{param}: the schema is nested too deeply", param=param) from exc
         except ValueError as exc:
             raise ApiError(422, f"{param}: the schema is not JSON: {exc}", param=param) from exc
     if not isinstance(schema, dict):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from attnserve.engine.search import Hypothesis as EngineHypothesis
 from attnserve.engine.search import TokenLogprob
-from attnserve.model.control_tokens import unfinished
+from attnserve.model.control_tokens import TokenBytes, unfinished_bytes
 from attnserve.service.generation import MIN_LOGPROB
 from attnserve.service.models import ServedModel
 from attnserve.service.openai_schemas import (
@@ -38,7 +38,7 @@ class Pieces:
 
     def __init__(self, model: ServedModel, tokens: Sequence[int]) -> None:
         self.decode = model.tokenizer.decode
-        self.bytes_of = getattr(model.tokenizer, "token_bytes", None)
+        self.table: TokenBytes | None = getattr(model.tokenizer, "token_bytes", None)
         self.tokens = list(tokens)
 
     def piece(self, i: int, token: int | None = None) -> str:
@@ -53,19 +53,20 @@ class Pieces:
     def token_bytes(self, token: int) -> list[int]:
         """The token's bytes (OpenAI's `bytes`): its part of the text, even of a character;
         none for a special token (the text leaves it out)."""
-        alone = str(self.decode([token]))
-        if self.bytes_of is None or not alone:
-            return list(alone.encode("utf-8"))
-        return list(self.bytes_of([token])[0])
+        if self.table is None:
+            return list(str(self.decode([token])).encode("utf-8"))
+        return [] if token in self.table.special else list(self.table.one(token))
 
     def _text(self, ids: Sequence[int]) -> str:
         """The text of `ids`, less the U+FFFD that a character the tokens have not finished
-        decodes to at its end."""
+        decodes to at its end (one, or one a byte with a byte-fallback decoder)."""
         text = str(self.decode(ids))
-        if self.bytes_of is None or not text.endswith("\ufffd"):
+        if self.table is None or not text.endswith("\ufffd"):
             return text
         tail = bytes(b for token in ids[-4:] for b in self.token_bytes(token))  # <= 4 a char
-        return text[:-1] if unfinished(tail) else text
+        unfinished = unfinished_bytes(tail)
+        marks = unfinished if self.table.byte_fallback else min(unfinished, 1)
+        return text[: len(text) - marks] if marks and text.endswith("\ufffd" * marks) else text
 
 
 def generated(hyp: EngineHypothesis) -> list[TokenLogprob] | None:

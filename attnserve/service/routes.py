@@ -452,19 +452,13 @@ async def model(model_id: str, service: Service) -> OpenAIModel:
     return _model_entry(found, found is service.registry.default)
 
 
-@router.api_route(  # HEAD too: uptime checkers and some load balancers probe with it
-    "/healthz",
-    methods=["GET", "HEAD"],
-    response_model=Status,
-    summary="Liveness: 200 while the process runs",
-)
+@router.get("/healthz", response_model=Status, summary="Liveness: 200 while the process runs")
 async def healthz(service: Service) -> Status:
     return Status(status="ok")
 
 
-@router.api_route(
+@router.get(
     "/readyz",
-    methods=["GET", "HEAD"],
     response_model=Status,
     responses={503: {"model": Status, "description": "Loading, draining or failed"}},
     summary="Readiness: 200 once every model is warmed up, 503 before and while draining",
@@ -473,6 +467,17 @@ async def readyz(service: Service) -> JSONResponse:
     lifecycle = service.lifecycle
     status = Status(status=lifecycle.phase, detail=lifecycle.detail)
     return JSONResponse(status.model_dump(), status_code=200 if lifecycle.ready else 503)
+
+
+# HEAD too (uptime checkers and some load balancers probe with it): the status, no body.
+@router.head("/healthz", include_in_schema=False)
+async def healthz_head(service: Service) -> Response:
+    return Response(status_code=200)
+
+
+@router.head("/readyz", include_in_schema=False)
+async def readyz_head(service: Service) -> Response:
+    return Response(status_code=200 if service.lifecycle.ready else 503)
 
 
 @router.get(

@@ -298,7 +298,8 @@ async def start(
     """start_lm for a chat with tools; a call grammar the model cannot follow is the tools'
     400 (the client sent no guided_grammar)."""
     try:
-        return await start_lm(native, service, model, prompt, grammar_param="tool_choice")
+        param = "tool_choice" if plan.constrained else None  # else the client's own grammar
+        return await start_lm(native, service, model, prompt, grammar_param=param)
     except ApiError as exc:
         if not plan.constrained or exc.param != "guided_grammar":
             raise

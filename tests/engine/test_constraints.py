@@ -214,6 +214,35 @@ def test_a_grammar_past_llguidance_limits_fails_its_request_alone(
     assert other.hypotheses[0].tokens == alone.hypotheses[0].tokens
 
 
+def test_a_limit_passed_computing_a_mask_is_a_grammar_error_and_a_stray_token_a_bug(
+    vocabulary: Vocabulary,
+) -> None:
+    """A matcher that stops at a limit while computing its mask allows only the stops: that
+    would end the answer cut short, so `apply` raises the GrammarError; a token the mask
+    forbade, chosen anyway, is ConstraintViolated (a bug in the search, not the client's)."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}}}
+    )
+    limits = llguidance.LLParserLimits(max_lexer_states=20)
+    small = Constraint(
+        vocabulary, llguidance.LLMatcher(vocabulary.tokenizer, grammar, limits=limits)
+    )
+    small.param = "guided_json"
+    rows = small.rows()
+    with pytest.raises(GrammarError, match="too complex") as raised:
+        for _ in range(40):
+            log_probs = np.zeros((1, VOCAB), dtype=np.float32)
+            rows.apply(log_probs)
+            token = int(np.argmax(log_probs[0]))
+            assert token != STOP  # never ended by a mask of stops alone
+            rows.advance([0], [token])
+    assert raised.value.param == "guided_json"
+    rows = vocabulary.compile('start: "yes" | "no"').rows()
+    rows.apply(np.zeros((1, VOCAB), dtype=np.float32))
+    with pytest.raises(constraints.ConstraintViolated):
+        rows.advance([0], [TOKENIZER.token_to_id("x")])
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_masks_are_the_matchers(
     vocabulary: Vocabulary, overlap: bool, monkeypatch: pytest.MonkeyPatch

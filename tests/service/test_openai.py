@@ -414,3 +414,41 @@ def test_deadline_is_not_retried(slow: LiveServer) -> None:
     assert caught.value.response.headers["x-should-retry"] == "false"
     after = metric_value(slow.metrics(), "attnserve_requests_total", route=route, status="504")
     assert after - before == 1
+
+
+def test_logprob_pieces_and_bytes_with_a_byte_fallback_tokenizer() -> None:
+    """SentencePiece's byte fallback (Llama 2, Phi-3, Gemma): 🎉 is four `<0x..>` tokens that
+    decode to four U+FFFD until the last; the pieces join to the text, each token's bytes are
+    its byte, a lone "▁" is a space even where the decoder strips a leading one, and a
+    special token has no bytes."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, decoders, models
+
+    from attnserve.model.text_tokenizer import TextTokenizer
+    from attnserve.service.openai_logprobs import Pieces
+
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    pieces += ["▁ok", "▁", "ok"]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tok.add_special_tokens(["<s>", "</s>"])
+    byte = {b: vocab[f"<0x{b:02X}>"] for b in range(256)}
+    ids = [*(byte[b] for b in "🎉".encode()), vocab["▁ok"], vocab["▁"]]
+    ids += [*(byte[b] for b in "日".encode()), vocab["</s>"]]
+    model: Any = SimpleNamespace(tokenizer=TextTokenizer(tok))
+    split = Pieces(model, ids)
+    texts = [split.piece(i) for i in range(len(ids))]
+    assert texts == ["", "", "", "🎉", " ok", " ", "", "", "日", ""]
+    assert "".join(texts) == model.tokenizer.decode(ids) == "🎉 ok 日"
+    raw = [split.token_bytes(t) for t in ids]
+    assert [len(r) for r in raw] == [1, 1, 1, 1, 3, 1, 1, 1, 1, 0]
+    assert bytes(b for r in raw for b in r).decode() == "🎉 ok 日"
