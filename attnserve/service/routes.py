@@ -191,6 +191,9 @@ def raise_for(
     if outcome is Outcome.FAILED:
         refused = grammar_refused(requests)
         if refused is not None:
+            others = [r for r in requests if not isinstance(r.error, GrammarError)]
+            if any(r.outcome is Outcome.FAILED for r in others):
+                _log_failure(others)  # another prompt's failure is still the server's to see
             raise refused
         _log_failure(requests)
         raise ApiError(500, f"decoding failed; quote request id {request_id} when reporting it")
