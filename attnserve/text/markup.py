@@ -1,9 +1,11 @@
 """HTML in, HTML out: text nodes translated, every tag and attribute kept as sent.
 
 `parse_html` reads a fragment or a page into verbatim markup and blocks of text (a scanner of
-HTML's syntax with each token's exact source, not a tree builder: nothing is re-serialised) and
-refuses markup it could not give back well-formed: a tag never closed, an end tag that closes
-nothing, a tag, comment or CDATA section that never ends. Every element that is not inline
+HTML's syntax with each token's exact source, not a tree builder: nothing is re-serialised),
+puts the end tags HTML lets a page leave out (`<p>A<p>B`, `<li>`, table cells and rows: the
+standard's optional tags) where a browser ends those elements, and refuses markup it could not
+give back well-formed: another tag never closed, an end tag that closes nothing, a tag, comment
+or CDATA section that never ends. Every element that is not inline
 text-level markup (`INLINE`), or an inline one that holds such an element, ends a *block*; a
 block's text, entities decoded and inline tags left out, is a document of its own. Void inline
 elements (`ATOMS`: img, input, ...) and comments inside a block stay where they were, between
@@ -42,6 +44,36 @@ KEEP = frozenset({"code", "kbd", "samp", "var"})  # inline, copied verbatim
 RAW_TEXT = frozenset({"script", "style", "textarea", "title"})  # content is not markup
 VERBATIM = frozenset({"pre", "noscript", "template", "svg", "math"})  # blocks copied as sent
 MAX_SHOWN = 40  # characters of a tag name an error message shows
+
+# HTML's optional end tags (the HTML Standard's "optional tags"): an element of these ends
+# where a start tag named here begins (its next sibling, or a block for a paragraph), where an
+# element that holds it ends, or at the end of the document.
+_P_ENDS = frozenset({
+    "address", "article", "aside", "blockquote", "details", "dialog", "div", "dl", "dd", "dt",
+    "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6",
+    "header", "hgroup", "hr", "li", "main", "menu", "nav", "ol", "p", "pre", "search", "section",
+    "table", "ul",
+})  # fmt: skip
+_ROWS = frozenset({"tr", "tbody", "thead", "tfoot"})
+ENDED_BY: dict[str, frozenset[str]] = {
+    "p": _P_ENDS,
+    "li": frozenset({"li"}),
+    "dt": frozenset({"dt", "dd"}),
+    "dd": frozenset({"dt", "dd"}),
+    "rt": frozenset({"rt", "rp"}),
+    "rp": frozenset({"rt", "rp"}),
+    "option": frozenset({"option", "optgroup", "hr"}),
+    "optgroup": frozenset({"optgroup", "hr"}),
+    "td": frozenset({"td", "th"}) | _ROWS,
+    "th": frozenset({"td", "th"}) | _ROWS,
+    "tr": _ROWS,
+    "thead": frozenset({"tbody", "tfoot"}),
+    "tbody": frozenset({"tbody", "tfoot"}),
+    "caption": frozenset({"colgroup", "thead", "tbody", "tfoot", "tr"}),
+    "colgroup": frozenset({"thead", "tbody", "tfoot", "tr"}),
+    "head": frozenset({"body"}),
+}
+OPTIONAL_END = frozenset(ENDED_BY) | {"tfoot", "html", "body"}
 
 _TAG = re.compile(
     r"""<(?P<end>/)?(?P<name>[A-Za-z][A-Za-z0-9:-]*)"""
@@ -145,6 +177,38 @@ def _tokens(source: str) -> list[Tag | str]:
     return out
 
 
+def _imply_end_tags(tokens: list[Tag | str]) -> list[Tag | str]:
+    """`tokens` with the end tags HTML lets a page leave out (`<p>A<p>B`, `<li>a<li>b</ul>`,
+    a table's cells and rows) put where the element ends, as empty tags: the markup given
+    back is the source as sent, its blocks end where a browser's would."""
+    out: list[Tag | str] = []
+    stack: list[str] = []
+
+    def end(name: str) -> None:
+        out.append(Tag("", name, end=True))
+        stack.pop()
+
+    for token in tokens:
+        if isinstance(token, Tag) and token.name != "!" and not token.closed:
+            if token.end:
+                if token.name in stack:
+                    while stack[-1] != token.name and stack[-1] in OPTIONAL_END:
+                        end(stack[-1])
+                if stack and stack[-1] == token.name:
+                    stack.pop()
+            else:
+                while stack and token.name in ENDED_BY.get(stack[-1], ()):
+                    end(stack[-1])
+                stack.append(token.name)
+        elif isinstance(token, Tag) and token.closed and not token.end and stack:
+            while stack and token.name in ENDED_BY.get(stack[-1], ()):  # <p>A<hr>
+                end(stack[-1])
+        out.append(token)
+    while stack and stack[-1] in OPTIONAL_END:
+        end(stack[-1])
+    return out
+
+
 def _check_and_mark(tokens: list[Tag | str]) -> None:
     """HtmlError for unbalanced tags; marks inline elements that hold a block element."""
     stack: list[Tag] = []
@@ -173,7 +237,7 @@ def _check_and_mark(tokens: list[Tag | str]) -> None:
 
 def parse_html(source: str) -> list[Piece]:
     """The markup as verbatim pieces and blocks, in order; HtmlError if not well-formed."""
-    tokens = _tokens(source)
+    tokens = _imply_end_tags(_tokens(source))
     _check_and_mark(tokens)
     pieces: list[Piece] = []
     block: _BlockBuilder | None = None

@@ -64,7 +64,7 @@ def test_json_bodies_lists_html_and_alternatives(live: LiveServer) -> None:
         ({"q": "hello", "source": "en"}, 400, "missing target"),
         ({"q": "hello", "source": "en", "target": "fr"}, 400, "'fr'"),
         ({"q": "   ", "source": "en", "target": "de"}, 400, "empty"),
-        ({"q": "<p>x", "source": "en", "target": "de", "format": "html"}, 400, "never closed"),
+        ({"q": "<div>x", "source": "en", "target": "de", "format": "html"}, 400, "never closed"),
         ({"q": "hi", "source": "en", "target": "de", "format": "pdf"}, 400, "format"),
         ({"q": "hi", "source": "en", "target": "de", "alternatives": "x"}, 400, "alternatives"),
         ({"q": 3, "source": "en", "target": "de"}, 400, "q must be"),

@@ -218,12 +218,12 @@ def test_alternatives_html_and_errors(page: Any, server: LiveServer) -> None:
     assert output.startswith("<p>") and output.endswith("</p>") and "<b>" in output
     # an invalid request: the API's own words
     page.allowed_statuses = frozenset({422})
-    type_into(page, "source-text", "<p>The Lord is my shepherd.")
+    type_into(page, "source-text", "<div>The Lord is my shepherd.")
     by_id(page, "translate").click()
     error = wait_until(
         lambda: by_id(page, "translate-error").is_displayed() and text_of(page, "translate-error")
     )
-    assert error == "text is not well-formed HTML: <p> is never closed"
+    assert error == "text is not well-formed HTML: <div> is never closed"
     by_id(page, "opt-html").click()
 
 

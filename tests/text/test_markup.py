@@ -126,11 +126,46 @@ def test_empty_inline_element_and_void_tags() -> None:
 
 @pytest.mark.parametrize(
     "broken",
-    ["<p>never closed", "<div></p>", "text</b>", "<p <b>x</b>", '<a href="x>y</a>'],
+    [
+        "<div>never closed",
+        "<p><b>x<p>y",
+        "<div></p>",
+        "text</b>",
+        "<p <b>x</b>",
+        '<a href="x>y</a>',
+    ],
 )
 def test_broken_html_is_refused(broken: str) -> None:
     with pytest.raises(HtmlError):
         parse_html(broken)
+
+
+@pytest.mark.parametrize(
+    ("source", "blocks"),
+    [
+        ("<p>One.<p>Two.", ["One.", "Two."]),
+        ("<div><p>One.<p>Two.</div>", ["One.", "Two."]),
+        ("<ul><li>a b<li>c</ul>", ["a b", "c"]),
+        ("<table><tr><td>a<td>b<tr><th>c</table>", ["a", "b", "c"]),
+        ("<dl><dt>x<dd>y<dt>z</dl>", ["x", "y", "z"]),
+        ("<select><option>a<option>b</select>", ["a", "b"]),
+        ("<p>A<hr>B", ["A", "B"]),
+        ("<html><head><title>T</title><body><p>Hi", ["Hi"]),
+    ],
+)
+def test_optional_end_tags_end_their_elements_where_a_browser_does(
+    source: str, blocks: list[str]
+) -> None:
+    """HTML lets a page leave out some end tags (`<p>`, `<li>`, table cells, ...): each such
+    element ends where the next one (or its parent) begins, and the markup given back is the
+    source as sent."""
+    pieces = parse_html(source)
+    assert [p.plain for p in pieces if isinstance(p, Block)] == blocks
+    out = "".join(
+        p if isinstance(p, str) else render_block(p, [(0, len(p.plain))], [p.plain], {})
+        for p in pieces
+    )
+    assert out == source
 
 
 def test_a_lone_less_than_is_text() -> None:
