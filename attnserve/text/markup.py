@@ -52,7 +52,7 @@ _P_ENDS = frozenset({
     "address", "article", "aside", "blockquote", "details", "dialog", "div", "dl", "dd", "dt",
     "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6",
     "header", "hgroup", "hr", "li", "main", "menu", "nav", "ol", "p", "pre", "search", "section",
-    "table", "ul",
+    "table", "ul", "center", "dir", "summary", "listing", "xmp", "plaintext",
 })  # fmt: skip
 _ROWS = frozenset({"tr", "tbody", "thead", "tfoot"})
 ENDED_BY: dict[str, frozenset[str]] = {
@@ -60,8 +60,10 @@ ENDED_BY: dict[str, frozenset[str]] = {
     "li": frozenset({"li"}),
     "dt": frozenset({"dt", "dd"}),
     "dd": frozenset({"dt", "dd"}),
-    "rt": frozenset({"rt", "rp"}),
-    "rp": frozenset({"rt", "rp"}),
+    "rb": frozenset({"rb", "rt", "rtc", "rp"}),
+    "rt": frozenset({"rb", "rt", "rtc", "rp"}),
+    "rtc": frozenset({"rb", "rtc", "rp"}),
+    "rp": frozenset({"rb", "rt", "rtc", "rp"}),
     "option": frozenset({"option", "optgroup", "hr"}),
     "optgroup": frozenset({"optgroup", "hr"}),
     "td": frozenset({"td", "th"}) | _ROWS,
@@ -70,10 +72,18 @@ ENDED_BY: dict[str, frozenset[str]] = {
     "thead": frozenset({"tbody", "tfoot"}),
     "tbody": frozenset({"tbody", "tfoot"}),
     "caption": frozenset({"colgroup", "thead", "tbody", "tfoot", "tr"}),
-    "colgroup": frozenset({"thead", "tbody", "tfoot", "tr"}),
+    "colgroup": frozenset({"colgroup", "thead", "tbody", "tfoot", "tr"}),
     "head": frozenset({"body"}),
 }
 OPTIONAL_END = frozenset(ENDED_BY) | {"tfoot", "html", "body"}
+_ROOTS = frozenset({"html", "body"})
+# A table's start tags end a cell, row or section through what is open in it (a paragraph or
+# list item left open in a cell: `<td><p>a<td>b`), as a browser closes the cell.
+_IN_TABLE = OPTIONAL_END - _ROOTS - {"head"}
+_THROUGH = {name: _IN_TABLE for name in ("td", "th", "tr", "tbody", "thead", "tfoot", "caption")}
+# End tags a browser takes without their start tag: `</p>` (an empty paragraph), and those of
+# elements whose start tag a page may leave out.
+_LONE_END = frozenset({"p", "html", "head", "body", "tbody"})
 
 _TAG = re.compile(
     r"""<(?P<end>/)?(?P<name>[A-Za-z][A-Za-z0-9:-]*)"""
@@ -179,30 +189,53 @@ def _tokens(source: str) -> list[Tag | str]:
 
 def _imply_end_tags(tokens: list[Tag | str]) -> list[Tag | str]:
     """`tokens` with the end tags HTML lets a page leave out (`<p>A<p>B`, `<li>a<li>b</ul>`,
-    a table's cells and rows) put where the element ends, as empty tags: the markup given
-    back is the source as sent, its blocks end where a browser's would."""
+    a table's cells and rows) put where a browser ends the element, as empty tags: the markup
+    given back is the source as sent, its blocks end where a browser's would. An end tag a
+    browser reads without its start tag (`</p>` after a block ended the paragraph: an empty
+    one; `</body>` or `</tbody>` whose start tag was left out) is a boundary, not an error."""
     out: list[Tag | str] = []
     stack: list[str] = []
+    opened: dict[str, int] = {}  # open elements by name
 
     def end(name: str) -> None:
         out.append(Tag("", name, end=True))
+        pop()
+
+    def pop() -> None:
+        opened[stack[-1]] -= 1
         stack.pop()
 
+    def ended(name: str) -> int:
+        """Where on the stack the start tag `name` ends elements from (len: none)."""
+        at = len(stack)
+        through = _THROUGH.get(name, frozenset())
+        for i in range(len(stack) - 1, -1, -1):
+            if name in ENDED_BY.get(stack[i], ()):
+                at = i
+            elif stack[i] not in through:
+                break
+        return at
+
     for token in tokens:
-        if isinstance(token, Tag) and token.name != "!" and not token.closed:
-            if token.end:
-                if token.name in stack:
-                    while stack[-1] != token.name and stack[-1] in OPTIONAL_END:
-                        end(stack[-1])
-                if stack and stack[-1] == token.name:
-                    stack.pop()
-            else:
-                while stack and token.name in ENDED_BY.get(stack[-1], ()):
-                    end(stack[-1])
-                stack.append(token.name)
-        elif isinstance(token, Tag) and token.closed and not token.end and stack:
-            while stack and token.name in ENDED_BY.get(stack[-1], ()):  # <p>A<hr>
+        if not isinstance(token, Tag) or token.name == "!":
+            out.append(token)
+            continue
+        if not token.end:
+            for _ in range(len(stack) - ended(token.name)):
                 end(stack[-1])
+            if not token.closed:
+                stack.append(token.name)
+                opened[token.name] = opened.get(token.name, 0) + 1
+        elif not token.closed:
+            if opened.get(token.name):
+                while stack[-1] != token.name and stack[-1] in OPTIONAL_END:
+                    end(stack[-1])
+                if stack[-1] == token.name:
+                    pop()
+            elif token.name in _LONE_END:
+                while stack and stack[-1] in OPTIONAL_END and stack[-1] not in _ROOTS:
+                    end(stack[-1])
+                token.closed = True  # nothing to close: a boundary
         out.append(token)
     while stack and stack[-1] in OPTIONAL_END:
         end(stack[-1])
@@ -212,11 +245,18 @@ def _imply_end_tags(tokens: list[Tag | str]) -> list[Tag | str]:
 def _check_and_mark(tokens: list[Tag | str]) -> None:
     """HtmlError for unbalanced tags; marks inline elements that hold a block element."""
     stack: list[Tag] = []
+    marked = 0  # the open elements below this depth are marked already (linear, not n^2)
+
+    def mark() -> None:
+        nonlocal marked
+        for open_ in stack[marked:]:
+            open_.blockish = True
+        marked = len(stack)
+
     for token in tokens:
         if isinstance(token, str) or token.closed:
-            boundary = isinstance(token, Tag) and token.name not in INLINE | ATOMS | {"!"}
-            for open_ in stack if boundary else ():
-                open_.blockish = True
+            if isinstance(token, Tag) and token.name not in INLINE | ATOMS | {"!"}:
+                mark()
             continue
         if token.end:
             if not stack or stack[-1].name != token.name:
@@ -225,11 +265,11 @@ def _check_and_mark(tokens: list[Tag | str]) -> None:
                     f"</{_shown(token.name)}> does not close the element before it ({still})"
                 )
             opened = stack.pop()
+            marked = min(marked, len(stack))
             token.blockish = opened.blockish
             continue
         if token.name not in INLINE:
-            for open_ in stack:
-                open_.blockish = True
+            mark()
         stack.append(token)
     if stack:
         raise HtmlError(f"<{_shown(stack[-1].name)}> is never closed")
@@ -269,7 +309,8 @@ def parse_html(source: str) -> list[Piece]:
             if block is not None:
                 pieces.extend(block.finish())
                 block = None
-            pieces.append(text)
+            if text:  # an implied end tag has no text
+                pieces.append(text)
             starts_copy = token.name in VERBATIM | RAW_TEXT or token.keep
             if not token.end and not token.closed and starts_copy:
                 copy_depth = 1

@@ -151,6 +151,17 @@ def test_broken_html_is_refused(broken: str) -> None:
         ("<select><option>a<option>b</select>", ["a", "b"]),
         ("<p>A<hr>B", ["A", "B"]),
         ("<html><head><title>T</title><body><p>Hi", ["Hi"]),
+        # a block inside a closed paragraph ends it; the </p> after it is an empty one
+        ("<p>Intro<div>box</div></p>", ["Intro", "box"]),
+        ("<p><ul><li>one</li><li>two</li></ul></p>", ["one", "two"]),
+        ("<p>Line<hr></p>", ["Line"]),
+        # a cell ends its cell through a paragraph left open in it
+        ('<table><tr><td translate="no"><p>Acme<td>Translate me</table>', ["Translate me"]),
+        ('<table><tr class="notranslate"><td><p>SKU<tr><td>Translate me</table>', ["Translate me"]),
+        # end tags whose start tags a page may leave out
+        ("<!DOCTYPE html><head><title>T</title></head><body><p>Hi</p></body></html>", ["Hi"]),
+        ("<table><tr><td>x</td></tr></tbody></table>", ["x"]),
+        ("<ul><li>a<ul><li>b</ul><li>c</ul>", ["a", "b", "c"]),
     ],
 )
 def test_optional_end_tags_end_their_elements_where_a_browser_does(
