@@ -50,12 +50,23 @@ class Pieces:
             return after[len(before) :]
         return self._text([chosen])
 
-    def token_bytes(self, token: int) -> list[int]:
-        """The token's bytes (OpenAI's `bytes`): its part of the text, even of a character;
-        none for a special token (the text leaves it out)."""
-        if self.table is None:
-            return list(str(self.decode([token])).encode("utf-8"))
-        return [] if token in self.table.special else list(self.table.one(token))
+    def token_bytes(self, token: int, text: str | None = None) -> list[int]:
+        """The token's bytes (OpenAI's `bytes`): `text`, what it adds to the text (the
+        decoder's spaces and all); its own bytes where they are part of a character, or
+        where the text holds a U+FFFD (a character the tokens before it left unfinished);
+        none for a special token."""
+        shown = text if text is not None else str(self.decode([token]))
+        if self.table is not None:
+            if token in self.table.special:
+                return []
+            raw = self.table.one(token)
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return list(raw)
+            if "\ufffd" in shown:
+                return list(raw)
+        return list(shown.encode("utf-8"))
 
     def _text(self, ids: Sequence[int]) -> str:
         """The text of `ids`, less the U+FFFD that a character the tokens have not finished
@@ -63,7 +74,8 @@ class Pieces:
         text = str(self.decode(ids))
         if self.table is None or not text.endswith("\ufffd"):
             return text
-        tail = bytes(b for token in ids[-4:] for b in self.token_bytes(token))  # <= 4 a char
+        raw = [b"" if t in self.table.special else self.table.one(t) for t in ids[-4:]]
+        tail = b"".join(raw)  # a character is at most 4 bytes
         unfinished = unfinished_bytes(tail)
         marks = unfinished if self.table.byte_fallback else min(unfinished, 1)
         return text[: len(text) - marks] if marks and text.endswith("\ufffd" * marks) else text
@@ -88,17 +100,22 @@ def chat_logprobs(model: ServedModel, hyp: EngineHypothesis) -> ChoiceLogprobs |
     pieces = Pieces(model, [e.token for e in entries])
     content = []
     for i, e in enumerate(entries):
-        top = [
-            TopLogprobEntry(
-                token=pieces.piece(i, t), logprob=_logprob(lp), bytes=pieces.token_bytes(t)
+        top = []
+        for t, lp in e.top:
+            alternative = pieces.piece(i, t)
+            top.append(
+                TopLogprobEntry(
+                    token=alternative,
+                    logprob=_logprob(lp),
+                    bytes=pieces.token_bytes(t, alternative),
+                )
             )
-            for t, lp in e.top
-        ]
+        text = pieces.piece(i)
         content.append(
             LogprobEntry(
-                token=pieces.piece(i),
+                token=text,
                 logprob=_logprob(e.logprob),
-                bytes=pieces.token_bytes(e.token),
+                bytes=pieces.token_bytes(e.token, text),
                 top_logprobs=top,
             )
         )

@@ -449,6 +449,6 @@ def test_logprob_pieces_and_bytes_with_a_byte_fallback_tokenizer() -> None:
     texts = [split.piece(i) for i in range(len(ids))]
     assert texts == ["", "", "", "🎉", " ok", " ", "", "", "日", ""]
     assert "".join(texts) == model.tokenizer.decode(ids) == "🎉 ok 日"
-    raw = [split.token_bytes(t) for t in ids]
+    raw = [split.token_bytes(t, text) for t, text in zip(ids, texts, strict=True)]
     assert [len(r) for r in raw] == [1, 1, 1, 1, 3, 1, 1, 1, 1, 0]
     assert bytes(b for r in raw for b in r).decode() == "🎉 ok 日"
