@@ -35,7 +35,7 @@ def test_the_default_model_is_committed_and_served_by_default() -> None:
         assert (DEFAULT_MODEL / name).is_file(), name
     assert (DEFAULT_MODEL / "model.safetensors").stat().st_size < 60 * 2**20
     config = json.loads((DEFAULT_MODEL / "config.json").read_text())
-    assert config["vocab_size"] == 8000
+    assert config["vocab_size"] == 16000
 
 
 def test_translates_a_test_book_verse_into_german(translator: Translator) -> None:
