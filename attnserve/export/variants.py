@@ -61,8 +61,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Keep the output projection in float32 in the int8 variant? No by default, as CTranslate2's int8:
-# at a vocabulary of 8000 it is ~40% of a decoder step's multiply-adds, so int8 pays most there
-# (docs/BENCHMARKS.md); `attnserve export --no-quantize-output-projection` keeps it float.
+# at a vocabulary of 8000 it is ~40% of a decoder step's multiply-adds (more at 16000), so int8
+# pays most there (docs/BENCHMARKS.md); `attnserve export --no-quantize-output-projection` keeps
+# it float.
 INT8_FLOAT_OUTPUT = False
 FP16_BLOCKED_OPS = ("LayerNormalization", "Softmax", "LogSoftmax")
 QUANTIZED_OPS = ("MatMul", "Gemm")

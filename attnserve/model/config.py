@@ -115,7 +115,7 @@ PRESETS: dict[str, ModelConfig] = {
         max_positions=128,
         dropout=0.0,
     ),
-    # The default model's size class: trains in a few CPU hours.
+    # The default model's size class: trains on CPU cores in hours (the default: ~19 hours).
     "small": ModelConfig(
         vocab_size=16000,
         d_model=256,
