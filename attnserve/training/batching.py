@@ -28,6 +28,13 @@ class Examples:
     def __len__(self) -> int:
         return len(self.src)
 
+    def tokens(self, indices: np.ndarray) -> int:
+        """Source + target tokens of the examples at `indices` (a batch's real tokens)."""
+        return sum(len(self.src[i]) + len(self.tgt[i]) for i in indices)
+
+    def target_tokens(self, indices: np.ndarray) -> int:
+        return sum(len(self.tgt[i]) for i in indices)
+
     def epoch_indices(self, seed: int, epoch: int) -> np.ndarray:
         """The examples of one epoch, as indices: each weighted range's examples its whole
         number of times, plus a subset of the fraction drawn anew each (seed, epoch)."""

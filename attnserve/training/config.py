@@ -33,7 +33,10 @@ class TrainConfig:
     dev_sentences: int = 100  # per direction
     log_every: int = 50
     bf16: bool | None = None  # None: autocast to bf16 where the CPU computes bf16 natively
-    threads: int = 0  # 0: torch's default
+    threads: int = 0  # per worker; 0: torch's default (one worker), the CPUs shared out (more)
+    # Processes training the model data-parallel (training/distributed.py): each takes every
+    # N-th row of each batch, so an update is the same whatever N.
+    workers: int = 1
     seed: int = 1
     resume: bool = False
     # Warm start: a model directory (config.json + model.safetensors + spm.model) whose weights

@@ -40,6 +40,7 @@ from attnserve.training.batching import (
 )
 from attnserve.training.config import TrainConfig
 from attnserve.training.data import Manifest
+from attnserve.training.distributed import ALONE, Group, pin, rank_seed, workers
 from attnserve.training.evaluate import dev_bleu
 from attnserve.training.vocab import same_pieces, transfer_state_dict, vocabulary_map
 
@@ -197,8 +198,9 @@ def _atomic_save(obj: Any, path: Path) -> None:
 class Trainer:
     """Owns the model, optimizer, scheduler, data and progress of one run."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, group: Group = ALONE) -> None:
         self.cfg = cfg
+        self.group = group
         self.bf16 = cpu_has_bf16() if cfg.bf16 is None else cfg.bf16
         self.run_dir = Path(cfg.run_dir)
         self.tokenizer = Tokenizer.from_spm(cfg.spm_model)
@@ -215,6 +217,9 @@ class Trainer:
                 warm["vocabulary"] = transfer
             if grown is not None:
                 warm["layers"] = grown
+        group.share_weights(self.model)
+        if not group.leader:  # dropout masks of its own
+            torch.manual_seed(rank_seed(cfg.seed, 0, group.rank))
         self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and "embed" not in n]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() <= 1 or "embed" in n]
@@ -300,14 +305,20 @@ class Trainer:
         return self.run_dir / CHECKPOINT_NAME
 
     def save_checkpoint(self) -> None:
-        """Everything needed to continue exactly where this run is now."""
+        """Everything needed to continue exactly where this run is now (every worker calls it;
+        the leader writes it, with each worker's random state)."""
+        rng = self.group.gather(_rng_state())
+        self.group.check_in_step(self.model)
+        if not self.group.leader:
+            return
         _atomic_save(
             {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "state": dataclasses.asdict(self.state),
-                "rng": _rng_state(),
+                "rng": rng[0],
+                "rng_workers": rng,
                 "train_config": dataclasses.asdict(self.cfg),
                 "model_config": self.model_config.to_dict(),
             },
@@ -340,7 +351,11 @@ class Trainer:
             group["lr"] = base * factor(self.scheduler.last_epoch)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         self.state = TrainState(**ckpt["state"])
-        _set_rng_state(ckpt["rng"])
+        saved = ckpt.get("rng_workers") or [ckpt["rng"]]
+        if len(saved) == self.group.size or self.group.leader:
+            _set_rng_state(saved[self.group.rank])
+        else:  # resumed with more workers than it was saved with
+            torch.manual_seed(rank_seed(self.cfg.seed, self.state.step, self.group.rank))
         log.info(
             "resumed from step %d (epoch %d, batch %d)",
             self.state.step,
@@ -363,26 +378,32 @@ class Trainer:
         )
 
     def micro_batches(self) -> Any:
-        """Yield (epoch, batch index, batch) from the saved data position onwards, forever."""
+        """Yield (epoch, batch index, example indices) from the saved data position onwards,
+        forever (the whole batch: every worker reads the same stream)."""
         cfg, st = self.cfg, self.state
         epoch, first = st.epoch, st.batch_in_epoch
         while True:
             batches = make_batches(self.examples, cfg.max_tokens, cfg.seed, epoch)
             for i in range(first, len(batches)):
-                m = self.model_config
-                yield epoch, i, collate(self.examples, batches[i], m.pad_id, m.start_id)
+                yield epoch, i, batches[i]
             epoch, first = epoch + 1, 0
 
-    def train_step(self, batches: list[Batch]) -> float:
-        """One optimizer step over `accum_steps` micro-batches; returns loss per target token."""
-        n_target = sum(b.num_target_tokens for b in batches)
-        pad = self.model_config.pad_id
+    def train_step(self, batches: list[np.ndarray]) -> float:
+        """One optimizer step over `accum_steps` micro-batches (example indices; this worker
+        trains on its rows of each); returns the loss per target token of the whole update."""
+        n_target = sum(self.examples.target_tokens(indices) for indices in batches)
+        m = self.model_config
         total = 0.0
-        for batch in batches:
-            loss = loss_sum(self.forward, batch, self.cfg.label_smoothing, self.bf16, pad)
+        for indices in batches:
+            rows = self.group.rows(indices)
+            if not len(rows):
+                continue
+            batch = collate(self.examples, rows, m.pad_id, m.start_id)
+            loss = loss_sum(self.forward, batch, self.cfg.label_smoothing, self.bf16, m.pad_id)
             loss = loss / n_target
             loss.backward()
             total += float(loss.detach())
+        total = self.group.sum_gradients(self.model, total)
         if self.cfg.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
         self.optimizer.step()
@@ -442,7 +463,7 @@ class Trainer:
                 batches.append(batch)
             losses.append(self.train_step(batches))
             st.step += 1
-            st.tokens += sum(b.num_tokens for b in batches)
+            st.tokens += sum(self.examples.tokens(indices) for indices in batches)
             now = time.monotonic()
             # Training time: the steps alone (dev evaluations and checkpoints are not counted),
             # and a step that took longer than MAX_STEP_SECONDS (the process was stopped) counts
@@ -456,13 +477,18 @@ class Trainer:
                     tok_s, st.seconds / 3600,
                 )  # fmt: skip
                 last_log, tokens_at_log, losses = now, st.tokens, []
-            if cfg.eval_every and st.step % cfg.eval_every == 0:
+            if cfg.eval_every and st.step % cfg.eval_every == 0 and self.group.leader:
                 self.evaluate()
                 last_log += time.monotonic() - now  # keep evaluation out of tokens/s
-            if now - last_ckpt >= cfg.checkpoint_minutes * 60:
+            # On the leader's clock: every worker checkpoints and stops with it.
+            checkpoint, stop = self.group.decide(
+                now - last_ckpt >= cfg.checkpoint_minutes * 60,
+                bool(cfg.max_hours) and now - started >= cfg.max_hours * 3600,
+            )
+            if checkpoint:
                 self.save_checkpoint()
                 last_ckpt = time.monotonic()
-            if cfg.max_hours and now - started >= cfg.max_hours * 3600:
+            if stop:
                 log.info("time limit of %.2f h reached", cfg.max_hours)
                 break
             step_start = time.monotonic()
@@ -478,6 +504,8 @@ def train(cfg: TrainConfig) -> TrainState:
             f"--cooldown-steps {cfg.cooldown_steps}: give 0 (none) or a number of updates up to "
             f"--max-steps ({cfg.max_steps}), the update the cool-down ends on"
         )
+    if cfg.workers < 1:
+        raise ValueError(f"--workers {cfg.workers}: give 1 (one process) or more")
     if (run_dir / CHECKPOINT_NAME).exists() and not cfg.resume:
         raise FileExistsError(
             f"{run_dir / CHECKPOINT_NAME} exists; resume it or pick a new run_dir"
@@ -491,17 +519,27 @@ def train(cfg: TrainConfig) -> TrainState:
         package_log.setLevel(logging.INFO)
     package_log.addHandler(handler)
     try:
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        trainer = Trainer(cfg)
-        if trainer.checkpoint_path.exists():
-            trainer.load_checkpoint()
-        log.info("config %s (bf16 autocast: %s)", json.dumps(dataclasses.asdict(cfg)), trainer.bf16)
-        return trainer.run()
+        with workers(cfg) as group:
+            return train_worker(cfg, group)
     finally:
         package_log.removeHandler(handler)
         package_log.setLevel(old_level)
         handler.close()
+
+
+def train_worker(cfg: TrainConfig, group: Group = ALONE) -> TrainState:
+    """This process's part of the run: all of it alone, or one worker's of `cfg.workers`."""
+    threads = pin(group, cfg.threads)
+    if threads:
+        torch.set_num_threads(threads)
+    trainer = Trainer(cfg, group)
+    if trainer.checkpoint_path.exists():
+        trainer.load_checkpoint()
+    log.info(
+        "config %s (bf16 autocast: %s, %d worker(s) of %d thread(s))",
+        json.dumps(dataclasses.asdict(cfg)), trainer.bf16, group.size, torch.get_num_threads(),
+    )  # fmt: skip
+    return trainer.run()
 
 
 def snapshot_paths(run_dir: str | Path) -> list[Path]:

@@ -1,0 +1,127 @@
+"""Data-parallel training (`--workers N`): the same updates as one process, resumable either
+way, every worker paused by the run's `pkill -f "run-dir RUN"`, and a worker's death ends the
+run with an error instead of a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.training.distributed import Group
+from attnserve.training.train import train
+from tests.training.test_train import config, logged_losses, tiny_data  # noqa: F401
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    """A run's weights but the attention key biases: their gradient is zero in exact arithmetic
+    (softmax ignores a shift common to every key), so Adam turns float noise into updates of
+    the learning rate's size in any two runs whose sums differ in order; they change no
+    output."""
+    model = torch.load(run / "checkpoint.pt", weights_only=False)["model"]
+    return {k: v for k, v in model.items() if not k.endswith("k_proj.bias")}
+
+
+def test_rows_share_out_a_batch() -> None:
+    batch = np.arange(7)
+    shares = [Group(rank, 3).rows(batch) for rank in range(3)]
+    assert [s.tolist() for s in shares] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert Group().rows(batch).tolist() == batch.tolist()
+
+
+def test_two_workers_make_the_updates_of_one_process(
+    tiny_data: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    data, spm_model = tiny_data
+    alone = train(config(data, spm_model, tmp_path / "alone", max_steps=5, accum_steps=2))
+    pair = train(config(data, spm_model, tmp_path / "pair", max_steps=5, accum_steps=2, workers=2))
+    assert (pair.step, pair.epoch, pair.batch_in_epoch, pair.tokens) == (
+        alone.step, alone.epoch, alone.batch_in_epoch, alone.tokens,
+    )  # fmt: skip
+    assert logged_losses(tmp_path / "pair") == pytest.approx(logged_losses(tmp_path / "alone"))
+    a, b = weights(tmp_path / "alone"), weights(tmp_path / "pair")
+    # The same sums in another order: equal to float rounding, after five updates.
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # two processes did compute it
+    ckpt = torch.load(tmp_path / "pair" / "checkpoint.pt", weights_only=False)
+    assert len(ckpt["rng_workers"]) == 2 and ckpt["train_config"]["workers"] == 2
+    assert "2 worker(s) of 1 thread(s)" in (tmp_path / "pair" / "train.log").read_text()
+
+
+def test_a_run_resumes_with_another_number_of_workers(
+    tiny_data: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    train(config(data, spm_model, run, max_steps=2))
+    state = train(config(data, spm_model, run, max_steps=4, resume=True, workers=2))
+    again = train(config(data, spm_model, run, max_steps=6, resume=True))
+    straight = train(config(data, spm_model, tmp_path / "straight", max_steps=6))
+    assert state.step == 4 and again.step == 6
+    assert (again.epoch, again.batch_in_epoch, again.tokens) == (
+        straight.epoch, straight.batch_in_epoch, straight.tokens,
+    )  # fmt: skip
+    log = (run / "train.log").read_text()
+    assert "resumed from step 2" in log and "resumed from step 4" in log
+    a, b = weights(run), weights(tmp_path / "straight")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+    with pytest.raises(ValueError, match="--workers 0"):
+        train(config(data, spm_model, tmp_path / "none", workers=0))
+
+
+def _workers_of(run: Path) -> list[int]:
+    """Processes whose command line names `--run-dir RUN` (what `pkill -f "run-dir RUN"`
+    matches)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, PermissionError, ProcessLookupError, NotADirectoryError):
+            continue
+        args = [a.decode(errors="replace") for a in cmdline]
+        if "--run-dir" in args and str(run) in args:
+            found.append(int(pid))
+    return found
+
+
+def test_a_dead_worker_ends_the_run_with_an_error(
+    tiny_data: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The worker is found the way a pause finds it (its command line names the run), and
+    SIGKILL on it makes the run raise, within seconds, instead of waiting for it."""
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["state"] = train(config(data, spm_model, run, max_steps=100_000, workers=2))
+        except Exception as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while "training examples" not in _log(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    found = _workers_of(run)
+    assert len(found) == 1, found  # worker 1 (worker 0 is this test's process)
+    time.sleep(1.0)  # training
+    os.kill(found[0], signal.SIGKILL)
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the run still waits for its dead worker"
+    assert isinstance(outcome.get("error"), RuntimeError), outcome
+
+
+def _log(run: Path) -> str:
+    path = run / "train.log"
+    return path.read_text() if path.exists() else ""
