@@ -1,4 +1,5 @@
-"""`attnserve bench | bench-http | loadtest`: offline speed, the service at saturation, locust."""
+"""`attnserve bench | bench-http | loadtest`: offline speed, the service at saturation, locust;
+`bench-documents`, `bench-train` (training throughput)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ SERVERS_DEFAULT = "attnserve,llama-server,llama-cpp-python"
 
 
 def register(sub: Any) -> None:
-    from attnserve.bench import documents
+    from attnserve.bench import documents, training
 
     _add_bench(sub)
     _add_bench_lm(sub)
     _add_bench_http(sub)
     documents.register(sub)
+    training.register(sub)
     _add_loadtest(sub)
 
 

@@ -529,17 +529,22 @@ def train(cfg: TrainConfig) -> TrainState:
 
 def train_worker(cfg: TrainConfig, group: Group = ALONE) -> TrainState:
     """This process's part of the run: all of it alone, or one worker's of `cfg.workers`."""
-    threads = pin(group, cfg.threads)
-    if threads:
-        torch.set_num_threads(threads)
-    trainer = Trainer(cfg, group)
-    if trainer.checkpoint_path.exists():
-        trainer.load_checkpoint()
-    log.info(
-        "config %s (bf16 autocast: %s, %d worker(s) of %d thread(s))",
-        json.dumps(dataclasses.asdict(cfg)), trainer.bf16, group.size, torch.get_num_threads(),
-    )  # fmt: skip
-    return trainer.run()
+    cpus, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        threads = pin(group, cfg.threads)
+        if threads:
+            torch.set_num_threads(threads)
+        trainer = Trainer(cfg, group)
+        if trainer.checkpoint_path.exists():
+            trainer.load_checkpoint()
+        log.info(
+            "config %s (bf16 autocast: %s, %d worker(s) of %d thread(s))",
+            json.dumps(dataclasses.asdict(cfg)), trainer.bf16, group.size, torch.get_num_threads(),
+        )  # fmt: skip
+        return trainer.run()
+    finally:  # the calling process as it was (a benchmark or a test trains several runs)
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(threads_before)
 
 
 def snapshot_paths(run_dir: str | Path) -> list[Path]:

@@ -125,3 +125,34 @@ def test_a_dead_worker_ends_the_run_with_an_error(
 def _log(run: Path) -> str:
     path = run / "train.log"
     return path.read_text() if path.exists() else ""
+
+
+def test_bench_train_times_each_layout_on_the_same_batches(
+    tiny_data: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from attnserve.bench.training import parse_setups
+    from attnserve.cli import main
+
+    data, spm_model = tiny_data
+    cpus = os.sched_getaffinity(0)
+    args = ["bench-train", "--data-dir", str(data), "--spm-model", str(spm_model), "--preset",
+            "tiny", "--max-tokens", "400", "--max-len", "60", "--bf16", "--no-bf16",
+            "--setups", "1x1,2x1", "--updates", "3", "--repeats", "2", "--name", "layouts",
+            "--output-dir", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "layouts.json").read_text())
+    assert [r["setup"] for r in rows] == ["1x1", "2x1", "1x1", "2x1"]  # in turn
+    assert all(r["updates"] == 3 and r["tokens_per_second"] > 0 for r in rows)
+    assert len({r["tokens"] for r in rows}) == 1  # the same batches for every layout
+    table = (tmp_path / "layouts.md").read_text()
+    assert table in capsys.readouterr().out
+    assert "| 1x1 |" in table and "| 2x1 |" in table and "1.00x" in table
+    assert os.sched_getaffinity(0) == cpus  # the workers' pinning undone
+    assert parse_setups("1x2, 2X1") == [(1, 2), (2, 1)]
+    for bad in ("2", "0x1", "ax1"):
+        with pytest.raises(ValueError, match="setup"):
+            parse_setups(bad)
