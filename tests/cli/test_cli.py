@@ -10,7 +10,8 @@ from attnserve.cli import GROUPS, build_parser, main
 
 COMMANDS = {
     "translate", "generate", "import", "import-marian", "export", "package", "data", "train",
-    "eval", "serve", "bench", "bench-lm", "bench-http", "bench-documents", "loadtest",
+    "eval", "serve", "bench", "bench-lm", "bench-http", "bench-documents", "bench-train",
+    "loadtest",
 }  # fmt: skip
 
 
