@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,9 @@ class DirectionScore:
     seconds: float
     tokens_per_second: float
     bleu_signature: str
+    # A split whose <split>.tsv names each line's package (modern-test, modern-dev): the scores
+    # of each package's lines, {package: {"sentences", "bleu", "chrf"}}.
+    by_package: dict[str, dict[str, float]] | None = None
 
 
 def read_split(data_dir: str | Path, split: str, lang: str, limit: int | None = None) -> list[str]:
@@ -48,6 +51,38 @@ def read_split(data_dir: str | Path, split: str, lang: str, limit: int | None = 
         raise FileNotFoundError(f"{path} not found: build the corpus with `attnserve data build`")
     lines = path.read_text(encoding="utf-8").splitlines()
     return lines[:limit] if limit else lines
+
+
+def read_packages(data_dir: str | Path, split: str, limit: int | None = None) -> list[str] | None:
+    """Each line's package from data/<split>.tsv (a header row, then one row a line), or None
+    where the split has no such column."""
+    path = Path(data_dir) / f"{split}.tsv"
+    if not path.is_file():
+        return None
+    header, *rows = path.read_text(encoding="utf-8").splitlines()
+    if "package" not in header.split("\t"):
+        return None
+    column = header.split("\t").index("package")
+    packages = [row.split("\t")[column] for row in rows]
+    return packages[:limit] if limit else packages
+
+
+def package_scores(
+    packages: Sequence[str], hyps: Sequence[str], references: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """Corpus BLEU and chrF of each package's lines."""
+    if not len(packages) == len(hyps) == len(references):
+        raise ValueError(f"{len(packages)} packages for {len(hyps)} lines: rebuild the data")
+    out: dict[str, dict[str, float]] = {}
+    for package in sorted(set(packages)):
+        lines = [i for i, p in enumerate(packages) if p == package]
+        h, r = [hyps[i] for i in lines], [[references[i] for i in lines]]
+        out[package] = {
+            "sentences": len(lines),
+            "bleu": round(sacrebleu.corpus_bleu(h, r).score, 2),
+            "chrf": round(sacrebleu.corpus_chrf(h, r).score, 2),
+        }
+    return out
 
 
 def score_direction(
@@ -98,6 +133,7 @@ def evaluate(
     options = options or DecodingOptions(beam_size=4)
     scores = []
     translated: list[tuple[everyday.Example, str]] = []
+    packages = None if split == EVERYDAY_SPLIT else read_packages(data_dir, split, limit)
     for src, tgt in DIRECTIONS:
         if split == EVERYDAY_SPLIT:  # the fixed list, no data directory needed
             fixed = everyday.examples(src, tgt)[: limit or None]  # as read_split cuts
@@ -106,6 +142,8 @@ def evaluate(
             sources = read_split(data_dir, split, src, limit)
             references = read_split(data_dir, split, tgt, limit)
         score, hyps = score_direction(translator, sources, references, tgt, options, max_batch_size)
+        if packages is not None:
+            score = replace(score, by_package=package_scores(packages, hyps, references))
         log.info("%s %s: %s", split, score.direction, asdict(score))
         scores.append(score)
         if split == EVERYDAY_SPLIT:

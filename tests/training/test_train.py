@@ -396,6 +396,35 @@ def test_cli_package_and_eval(
     table = (hyps / "everyday.md").read_text().splitlines()
     assert len(table) == 2 + 4 and "The meeting has been moved to Tuesday afternoon." in table[2]
     assert "Der Zug nach Berlin fällt heute aus." in table[4]
+    # A split whose .tsv names each line's package (as modern-test's does): scores by package.
+    import sacrebleu
+
+    held_out = tmp_path / "held-out"
+    held_out.mkdir()
+    text = {lang: (data / f"test.{lang}").read_text().splitlines()[:5] for lang in ("en", "de")}
+    packages = ["shop", "chat", "shop", "chat", "shop"]
+    for lang, lines in text.items():
+        (held_out / f"modern-test.{lang}").write_text("\n".join(lines) + "\n")
+    columns = zip(packages, text["en"], text["de"], strict=True)
+    rows = ["package\ten\tde", *("\t".join(row) for row in columns)]
+    (held_out / "modern-test.tsv").write_text("\n".join(rows) + "\n")
+    code = main(
+        ["eval", "--model", str(tmp_path / "model"), "--backend", "torch", "--data-dir",
+         str(held_out), "--split", "modern-test", "--beam-size", "2", "--limit", "4",
+         "--hypotheses-dir", str(hyps)]
+    )  # fmt: skip
+    assert code == 0
+    en_de = json.loads(capsys.readouterr().out)["scores"][0]
+    out = (hyps / "modern-test.en-de.hyp").read_text().splitlines()
+    refs = text["de"][:4]
+
+    def scores(lines: slice) -> dict[str, float]:
+        h, r = out[lines], [refs[lines]]
+        bleu, chrf = sacrebleu.corpus_bleu(h, r).score, sacrebleu.corpus_chrf(h, r).score
+        return {"sentences": 2, "bleu": round(bleu, 2), "chrf": round(chrf, 2)}
+
+    assert en_de["by_package"] == {"chat": scores(slice(1, 4, 2)), "shop": scores(slice(0, 4, 2))}
+    assert report["scores"][0].get("by_package") is None  # everyday: no packages
 
 
 def test_warm_start_grows_layers(tiny_data: tuple[Path, Path], tmp_path: Path) -> None:
