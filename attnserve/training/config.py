@@ -35,7 +35,7 @@ class TrainConfig:
     bf16: bool | None = None  # None: autocast to bf16 where the CPU computes bf16 natively
     threads: int = 0  # per worker; 0: torch's default (one worker), the CPUs shared out (more)
     # Processes training the model data-parallel (training/distributed.py): each takes every
-    # N-th row of each batch, so an update is the same whatever N.
+    # N-th row of each batch, so an update is the same whatever N (dropout's masks aside).
     workers: int = 1
     seed: int = 1
     resume: bool = False

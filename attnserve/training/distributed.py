@@ -3,31 +3,39 @@
 Every worker reads the same batch stream (same seed and data position) and takes every N-th
 row of each batch (`rows`); the loss is divided by the whole batch's target tokens, the
 gradients are summed across workers before clipping (`Group.sum_gradients`), and every worker
-makes the same optimizer step, so an update is the one a single process makes on the whole
-batch, up to the order of float sums. Worker 0 is the process that was started: it evaluates,
-logs, checkpoints and decides when to stop (`Group.decide`); the others are started by it
-(`python -m attnserve.training.distributed`, their command lines carry `--run-dir RUN` too, so
-`pkill -STOP -f "run-dir RUN"` pauses all of them) and get the run's config on stdin.
+makes the same optimizer step. With dropout off, an update is the one a single process makes on
+the whole batch, up to the order of float sums; with dropout, each worker draws its own masks
+(the same in distribution, not the same masks), saved and restored per worker by checkpoints.
 
-Why: on a CPU with few cores, processes of one thread each use the cores better than the
-threads of one process (the matrix products of one batch do not split evenly between threads);
-docs/BENCHMARKS.md ("Training throughput") has the numbers.
+Worker 0 is the process that was started: it evaluates, logs, checkpoints and decides when to
+stop (`Group.decide`); the others are its subprocesses (`python -m
+attnserve.training.distributed`): they meet it through a file in a temporary directory (no port
+to race for), talk over loopback, get the run's config on stdin, end when it ends (SIGTERM on
+their parent's death), and their command lines carry `--run-dir RUN`, so `pkill -STOP -f
+"run-dir RUN"` pauses all of them.
+
+Why: on a CPU with few cores, processes of one thread each may use the cores better than the
+threads of one process; `attnserve bench-train` measures it (docs/bench/tried-and-not-kept.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import logging
 import os
-import socket
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,20 +73,25 @@ class Group:
 
     def sum_gradients(self, module: nn.Module, loss: float) -> float:
         """Sum every parameter's gradient and `loss` over the workers (one all-reduce of one
-        flat buffer); a worker without rows in this update adds zeros. Returns the summed loss."""
+        flat buffer); a worker without a parameter's gradient (no rows in this update) adds
+        zeros, and a parameter no worker has a gradient for keeps none (AdamW skips it, as it
+        does in one process). Returns the summed loss."""
         if self.size == 1:
             return loss
         params = [p for p in module.parameters() if p.requires_grad]
+        dtype = params[0].dtype
         flat = torch.cat(
             [
                 *(p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params),
-                torch.tensor([loss], dtype=params[0].dtype),
+                torch.tensor([p.grad is not None for p in params], dtype=dtype),
+                torch.tensor([loss], dtype=dtype),
             ]
         )
         dist.all_reduce(flat)
+        has_grad = flat[-1 - len(params) : -1].tolist()
         offset = 0
-        for p in params:
-            p.grad = flat[offset : offset + p.numel()].view_as(p)
+        for p, has in zip(params, has_grad, strict=True):
+            p.grad = flat[offset : offset + p.numel()].view_as(p) if has else None
             offset += p.numel()
         return float(flat[-1])
 
@@ -139,15 +152,36 @@ def pin(group: Group, threads: int) -> int:
     return threads
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ready(rank: int) -> str:
+    return f"attnserve/ready/{rank}"
 
 
-def _join(rank: int, size: int, port: int) -> None:
-    store = dist.TCPStore("127.0.0.1", port, size, is_master=rank == 0, timeout=CONNECT_TIMEOUT)
+def _join(store: dist.Store, rank: int, size: int) -> None:
+    """The gloo group over loopback (no port of the machine's own addresses is opened)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=WAIT_TIMEOUT)
+
+
+def _wait_ready(store: dist.Store, procs: list[subprocess.Popen[str]]) -> None:
+    """Until every worker has reached the store; one that exits first, or none within
+    CONNECT_TIMEOUT, fails the run now rather than at the group's long timeout."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT.total_seconds()
+    while not store.check([_ready(rank) for rank in range(1, len(procs) + 1)]):
+        exited = [(rank, p.returncode) for rank, p in enumerate(procs, 1) if p.poll() is not None]
+        if exited:
+            raise RuntimeError(f"training workers exited before joining (rank, code): {exited}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"training workers did not join within {CONNECT_TIMEOUT}")
+        time.sleep(0.05)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this process when the one that started it ends, however it ends (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        return
 
 
 @contextmanager
@@ -157,30 +191,34 @@ def workers(cfg: TrainConfig) -> Iterator[Group]:
     if cfg.workers <= 1:
         yield Group()
         return
-    port = _free_port()
     config = json.dumps(dataclasses.asdict(cfg))
-    procs = []
-    for rank in range(1, cfg.workers):
-        cmd = [sys.executable, "-m", __name__, "--run-dir", cfg.run_dir, "--rank", str(rank),
-               "--size", str(cfg.workers), "--port", str(port)]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
-        assert proc.stdin is not None
-        proc.stdin.write(config)
-        proc.stdin.close()
-        procs.append(proc)
-    try:
-        _join(0, cfg.workers, port)
-        yield Group(0, cfg.workers)
-        failed = [(rank, code) for rank, proc in enumerate(procs, 1) if (code := proc.wait())]
-        if failed:
-            raise RuntimeError(f"training workers failed (rank, exit code): {failed}")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait()
+    procs: list[subprocess.Popen[str]] = []
+    with tempfile.TemporaryDirectory(prefix="attnserve-workers-") as tmp:
+        rendezvous = str(Path(tmp) / "store")  # a file: no port to race for or to expose
+        store = dist.FileStore(rendezvous, cfg.workers)
+        try:
+            for rank in range(1, cfg.workers):
+                cmd = [sys.executable, "-m", __name__, "--run-dir", cfg.run_dir, "--rank",
+                       str(rank), "--size", str(cfg.workers), "--store", rendezvous,
+                       "--parent", str(os.getpid())]  # fmt: skip
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
+                procs.append(proc)
+                assert proc.stdin is not None
+                proc.stdin.write(config)
+                proc.stdin.close()
+            _wait_ready(store, procs)
+            _join(store, 0, cfg.workers)
+            yield Group(0, cfg.workers)
+            failed = [(rank, code) for rank, p in enumerate(procs, 1) if (code := p.wait())]
+            if failed:
+                raise RuntimeError(f"training workers failed (rank, exit code): {failed}")
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,15 +227,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)  # for `pkill -f "run-dir RUN"`; the config has it
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--size", type=int, required=True)
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--store", required=True, help="the rendezvous file")
+    p.add_argument("--parent", type=int, required=True, help="worker 0's pid")
     args = p.parse_args(argv)
+    _die_with_parent()
+    if os.getppid() != args.parent:  # it ended before the line above took effect
+        return 1
     cfg = TrainConfig(**json.loads(sys.stdin.read()))
     if cfg.run_dir != args.run_dir:
         raise SystemExit(f"--run-dir {args.run_dir} is not the config's {cfg.run_dir}")
     logging.basicConfig(level=logging.WARNING, format=f"worker {args.rank}: %(message)s")
     from attnserve.training.train import train_worker
 
-    _join(args.rank, args.size, args.port)
+    store = dist.FileStore(args.store, args.size)
+    store.set(_ready(args.rank), "1")
+    _join(store, args.rank, args.size)
     try:
         train_worker(cfg, Group(args.rank, args.size))
     finally:

@@ -351,10 +351,10 @@ class Trainer:
             group["lr"] = base * factor(self.scheduler.last_epoch)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         self.state = TrainState(**ckpt["state"])
-        saved = ckpt.get("rng_workers") or [ckpt["rng"]]
-        if len(saved) == self.group.size or self.group.leader:
+        saved = ckpt.get("rng_workers") or [ckpt["rng"]]  # each worker's, in rank order
+        if self.group.rank < len(saved):
             _set_rng_state(saved[self.group.rank])
-        else:  # resumed with more workers than it was saved with
+        else:  # a worker more than the run had when it saved
             torch.manual_seed(rank_seed(self.cfg.seed, self.state.step, self.group.rank))
         log.info(
             "resumed from step %d (epoch %d, batch %d)",
