@@ -8,11 +8,10 @@ the whole batch, up to the order of float sums; with dropout, each worker draws 
 (the same in distribution, not the same masks), saved and restored per worker by checkpoints.
 
 Worker 0 is the process that was started: it evaluates, logs, checkpoints and decides when to
-stop (`Group.decide`); the others are its subprocesses (`python -m
-attnserve.training.distributed`): they meet it through a file in a temporary directory (no port
-to race for), talk over loopback, get the run's config on stdin, end when it ends (SIGTERM on
-their parent's death), and their command lines carry `--run-dir RUN`, so `pkill -STOP -f
-"run-dir RUN"` pauses all of them.
+stop (`Group.decide`); the others are its subprocesses (training/worker.py): they meet it
+through a file in a temporary directory (no port to race for), talk over loopback, get the
+run's config on stdin, end when it ends (SIGTERM on their parent's death), and their command
+lines carry `--run-dir RUN`, so `pkill -STOP -f "run-dir RUN"` pauses all of them.
 
 Why: on a CPU with few cores, processes of one thread each may use the cores better than the
 threads of one process; `attnserve bench-train` measures it (docs/bench/tried-and-not-kept.md).
@@ -20,7 +19,6 @@ threads of one process; `attnserve bench-train` measures it (docs/bench/tried-an
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import dataclasses
 import json
@@ -46,6 +44,8 @@ from torch import nn
 from attnserve.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+WORKER_MODULE = "attnserve.training.worker"  # a worker of rank > 0: `python -m` it
 
 # Rendezvous: every worker connects within this (they start together; loading comes after).
 CONNECT_TIMEOUT = timedelta(minutes=5)
@@ -152,11 +152,11 @@ def pin(group: Group, threads: int) -> int:
     return threads
 
 
-def _ready(rank: int) -> str:
+def ready_key(rank: int) -> str:
     return f"attnserve/ready/{rank}"
 
 
-def _join(store: dist.Store, rank: int, size: int) -> None:
+def join(store: dist.Store, rank: int, size: int) -> None:
     """The gloo group over loopback (no port of the machine's own addresses is opened)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=WAIT_TIMEOUT)
@@ -166,7 +166,7 @@ def _wait_ready(store: dist.Store, procs: list[subprocess.Popen[str]]) -> None:
     """Until every worker has reached the store; one that exits first, or none within
     CONNECT_TIMEOUT, fails the run now rather than at the group's long timeout."""
     deadline = time.monotonic() + CONNECT_TIMEOUT.total_seconds()
-    while not store.check([_ready(rank) for rank in range(1, len(procs) + 1)]):
+    while not store.check([ready_key(rank) for rank in range(1, len(procs) + 1)]):
         exited = [(rank, p.returncode) for rank, p in enumerate(procs, 1) if p.poll() is not None]
         if exited:
             raise RuntimeError(f"training workers exited before joining (rank, code): {exited}")
@@ -175,7 +175,7 @@ def _wait_ready(store: dist.Store, procs: list[subprocess.Popen[str]]) -> None:
         time.sleep(0.05)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGTERM this process when the one that started it ends, however it ends (Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -198,7 +198,7 @@ def workers(cfg: TrainConfig) -> Iterator[Group]:
         store = dist.FileStore(rendezvous, cfg.workers)
         try:
             for rank in range(1, cfg.workers):
-                cmd = [sys.executable, "-m", __name__, "--run-dir", cfg.run_dir, "--rank",
+                cmd = [sys.executable, "-m", WORKER_MODULE, "--run-dir", cfg.run_dir, "--rank",
                        str(rank), "--size", str(cfg.workers), "--store", rendezvous,
                        "--parent", str(os.getpid())]  # fmt: skip
                 proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
@@ -207,7 +207,7 @@ def workers(cfg: TrainConfig) -> Iterator[Group]:
                 proc.stdin.write(config)
                 proc.stdin.close()
             _wait_ready(store, procs)
-            _join(store, 0, cfg.workers)
+            join(store, 0, cfg.workers)
             yield Group(0, cfg.workers)
             failed = [(rank, code) for rank, p in enumerate(procs, 1) if (code := p.wait())]
             if failed:
@@ -219,35 +219,3 @@ def workers(cfg: TrainConfig) -> Iterator[Group]:
                 if proc.poll() is None:
                     proc.terminate()
                     proc.wait()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """A worker of rank > 0 (started by `workers`; the config comes on stdin)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", required=True)  # for `pkill -f "run-dir RUN"`; the config has it
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--size", type=int, required=True)
-    p.add_argument("--store", required=True, help="the rendezvous file")
-    p.add_argument("--parent", type=int, required=True, help="worker 0's pid")
-    args = p.parse_args(argv)
-    _die_with_parent()
-    if os.getppid() != args.parent:  # it ended before the line above took effect
-        return 1
-    cfg = TrainConfig(**json.loads(sys.stdin.read()))
-    if cfg.run_dir != args.run_dir:
-        raise SystemExit(f"--run-dir {args.run_dir} is not the config's {cfg.run_dir}")
-    logging.basicConfig(level=logging.WARNING, format=f"worker {args.rank}: %(message)s")
-    from attnserve.training.train import train_worker
-
-    store = dist.FileStore(args.store, args.size)
-    store.set(_ready(args.rank), "1")
-    _join(store, args.rank, args.size)
-    try:
-        train_worker(cfg, Group(args.rank, args.size))
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
