@@ -1,11 +1,13 @@
 """Data-parallel training (`--workers N`): the same updates as one process, resumable either
 way, every worker paused by the run's `pkill -f "run-dir RUN"`, and a worker's death ends the
-run with an error instead of a hang."""
+run with an error instead of a hang (worker 0's death ends the others)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -125,6 +127,83 @@ def test_a_dead_worker_ends_the_run_with_an_error(
         assert isinstance(outcome.get("error"), RuntimeError), outcome
     finally:
         for pid in _workers_of(run):  # whatever went wrong, no worker trains on
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_ends_with_its_run(
+    tiny_data: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SIGKILL on `attnserve train --workers 2` (worker 0: nothing of it runs to clean up)
+    leaves no worker training on without it (the kernel's signal below, or the collective's
+    broken connection, whichever comes first)."""
+    data, spm_model = tiny_data
+    run = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "attnserve", "train", "--data-dir", str(data),
+        "--spm-model", str(spm_model), "--run-dir", str(run), "--preset", "tiny",
+        "--max-tokens", "400", "--max-len", "60", "--lr", "3e-3", "--warmup-steps", "10",
+        "--max-steps", "5000", "--eval-every", "0", "--log-every", "1", "--threads", "1",
+        "--no-bf16", "--workers", "2",
+    ]  # fmt: skip
+    parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while "| loss " not in _log(run):  # both workers joined and train
+            assert parent.poll() is None, "the run ended before it trained"
+            assert time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        workers = [pid for pid in _workers_of(run) if pid != parent.pid]
+        assert len(workers) == 1, workers
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _workers_of(run) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _workers_of(run) == [], "a worker trains on without its run"
+    finally:
+        parent.kill()
+        for pid in _workers_of(run):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping (a zombie waits only for a reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_die_with_parent_ends_a_process_with_the_one_that_started_it() -> None:
+    """Whatever a worker is doing (a long computation, not only a collective), SIGKILL on its
+    parent ends it."""
+    child = (
+        "import os, time; from attnserve.training.distributed import die_with_parent; "
+        "die_with_parent(); print(os.getpid(), flush=True); time.sleep(120)"
+    )
+    parent_code = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
+    pid = 0
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        assert _alive(pid)
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the child outlived the process that started it"
+    finally:
+        parent.kill()
+        if pid and _alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
