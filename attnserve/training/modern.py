@@ -25,6 +25,7 @@ import fnmatch
 import importlib.metadata
 import logging
 import random
+import struct
 import subprocess
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -93,8 +94,13 @@ def debian_version(package: str) -> str | None:
 
 def german_catalogs(paths: Iterable[Path]) -> list[Path]:
     """German gettext catalogs among `paths`: `.mo` under `de/LC_MESSAGES/` (or `de_DE/`), and
-    `.po` there where no `.mo` of the same name sits beside it."""
-    paths = [p for p in paths if p.parent.name == "LC_MESSAGES" and p.parent.parent.name in GERMAN]
+    `.po` there where no `.mo` of the same name sits beside it; and Tryton's `locale/de.po`
+    (a module's catalog, one file a language)."""
+    paths = [
+        p for p in paths
+        if (p.parent.name == "LC_MESSAGES" and p.parent.parent.name in GERMAN)
+        or (p.name == "de.po" and p.parent.name == "locale")
+    ]  # fmt: skip
     compiled = {p.with_suffix("") for p in paths if p.suffix == ".mo"}
     return sorted(
         p for p in paths
@@ -180,7 +186,13 @@ def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
     """Cleaned pairs of one source, near-duplicates within it removed."""
     pairs: list[Pair] = []
     for path in located.catalogs:
-        pairs += clean_units(read_catalog(path), stats)
+        try:
+            units = list(read_catalog(path))
+        except (ValueError, struct.error) as e:  # a truncated or foreign file: not the build's end
+            log.warning("%s: %s: skipped (%s)", located.source.package, path, e)
+            stats["unreadable_catalogs"] += 1
+            continue
+        pairs += clean_units(units, stats)
     for en_root, de_root, rename in located.docs:
         pairs += clean_units(aligned_units(en_root, de_root, stats, rename), stats, catalog=False)
     for en_archives, de_archive in located.langpacks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from attnserve.cli import main
 from attnserve.training.data import Manifest, build_corpus, clean_verse, ding_pair
 from attnserve.training.pairs import normalize
-from tests.training.tiny_corpus import write_bible_db
+from tests.training.tiny_corpus import write_bible_db, write_synthetic_bible
 
 ROWS = [
     # training book 1
@@ -219,3 +220,30 @@ def test_ding_terms_are_a_training_set_of_their_own(tmp_path: Path) -> None:
     assert ding_term("Das Haus ist groß.", "The house is big.") is None  # a phrase
     assert ding_term("jdm. helfen", "to help sb.") is None
     assert ding_term("ein sehr langer Begriff", "a very long term") is None  # four words
+
+
+def test_a_build_keeps_a_given_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--spm-model: the build copies that model (a run goes on on the vocabulary it has) and
+    the manifest names it and its sha256; a build that trains one records its size."""
+    db = write_synthetic_bible(tmp_path / "bible.db")
+    argv = ["data", "build", "--bible-db", str(db), "--ding", "", "--modern", "off"]
+    trained = tmp_path / "trained"
+    assert main([*argv, "--out", str(trained), "--spm-vocab-size", "80"]) == 0
+    assert Manifest.load(trained / "manifest.json").tokenizer == {
+        "trained": {"vocab_size": 80, "type": "unigram"}
+    }
+    spm_model = trained / "spm.model"
+    out = tmp_path / "kept"
+    assert main([*argv, "--out", str(out), "--spm-model", str(spm_model)]) == 0
+    assert (out / "spm.model").read_bytes() == spm_model.read_bytes()
+    assert (out / "spm.vocab").read_bytes() == (trained / "spm.vocab").read_bytes()
+    assert Manifest.load(out / "manifest.json").tokenizer["copied"] == {
+        "path": str(spm_model),
+        "sha256": hashlib.sha256(spm_model.read_bytes()).hexdigest(),
+    }
+    missing = str(tmp_path / "no.model")
+    assert main([*argv, "--out", str(tmp_path / "none"), "--spm-model", missing]) == 2
+    assert f"--spm-model {missing}: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()  # before any work

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,31 @@ def test_german_catalogs_prefer_mo_over_po() -> None:
         Path("other/locale/de_DE/LC_MESSAGES/messages.mo"),
     ]
     assert german_catalogs(paths) == [paths[5], paths[0], paths[2]]
+
+
+def test_german_catalogs_take_trytons_module_catalogs() -> None:
+    """Tryton keeps one `.po` a language in each module's `locale/`."""
+    paths = [
+        Path("trytond/modules/sale/locale/de.po"),
+        Path("trytond/modules/sale/locale/fr.po"),
+        Path("trytond/modules/sale/view/de.po"),
+        Path("trytond/modules/sale/locale/de_CH.po"),
+    ]
+    assert german_catalogs(paths) == [paths[0]]
+
+
+def test_an_unreadable_catalog_is_skipped_not_the_build(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A truncated `.mo` (some sdists carry stray ones) costs its own pairs only."""
+    good = located(tmp_path, "mail", [("Reply to all", "Allen antworten")])
+    truncated = tmp_path / "mail" / "de" / "LC_MESSAGES" / ".!1234!mail.mo"
+    truncated.write_bytes(good.catalogs[0].read_bytes()[:30])
+    good.catalogs.insert(0, truncated)
+    stats: Counter[str] = Counter()
+    assert modern.source_pairs(good, stats) == [("Reply to all", "Allen antworten")]
+    assert stats["unreadable_catalogs"] == 1
+    assert ".!1234!mail.mo: skipped" in caplog.text
 
 
 def fake_wheel(target: Path, name: str, entries: list[tuple[str, str]]) -> None:
