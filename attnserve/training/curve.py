@@ -20,9 +20,11 @@ def dev_history(model_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def train_threads(model_dir: str | Path) -> int | None:
-    """The training threads of the run the model came from (None if not recorded)."""
-    threads = (_metadata(model_dir).get("train_config") or {}).get("threads")
-    return int(threads) if threads else None
+    """The training threads of the run the model came from, every worker's (None if not
+    recorded)."""
+    config = _metadata(model_dir).get("train_config") or {}
+    threads = config.get("threads")
+    return int(threads) * int(config.get("workers") or 1) if threads else None
 
 
 def _metadata(model_dir: str | Path) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
 import pytest
 
-from attnserve.training.curve import curve_table, plot_curve
+from attnserve.training.curve import curve_table, plot_curve, train_threads
 
 pytest.importorskip("matplotlib")
 
@@ -76,3 +77,14 @@ def test_both_domains_and_the_vocabulary_change(tmp_path: Path) -> None:
     assert curve_table([]).splitlines()[0] == "| step | hours | dev BLEU en->de | dev BLEU de->en |"
     no_loss = [{k: v for k, v in r.items() if "loss" not in k} for r in bible + mixed]
     assert png_width(out) == 2 * png_width(plot_curve(no_loss, tmp_path / "b.png", "b"))
+
+
+def test_a_runs_threads_count_every_workers(tmp_path: Path) -> None:
+    def threads(config: dict[str, int]) -> int | None:
+        (tmp_path / "metadata.json").write_text(json.dumps({"train_config": config}))
+        return train_threads(tmp_path)
+
+    assert threads({"threads": 2}) == 2  # a run of before workers
+    assert threads({"threads": 1, "workers": 2}) == 2
+    assert threads({"threads": 2, "workers": 3}) == 6
+    assert threads({}) is None
