@@ -41,12 +41,13 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ from attnserve.training.pairs import MAX_LENGTH_RATIO, RATIO_MIN_CHARS, length_o
 log = logging.getLogger(__name__)
 
 DING_PATH = Path("/usr/share/trans/de-en")
+SPM_VOCAB_SIZE = 8000  # `data build`'s tokenizer when given no size
 TEST_BOOKS = frozenset({8, 32, 41, 56})  # Ruth, Jonah, Mark, Titus
 DEV_BOOKS = frozenset({31, 57, 63, 64, 65})  # Obadiah, Philemon, 2-3 John, Jude
 BOTH = ("en-de", "de-en")
@@ -119,7 +121,9 @@ class Manifest:
 
     @classmethod
     def load(cls, path: Path) -> Manifest:
-        return cls(**json.loads(Path(path).read_text()))
+        """A manifest; fields a newer build added that this code does not know are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(Path(path).read_text()).items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -481,17 +485,21 @@ def _package_version(name: str) -> str | None:
 
 
 def keep_tokenizer(model: Path, prefix: Path) -> dict[str, str]:
-    """Copy a SentencePiece model (and its .vocab, when beside it) to `prefix`.model; its path
-    and sha256 for the manifest."""
-    if model.resolve() != prefix.with_suffix(".model").resolve():
-        shutil.copyfile(model, prefix.with_suffix(".model"))
+    """Copy a SentencePiece model (and its .vocab, when beside it) to `prefix`.model; its
+    absolute path and sha256 for the manifest. The model may already be that file."""
+    target = prefix.with_suffix(".model")
+    if not (target.exists() and os.path.samefile(model, target)):
+        shutil.copyfile(model, target)
         vocab = model.with_suffix(".vocab")
         if vocab.is_file():
             shutil.copyfile(vocab, prefix.with_suffix(".vocab"))
         else:  # no stale list of another model's pieces beside it
             prefix.with_suffix(".vocab").unlink(missing_ok=True)
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()
-    return {"path": str(model), "sha256": digest}
+    return {"path": str(model.resolve()), "sha256": _sha256(model)}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def train_files(out_dir: str | Path, manifest: Manifest) -> list[Path]:
@@ -520,7 +528,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Ding's headword terms (pharmacy, umbrella) as the training set ding-terms too",
     )  # fmt: skip
     parser.add_argument("--pypi-catalogs", default=None, help="PyPI sources' pip --target folder")
-    parser.add_argument("--spm-vocab-size", type=int, default=8000, help="0 skips the tokenizer")
+    parser.add_argument(
+        "--spm-vocab-size", type=int, default=None,
+        help=f"train a tokenizer of this many pieces (default {SPM_VOCAB_SIZE}; 0 skips it)",
+    )  # fmt: skip
     parser.add_argument("--spm-type", default="unigram", choices=["unigram", "bpe"])
     parser.add_argument(
         "--spm-model", default=None,
@@ -531,10 +542,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace) -> int:
     """`attnserve data build`: the corpus, then the joint SentencePiece model on its train split."""
+    from attnserve.model.tokenizer import Tokenizer
     from attnserve.training.spm import train_sentencepiece
 
-    if args.spm_model and not Path(args.spm_model).is_file():
-        raise FileNotFoundError(f"--spm-model {args.spm_model}: no such file")
+    if args.spm_model:
+        if args.spm_vocab_size is not None:
+            raise ValueError("--spm-model keeps a tokenizer, --spm-vocab-size trains one: not both")
+        if not Path(args.spm_model).is_file():
+            raise FileNotFoundError(f"--spm-model {args.spm_model}: no such file")
+        try:  # a SentencePiece model of attnserve's layout, before any work
+            Tokenizer.from_spm(args.spm_model)
+        except (OSError, RuntimeError) as e:
+            message = f"--spm-model {args.spm_model}: not a SentencePiece model ({e})"
+            raise ValueError(message) from e
+    vocab_size = SPM_VOCAB_SIZE if args.spm_vocab_size is None else args.spm_vocab_size
     manifest = build_corpus(
         args.out, bible_db=args.bible_db, ding_path=args.ding or None, modern=args.modern,
         modern_train=args.modern_train, pypi_catalogs=args.pypi_catalogs,
@@ -543,11 +564,11 @@ def build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.spm_model:
         manifest.tokenizer = {"copied": keep_tokenizer(Path(args.spm_model), out / "spm")}
-    elif args.spm_vocab_size:
-        train_sentencepiece(train_files(out, manifest), out / "spm", args.spm_vocab_size,
-                            args.spm_type)  # fmt: skip
-        manifest.tokenizer = {"trained": {"vocab_size": args.spm_vocab_size,
-                                          "type": args.spm_type}}  # fmt: skip
+    elif vocab_size:
+        model = train_sentencepiece(train_files(out, manifest), out / "spm", vocab_size,
+                                    args.spm_type)  # fmt: skip
+        manifest.tokenizer = {"trained": {"vocab_size": vocab_size, "type": args.spm_type,
+                                          "sha256": _sha256(Path(model))}}  # fmt: skip
     manifest.save(out / "manifest.json")
     log.info("dropped: %s", manifest.dropped)
     return 0

@@ -188,7 +188,7 @@ def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
     for path in located.catalogs:
         try:
             units = list(read_catalog(path))
-        except (ValueError, struct.error) as e:  # a truncated or foreign file: not the build's end
+        except (ValueError, struct.error, OSError) as e:  # truncated, foreign or gone: skipped
             log.warning("%s: %s: skipped (%s)", located.source.package, path, e)
             stats["unreadable_catalogs"] += 1
             continue

@@ -241,9 +241,10 @@ SOURCES: tuple[Source, ...] = (
           lessons=("auf_deutsch/content/*/*.json",), train_set=PHRASES),
     # Added after the sources above (a pair they share stays theirs): more of the held-out
     # packages' topics (chat, mail accounts and servers, calendars and contacts, orders and
-    # invoices, sign-in), none a fork or plugin of a held-out package (pidgin's plugins
-    # pidgin-otr, -sipe and -plugin-pack, and django-mailman3, which ships allauth's
-    # templates, are left out): Debian 12.
+    # invoices, sign-in), none a fork or plugin of a held-out package or sharing many of its
+    # strings (left out: pidgin's plugins pidgin-otr, -sipe and -plugin-pack; chatty, on
+    # pidgin's library; django-mailman3, which ships allauth's templates; KDE's vCard fields,
+    # libkf5contacts-data, half of whose strings are evolution-data-server's): Debian 12.
     _deb("kmail", "GPL-2+", "mail client"),
     _deb("kdepim-runtime", "LGPL-2+", "mail and calendar accounts: IMAP, POP3, DAV, EWS"),
     _deb("kdepim-addons", "GPL-2+", "mail and calendar plugins"),
@@ -262,7 +263,6 @@ SOURCES: tuple[Source, ...] = (
     _deb("libkf5pimtextedit-data", "LGPL-2+", "mail: message editor"),
     _deb("libkf5tnef5", "LGPL-2+", "mail: Outlook attachments"),
     _deb("libkf5calendarutils5", "LGPL-2+", "calendar: invitations"),
-    _deb("libkf5contacts-data", "LGPL-2+", "address book"),
     _deb("libkf5ldap-data", "LGPL-2+", "address book: directory servers"),
     _deb("accountwizard", "LGPL-2+", "mail account set-up"),
     _deb("pim-data-exporter", "GPL-2+", "mail: backing up accounts"),
@@ -292,8 +292,8 @@ SOURCES: tuple[Source, ...] = (
     _deb("gnome-initial-setup", "GPL-2+", "first-run set-up: user, online accounts"),
     _deb("cinnamon-l10n", "GPL-2+", "desktop shell and settings (Cinnamon)"),
     # PyPI: an ERP's sales, stock and invoices (Tryton keeps `locale/de.po`), sign-in, mail
-    # servers, newsletters, payments, and web applications' screens. (The shop shuup is left
-    # out: every release's metadata is invalid to pip.)
+    # servers, newsletters, payments, and (with Cinnamon above) generic desktop and web
+    # screens. (The shop shuup is left out: every release's metadata is invalid to pip.)
     _pypi("trytond", "8.2.1", "GPL-3.0-or-later", "ERP: parties, sales, stock, invoices"),
     *(
         _pypi(f"trytond-{module}", version, "GPL-3.0-or-later",

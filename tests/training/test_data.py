@@ -226,24 +226,42 @@ def test_a_build_keeps_a_given_tokenizer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--spm-model: the build copies that model (a run goes on on the vocabulary it has) and
-    the manifest names it and its sha256; a build that trains one records its size."""
+    the manifest names it and its sha256; a build that trains one records its size and hash."""
     db = write_synthetic_bible(tmp_path / "bible.db")
     argv = ["data", "build", "--bible-db", str(db), "--ding", "", "--modern", "off"]
     trained = tmp_path / "trained"
     assert main([*argv, "--out", str(trained), "--spm-vocab-size", "80"]) == 0
-    assert Manifest.load(trained / "manifest.json").tokenizer == {
-        "trained": {"vocab_size": 80, "type": "unigram"}
-    }
     spm_model = trained / "spm.model"
+    digest = hashlib.sha256(spm_model.read_bytes()).hexdigest()
+    assert Manifest.load(trained / "manifest.json").tokenizer == {
+        "trained": {"vocab_size": 80, "type": "unigram", "sha256": digest}
+    }
     out = tmp_path / "kept"
+    (out).mkdir()
+    (out / "spm.vocab").write_text("a stale list of another model's pieces\n")
     assert main([*argv, "--out", str(out), "--spm-model", str(spm_model)]) == 0
     assert (out / "spm.model").read_bytes() == spm_model.read_bytes()
     assert (out / "spm.vocab").read_bytes() == (trained / "spm.vocab").read_bytes()
-    assert Manifest.load(out / "manifest.json").tokenizer["copied"] == {
-        "path": str(spm_model),
-        "sha256": hashlib.sha256(spm_model.read_bytes()).hexdigest(),
-    }
-    missing = str(tmp_path / "no.model")
-    assert main([*argv, "--out", str(tmp_path / "none"), "--spm-model", missing]) == 2
-    assert f"--spm-model {missing}: no such file" in capsys.readouterr().err
-    assert not (tmp_path / "none").exists()  # before any work
+    kept = {"copied": {"path": str(spm_model.resolve()), "sha256": digest}}
+    assert Manifest.load(out / "manifest.json").tokenizer == kept
+    # the folder's own model, kept in place (a rebuild of the same folder)
+    assert main([*argv, "--out", str(trained), "--spm-model", str(spm_model)]) == 0
+    assert hashlib.sha256(spm_model.read_bytes()).hexdigest() == digest
+    # before any work: a missing file, a file that is no model, both flags
+    for bad, message in [
+        (["--spm-model", str(tmp_path / "no.model")], "no such file"),
+        (["--spm-model", str(db)], "not a SentencePiece model"),
+        (["--spm-model", str(spm_model), "--spm-vocab-size", "80"], "not both"),
+    ]:
+        assert main([*argv, "--out", str(tmp_path / "none"), *bad]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "none").exists()
+
+
+def test_a_manifest_of_a_newer_build_loads(tmp_path: Path) -> None:
+    """Fields a later build writes that this code does not know are left out, not an error."""
+    manifest = Manifest({}, [], [], {"train": 1}, {}, {})
+    manifest.save(tmp_path / "manifest.json")
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**data, "from_the_future": 1}))
+    assert Manifest.load(tmp_path / "manifest.json") == manifest

@@ -5,6 +5,7 @@ run with an error instead of a hang (worker 0's death ends the others)."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -179,9 +180,10 @@ def _alive(pid: int) -> bool:
 def test_die_with_parent_ends_a_process_with_the_one_that_started_it() -> None:
     """Whatever a worker is doing (a long computation, not only a collective), SIGKILL on its
     parent ends it."""
-    child = (
-        "import os, time; from attnserve.training.distributed import die_with_parent; "
-        "die_with_parent(); print(os.getpid(), flush=True); time.sleep(120)"
+    child = (  # busy: a computation, not a wait on a socket or a sleep
+        "import os, time\nfrom attnserve.training.distributed import die_with_parent\n"
+        "die_with_parent()\nprint(os.getpid(), flush=True)\nend = time.monotonic() + 120\n"
+        "while time.monotonic() < end:\n    pass\n"
     )
     parent_code = (
         "import subprocess, sys, time; "
@@ -193,6 +195,8 @@ def test_die_with_parent_ends_a_process_with_the_one_that_started_it() -> None:
     pid = 0
     try:
         assert parent.stdout is not None
+        ready, _, _ = select.select([parent.stdout], [], [], 120)
+        assert ready, "the child did not start"
         pid = int(parent.stdout.readline())
         assert _alive(pid)
         parent.kill()
