@@ -87,10 +87,12 @@ def prepare(
         for variant in variants:  # exported on first use, as `attnserve translate` does
             provision(model_dir, Runtime(variant=variant))
     if variants and (hf_dir is not None or args.preset):
+        from attnserve.engine.onnx.layout import stamp_weights
         from attnserve.export.onnx_export import export_model, export_variants
 
-        if model is not None:
-            export_variants(model, model_dir / "onnx", variants, verify=False)
+        if model is not None:  # the directory's weights, in memory
+            written = export_variants(model, model_dir / "onnx", variants, verify=False)
+            stamp_weights(model_dir, written.values())
         else:
             export_model(model_dir, variants, verify=False)
     peer_dirs: dict[str, Path] = {}

@@ -19,8 +19,10 @@ from attnserve.engine.onnx.layout import (
     KERNEL_NODES,
     LM_STEP_NAME,
     MANIFEST_NAME,
+    WEIGHTS_KEY,
     read_manifest,
     variant_dir,
+    weights_fingerprint,
 )
 from attnserve.kernels.ops import BODIES, BODIES_CHANGES
 from attnserve.model.decoder_checkpoint import ENCODER_DECODER, directory_family
@@ -47,10 +49,22 @@ def stale_bodies(manifest: dict[str, Any]) -> str | None:
     return None
 
 
+def stale_weights(directory: Path, manifest: dict[str, Any]) -> str | None:
+    """Why the variant's graphs are not of the directory's weights, or None: exported from
+    other weights (the fingerprint differs), or before exports recorded theirs."""
+    current = weights_fingerprint(directory)
+    if not current or manifest.get(WEIGHTS_KEY) == current:
+        return None
+    if WEIGHTS_KEY not in manifest:
+        return "records no fingerprint of the weights it was exported from"
+    return "was exported from other weights than the directory's"
+
+
 def is_exported(directory: Path, variant: str) -> bool:
     """The variant's graphs are there, and every file its manifest lists (weights beside the
-    graphs, the weights they share), and their ops' bodies are current: a variant missing one,
-    or with stale bodies, is exported again."""
+    graphs, the weights they share), of the directory's weights, and their ops' bodies are
+    current: a variant missing one, of replaced weights, or with stale bodies, is exported
+    again."""
     graphs = variant_dir(directory, variant)
     names: tuple[str, ...] = (ENCODER_NAME, DECODER_NAME)
     if directory_family(directory) != ENCODER_DECODER:
@@ -58,7 +72,7 @@ def is_exported(directory: Path, variant: str) -> bool:
     manifest = read_manifest(graphs)  # {} without a manifest
     listed = tuple(manifest.get("files", {}))
     present = all((graphs / name).is_file() for name in (*names, *listed))
-    return present and stale_bodies(manifest) is None
+    return present and stale_bodies(manifest) is None and stale_weights(directory, manifest) is None
 
 
 def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool:
@@ -68,7 +82,8 @@ def ensure_exported(directory: str | Path, variant: str, *, allow: bool) -> bool
         return False
     graphs = variant_dir(directory, variant)
     command = f"attnserve export {directory} --variants {variant}"
-    stale = stale_bodies(read_manifest(graphs))
+    manifest = read_manifest(graphs)
+    stale = stale_bodies(manifest) or stale_weights(directory, manifest)
     if not (graphs / MANIFEST_NAME).is_file():
         what = "has no ONNX graphs"
     elif stale is not None:

@@ -44,6 +44,7 @@ from attnserve.engine.onnx.layout import (
     LM_STEP_NAME,
     LOGITS,
     ONNX_DIR,
+    stamp_weights,
 )
 from attnserve.export import variants as build
 from attnserve.export.blockwise import ACCURACY_LEVEL, BLOCK, quantize_blockwise
@@ -355,7 +356,7 @@ def export_lm_model(
     from attnserve.model.decoder_checkpoint import load_decoder_dir
 
     model = load_decoder_dir(model_dir)
-    return export_lm_variants(
+    written = export_lm_variants(
         model,
         Path(model_dir) / ONNX_DIR,
         variants,
@@ -365,3 +366,5 @@ def export_lm_model(
         attention=attention,
         release_weights=True,
     )
+    stamp_weights(model_dir, written.values())
+    return written

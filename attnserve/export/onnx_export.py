@@ -16,7 +16,6 @@ provider.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -49,6 +48,8 @@ from attnserve.engine.onnx.layout import (
     cross_names,
     new_names,
     past_names,
+    sha256,
+    stamp_weights,
 )
 from attnserve.export import variants as build
 from attnserve.export.decoder_step import DecoderStepGraph
@@ -187,14 +188,6 @@ def export_fp32(
             **common,
         )
     return {"encoder": out / ENCODER_NAME, "decoder": out / DECODER_NAME}
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _versions() -> dict[str, str]:
@@ -363,7 +356,7 @@ def export_model(
     from attnserve.model.checkpoint import load_model_dir
 
     model, _ = load_model_dir(model_dir)
-    return export_variants(
+    written = export_variants(
         model,
         Path(model_dir) / ONNX_DIR,
         variants,
@@ -374,3 +367,5 @@ def export_model(
         int8_cache=int8_cache,
         sentences=sentence_sources(Path(model_dir)) if verify else None,
     )
+    stamp_weights(model_dir, written.values())
+    return written

@@ -14,9 +14,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from safetensors.torch import load_file, save_file
 
 from attnserve.engine.onnx.backend import OnnxBackend
-from attnserve.engine.onnx.layout import BODIES_VERSION, SHARED_DATA, SHARED_WEIGHTS
+from attnserve.engine.onnx.layout import (
+    BODIES_VERSION,
+    SHARED_DATA,
+    SHARED_WEIGHTS,
+    WEIGHTS_KEY,
+    weights_fingerprint,
+)
 from attnserve.engine.options import DecodingOptions
 from attnserve.engine.translator import decode_batch
 from attnserve.export import variants
@@ -179,3 +186,39 @@ def test_exported_variants_share_their_token_embedding_and_decode_as_before(
     assert not is_exported(exports["shared"], "int8") and is_exported(exports["shared"], "fp32")
     with pytest.raises(NotExportedError, match=r"older bodies of attnserve's ops \(version 1\)"):
         ensure_exported(exports["shared"], "int8", allow=False)
+
+
+@pytest.mark.slow
+def test_graphs_of_replaced_weights_are_exported_again(
+    tiny_onnx_import: Path, tmp_path: Path
+) -> None:
+    """A checkout that pulls new weights over a model directory keeps its git-ignored onnx/:
+    the manifest's fingerprint of the weights tells those graphs stale, so they are refused or
+    exported again, not served as the new model."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_onnx_import, model)
+    shutil.rmtree(model / "onnx")
+    export_model(model, ["fp32"], verify=False)
+    path = model / "onnx" / "fp32" / "manifest.json"
+    assert json.loads(path.read_text())[WEIGHTS_KEY] == weights_fingerprint(model) != {}
+    assert is_exported(model, "fp32")
+    state = load_file(model / "model.safetensors")  # other weights, same shapes
+    save_file({k: v + 1 for k, v in state.items()}, model / "model.safetensors")
+    assert not is_exported(model, "fp32")
+    with pytest.raises(NotExportedError, match="exported from other weights"):
+        ensure_exported(model, "fp32", allow=False)
+    assert ensure_exported(model, "fp32", allow=True) and is_exported(model, "fp32")
+    manifest = json.loads(path.read_text())  # an export of before fingerprints
+    del manifest[WEIGHTS_KEY]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(NotExportedError, match="records no fingerprint"):
+        ensure_exported(model, "fp32", allow=False)
+
+
+def test_a_weights_fingerprint_is_each_safetensors_files_hash(tmp_path: Path) -> None:
+    assert weights_fingerprint(tmp_path) == {}
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "config.json").write_text("{}")
+    assert weights_fingerprint(tmp_path) == {
+        "model.safetensors": sha256(tmp_path / "model.safetensors")
+    }

@@ -25,6 +25,7 @@ or longrope rotary scaling also takes ``rope_lengths`` (B,) int64.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,39 @@ def require_graph(directory: Path, name: str) -> Path:
         hint = f" (run `attnserve export {model_dir} --variants {directory.name}`)"
         raise ModelFileMissingError(name, directory, hint)
     return path
+
+
+WEIGHTS_KEY = "weights"  # a manifest's fingerprint of the weights its graphs were exported from
+
+
+def weights_fingerprint(model_dir: str | Path) -> dict[str, str]:
+    """sha256 of each weights file (`*.safetensors`) of a model directory, by name: what an
+    export records, so graphs of weights since replaced (a new checkpoint pulled over an old
+    one) are known stale. {} for a directory without such files."""
+    return {path.name: sha256(path) for path in sorted(Path(model_dir).glob("*.safetensors"))}
+
+
+def sha256(path: Path) -> str:
+    """A file's sha256, read in blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def stamp_weights(model_dir: str | Path, variant_dirs: Iterable[Path]) -> None:
+    """Record the model directory's weights fingerprint in each exported variant's manifest."""
+    import json
+
+    fingerprint = weights_fingerprint(model_dir)
+    for directory in variant_dirs:
+        manifest = read_manifest(directory)
+        manifest[WEIGHTS_KEY] = fingerprint
+        text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+        (directory / MANIFEST_NAME).write_text(text, encoding="utf-8")
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
