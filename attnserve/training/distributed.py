@@ -209,9 +209,18 @@ def workers(cfg: TrainConfig) -> Iterator[Group]:
             _wait_ready(store, procs)
             join(store, 0, cfg.workers)
             yield Group(0, cfg.workers)
+            try:
+                dist.barrier()  # each worker's last call: the group is left by all at once
+            except RuntimeError as e:
+                left: RuntimeError | None = e  # a worker that is gone: its exit code says why
+            else:
+                left = None
+            dist.destroy_process_group()
             failed = [(rank, code) for rank, p in enumerate(procs, 1) if (code := p.wait())]
             if failed:
                 raise RuntimeError(f"training workers failed (rank, exit code): {failed}")
+            if left is not None:
+                raise left
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -8,10 +8,12 @@ writes the run's config on its stdin; `--run-dir` repeats the config's run direc
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
 import sys
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", required=True, help="the rendezvous file")
     p.add_argument("--parent", type=int, required=True, help="worker 0's pid")
     args = p.parse_args(argv)
+    faulthandler.enable()  # a crash in native code (gloo, torch) prints this worker's stack
     die_with_parent()
     if os.getppid() != args.parent:  # worker 0 ended before the line above took effect
         return 1
@@ -40,10 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     join(store, args.rank, args.size)
     try:
         train_worker(cfg, Group(args.rank, args.size))
+        dist.barrier()  # worker 0's `workers` meets it: every worker leaves the group at once
     finally:
         dist.destroy_process_group()
     return 0
 
 
+def leave(code: int) -> NoReturn:
+    """Exit without the interpreter's finalization: once the group is gone, the exit status is
+    the work's. Finalization can still run native teardown of gloo's threads and the tensors they
+    held, which has aborted a worker (SIGABRT) after its last checkpoint was written."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    leave(main())

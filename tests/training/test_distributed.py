@@ -265,3 +265,21 @@ def test_bench_train_times_each_layout_on_the_same_batches(
     for bad in ("2", "0x1", "ax1"):
         with pytest.raises(ValueError, match="setup"):
             parse_setups(bad)
+
+
+def test_a_worker_leaves_with_its_status_its_output_flushed_and_no_finalization() -> None:
+    """A worker ends by `leave`: what it printed and logged is written, the status is the work's,
+    and the interpreter's finalization (where gloo's native teardown has aborted a finished
+    worker) does not run."""
+    code = (
+        "import atexit, logging, sys\n"
+        "from attnserve.training.worker import leave\n"
+        "atexit.register(lambda: print('finalized'))\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stderr)\n"
+        "print('trained', end='')\n"
+        "logging.warning('logged')\n"
+        "leave(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (3, "trained")
+    assert "logged" in done.stderr
