@@ -527,7 +527,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ding-terms", action="store_true",
         help="Ding's headword terms (pharmacy, umbrella) as the training set ding-terms too",
     )  # fmt: skip
-    parser.add_argument("--pypi-catalogs", default=None, help="PyPI sources' pip --target folder")
+    parser.add_argument(
+        "--pypi-catalogs",
+        default=None,
+        help="PyPI sources' pip --target folder (npm sources' tarballs: its npm/)",
+    )
     parser.add_argument(
         "--spm-vocab-size", type=int, default=None,
         help=f"train a tokenizer of this many pieces (default {SPM_VOCAB_SIZE}; 0 skips it)",

@@ -10,6 +10,7 @@ from attnserve.training.data import BOTH, Manifest, train_set_name
 
 # Sets a build writes as held-out splits (the rest are training sets, trained on or not).
 HELD_OUT = ("dev", "test", "modern-dev", "modern-test")
+REGISTRIES = {"debian": "Debian", "pypi": "PyPI", "npm": "npm"}  # as a source row names them
 
 
 def _cell(text: Any) -> str:
@@ -93,7 +94,7 @@ def _modern_rows(manifest: Manifest) -> list[list[str]]:
         manifest.modern.get("sources") or [], key=lambda s: (order.get(s["role"], 3), s["package"])
     )
     for source in sources:
-        registry = {"debian": "Debian", "pypi": "PyPI"}.get(source["registry"], source["registry"])
+        registry = REGISTRIES.get(source["registry"], source["registry"])
         role = source["role"]
         # Manifests of builds before courses had their own set: everything in modern-train.
         train_set = source.get("train_set") or "modern-train"

@@ -2,8 +2,8 @@
 phrases .{en,de,tsv}.
 
 Each installed source package (modern_sources.py) gives its German catalogs, translated
-documentation and language packs, which catalogs.py cleans into (en, de) pairs, or a course's
-lessons (lessons.py). Then:
+documentation and language packs, or an npm package's locale tables (npm.py), which catalogs.py
+cleans into (en, de) pairs, or a course's lessons (lessons.py). Then:
 
 - the split is by package: all pairs of the `dev` / `test` packages are held out (a seeded sample
   of `MAX_HELD_OUT` of them is written, test first, dev without test lines); no held-out package
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from attnserve.training import npm
 from attnserve.training.catalogs import MAX_CHARS, MIN_WORDS, clean_units, dedup_key, read_catalog
 from attnserve.training.everyday import everyday_keys
 from attnserve.training.helpdocs import aligned_units
@@ -42,6 +43,7 @@ from attnserve.training.modern_sources import (
     DEV,
     MAX_HELD_OUT,
     MODERN_TRAIN,
+    NPM,
     PYPI_DIR,
     SOURCES,
     TEST,
@@ -71,6 +73,7 @@ class Located:
     docs: list[tuple[Path, Path, tuple[str, str] | None]] = field(default_factory=list)
     langpacks: list[tuple[list[Path], Path]] = field(default_factory=list)
     lessons: list[Path] = field(default_factory=list)
+    tarball: Path | None = None  # an npm source's (its tables)
 
 
 # -- finding the installed packages ---------------------------------------------------------
@@ -110,7 +113,12 @@ def german_catalogs(paths: Iterable[Path]) -> list[Path]:
 
 def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
     """Where an installed source's files are, or None when it (or a package it needs) is missing."""
-    if source.registry == DEBIAN:
+    if source.registry == NPM:
+        tarball = npm.tarball_path(source, pypi_dir)
+        if not tarball.is_file():
+            return None
+        located = Located(source, source.version, tarball=tarball)  # its pin: read checks it
+    elif source.registry == DEBIAN:
         version = debian_version(source.package)
         if version is None or any(debian_version(n) is None for n in source.needs):
             return None
@@ -199,6 +207,8 @@ def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
         pairs += clean_units(langpack_units(en_archives, de_archive), stats)
     for path in located.lessons:
         pairs += lesson_units(path, stats)
+    if located.tarball is not None:
+        pairs += clean_units(npm.tarball_units(located.source, located.tarball), stats)
     stats["clean"] = len(pairs)
     unique = list(unique_pairs(pairs))
     stats["duplicate_in_source"] = len(pairs) - len(unique)

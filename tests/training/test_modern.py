@@ -289,6 +289,15 @@ def test_data_card_of_every_source_kind() -> None:
                     "role": "train",
                     "written": 1,
                 },
+                {
+                    "package": "@fake/chat",
+                    "registry": "npm",
+                    "version": "1.2.0",
+                    "licence": "MIT",
+                    "domain": "chat",
+                    "role": "train",
+                    "written": 4,
+                },
             ]
         },
     )
@@ -305,7 +314,8 @@ def test_data_card_of_every_source_kind() -> None:
     assert rows[5][0] == "Ding dictionary: headword terms" and rows[5][3:] == [
         "both directions (`ding-terms`)", "7"
     ]  # fmt: skip
-    assert rows[6] == [
+    assert rows[6][:2] == ["chat", "npm `@fake/chat` 1.2.0"]
+    assert rows[7] == [
         "web shop", "PyPI `oldshop` 2.0", "MIT", "both directions (`modern-train`)", "1"
     ]  # fmt: skip
 

