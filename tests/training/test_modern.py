@@ -10,8 +10,9 @@ import pytest
 
 from attnserve.cli import main
 from attnserve.training import modern
+from attnserve.training.catalogs import german_catalogs
 from attnserve.training.data import Manifest, build_corpus
-from attnserve.training.modern import Located, build_modern, german_catalogs, locate, locate_all
+from attnserve.training.modern import Located, build_modern, locate, locate_all
 from attnserve.training.modern_sources import (
     DEV,
     PHRASES,

