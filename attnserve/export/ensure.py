@@ -52,7 +52,7 @@ def stale_bodies(manifest: dict[str, Any]) -> str | None:
 def stale_weights(directory: Path, manifest: dict[str, Any]) -> str | None:
     """Why the variant's graphs are not of the directory's weights, or None: exported from
     other weights (the fingerprint differs), or before exports recorded theirs."""
-    current = weights_fingerprint(directory)
+    current = weights_fingerprint(directory, manifest)
     if not current or manifest.get(WEIGHTS_KEY) == current:
         return None
     if WEIGHTS_KEY not in manifest:

@@ -64,8 +64,8 @@ def archive_url(source: Source, npm_registry: str = NPM_REGISTRY) -> str:
 
 
 def archive_path(source: Source, catalogs_dir: Path = PYPI_DIR) -> Path:
-    """Where `fetch` puts a source's archive (an npm package in a folder of its name, scope
-    first)."""
+    """Where `fetch` puts a source's archive: `npm/name/name-1.0.tgz`,
+    `npm/@scope/name-1.0.tgz`, `wheels/<the wheel's file name>`."""
     if source.registry == NPM:
         folder = catalogs_dir / SUBDIRS[NPM] / source.package.rsplit("/", 1)[0]
     else:
@@ -104,8 +104,11 @@ def fetch(
         if not (path.is_file() and _matches(source, path.read_bytes())):
             url = archive_url(source, npm_registry)
             log.info("fetching %s", url)
-            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as response:
-                data = response.read()
+            try:
+                with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as response:
+                    data = response.read()
+            except OSError as e:  # HTTP errors, timeouts, no network
+                raise OSError(f"{source.package} {source.version}: {url}: {e}") from e
             check(source, data)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(path.name + ".part")
@@ -129,9 +132,10 @@ def _flatten(value: object, key: Key = ()) -> Iterator[tuple[Key, str]]:
             yield from _flatten(item, (*key, str(i)))
 
 
-_UNICODE_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
-_ESCAPE = re.compile(r"\\(.)")
-_PROPERTY = re.compile(r"((?:[^\s=:\\]|\\.)+)[ \t\f]*[=:]?[ \t\f]*(.*)")
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
+_CONTROL = {"n": "\n", "t": "\t", "r": "\r", "f": "\f"}
+# A key ends at an unescaped blank (space, tab, form feed: no other Unicode space), `=` or `:`.
+_PROPERTY = re.compile(r"((?:[^ \t\f=:\\]|\\.)+)[ \t\f]*[=:]?[ \t\f]*(.*)")
 
 
 def _continues(line: str) -> bool:
@@ -140,8 +144,11 @@ def _continues(line: str) -> bool:
 
 
 def _unescape(text: str) -> str:
-    text = _UNICODE_ESCAPE.sub(lambda m: chr(int(m[1], 16)), text)
-    return _ESCAPE.sub(lambda m: {"n": "\n", "t": "\t", "r": "\r", "f": "\f"}.get(m[1], m[1]), text)
+    """Escapes in one pass, as Java reads them: an escaped backslash before `u0041` leaves
+    `\\u0041`, and `\\u005cn` is a backslash and an `n`, not a line break."""
+    return _ESCAPE.sub(
+        lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5 else _CONTROL.get(m[1], m[1]), text
+    )
 
 
 def read_properties(text: str) -> dict[str, str]:
@@ -164,13 +171,20 @@ def read_properties(text: str) -> dict[str, str]:
 
 def read_table(data: bytes, member: str) -> dict[Key, str]:
     """A locale file's strings by key (a JSON string's key is its path of object keys and list
-    indexes)."""
-    text = data.decode("utf-8-sig", errors="replace")
+    indexes). UTF-8 (a `.properties` file that is not: ISO 8859-1, Java's older default).
+
+    `.properties` values are `java.text.MessageFormat` patterns in the applications that ship
+    them (Okta, Keycloak): a quote is written twice (`don''t`), and is read once here."""
     suffix = PurePosixPath(member).suffix
     if suffix == ".json":
-        return dict(_flatten(json.loads(text)))
+        return dict(_flatten(json.loads(data.decode("utf-8-sig"))))
     if suffix == ".properties":
-        return {(key,): value for key, value in read_properties(text).items()}
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            text = data.decode("iso-8859-1")
+        table = read_properties(text)
+        return {(key,): value.replace("''", "'") for key, value in table.items()}
     raise ValueError(f"{member}: no reader for {suffix or 'a file without a suffix'}")
 
 
@@ -189,9 +203,14 @@ def table_units(de: bytes, de_member: str, en: bytes | None = None) -> Iterator[
 
 
 def _tar_member(archive: tarfile.TarFile, path: str) -> bytes:
-    info = archive.getmember(f"{PACKAGE_ROOT}/{path}")
-    if not info.isfile() or info.size > MAX_MEMBER_BYTES:
-        raise ValueError(f"{path}: not a locale file ({info.size} bytes)")
+    try:
+        info = archive.getmember(f"{PACKAGE_ROOT}/{path}")
+    except KeyError:
+        raise ValueError(f"{path}: not in the archive (the package's layout changed?)") from None
+    if not info.isfile():
+        raise ValueError(f"{path}: not a regular file in the archive")
+    if info.size > MAX_MEMBER_BYTES:
+        raise ValueError(f"{path}: {info.size} bytes, too large for a locale file")
     handle = archive.extractfile(info)
     assert handle is not None
     return handle.read()

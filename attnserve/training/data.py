@@ -530,7 +530,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pypi-catalogs",
         default=None,
-        help="PyPI sources' pip --target folder (npm sources' tarballs: its npm/)",
+        help="PyPI sources' pip --target folder (archived sources: its npm/, wheels/)",
     )
     parser.add_argument(
         "--spm-vocab-size", type=int, default=None,

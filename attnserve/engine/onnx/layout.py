@@ -149,13 +149,32 @@ def require_graph(directory: Path, name: str) -> Path:
 
 
 WEIGHTS_KEY = "weights"  # a manifest's fingerprint of the weights its graphs were exported from
+WEIGHTS_STAT_KEY = "weights_stat"  # and each weights file's [size, mtime_ns] when it was taken
 
 
-def weights_fingerprint(model_dir: str | Path) -> dict[str, str]:
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def weights_fingerprint(
+    model_dir: str | Path, recorded: dict[str, Any] | None = None
+) -> dict[str, str]:
     """sha256 of each weights file (`*.safetensors`) of a model directory, by name: what an
     export records, so graphs of weights since replaced (a new checkpoint pulled over an old
-    one) are known stale. {} for a directory without such files."""
-    return {path.name: sha256(path) for path in sorted(Path(model_dir).glob("*.safetensors"))}
+    one) are known stale. {} for a directory without such files.
+
+    `recorded`: a manifest that holds an earlier fingerprint and the files' sizes and
+    modification times then; a file whose size and time are still those keeps its recorded
+    hash instead of being read again (git's index does the same), so a start does not hash
+    gigabytes of weights. Replacing a file (a checkout, a copy) changes its time."""
+    hashes = (recorded or {}).get(WEIGHTS_KEY) or {}
+    stats = (recorded or {}).get(WEIGHTS_STAT_KEY) or {}
+    fingerprint = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        known = path.name in hashes and stats.get(path.name) == _stat(path)
+        fingerprint[path.name] = hashes[path.name] if known else sha256(path)
+    return fingerprint
 
 
 def sha256(path: Path) -> str:
@@ -173,10 +192,13 @@ def stamp_weights(model_dir: str | Path, variant_dirs: Iterable[Path]) -> None:
     """Record the model directory's weights fingerprint in each exported variant's manifest."""
     import json
 
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    stats = {path.name: _stat(path) for path in files}
     fingerprint = weights_fingerprint(model_dir)
     for directory in variant_dirs:
         manifest = read_manifest(directory)
         manifest[WEIGHTS_KEY] = fingerprint
+        manifest[WEIGHTS_STAT_KEY] = stats
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
         (directory / MANIFEST_NAME).write_text(text, encoding="utf-8")
 
