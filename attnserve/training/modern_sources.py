@@ -8,7 +8,7 @@ is one package: its German gettext catalogs (`.mo` files under `.../de/LC_MESSAG
 tree of the same pages) or a Mozilla language pack (`langpacks`, aligned with the application's
 en-US strings) or a language course's lesson files (`lessons`: JSON phrase packs, dialogues and
 stories pairing German with English, lessons.py) or a web application's locale tables (`tables`:
-German and English JSON or `.properties` files aligned by key, archives.py).
+German and English JSON, `.properties` or JavaScript module files aligned by key, archives.py).
 
 A source's training pairs go to the training set `train_set`: modern-train, or a set of their own
 (`phrases`, a course's everyday speech) whose share `attnserve train --set-weights` sets apart.
@@ -393,6 +393,15 @@ SOURCES: tuple[Source, ...] = (
          "MIT; Keycloak's messages Apache-2.0", "account pages (Keycloak)",
          Table("res/account-v1/messages/messages_de.properties",
                "res/account-v1/messages/messages_en.properties")),
+    # Compiled JavaScript locale modules, read as data (archives.JsModules).
+    _npm("@logto/phrases", "1.31.0",
+         "sha512-oXG2AnvwoePe/XGNoOcP60r/bYK98WEw6Jm+cPaZ0h+/QugUIQqyk4dngP3GikyTpsPhdWq80kzPEnsjMkKXaA==",
+         "MPL-2.0", "accounts, sign-in, identity administration",
+         Table("lib/locales/de/index.js", "lib/locales/en/index.js")),
+    _npm("@logto/phrases-experience", "1.15.0",
+         "sha512-UzVKElt7EdtfjLi6IR5SVw+Mq6Hnodr1Nw2G05/8Ahmom4EVgFsMFDIARJd6iJTxlKpmqRc63Ku75e+rl6mH2w==",
+         "MPL-2.0", "sign-in and sign-up screens",
+         Table("lib/locales/de/index.js", "lib/locales/en/index.js")),
     # A web shop whose every release's metadata pip 26 rejects: its wheel, read as an archive.
     _wheel("shuup", "3.1.0",
            "https://files.pythonhosted.org/packages/1c/6c/e5e9366b809da5f268f1af3031042f9597c7e662bb17eeb12a90f7cda435/shuup-3.1.0-py2.py3-none-any.whl",

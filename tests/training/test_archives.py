@@ -90,7 +90,9 @@ def test_properties_escapes_are_read_in_one_pass_and_quotes_as_message_format_wr
 
 def units(de: object, en: object | None, suffix: str = ".json") -> list[tuple[str, str]]:
     encode = (lambda t: json.dumps(t).encode()) if suffix == ".json" else (lambda t: t.encode())
-    return list(archives.table_units(encode(de), "de" + suffix, None if en is None else encode(en)))
+    files = {"de" + suffix: encode(de)} | ({} if en is None else {"en" + suffix: encode(en)})
+    table = Table("de" + suffix, "" if en is None else "en" + suffix)
+    return list(archives.table_units(files.__getitem__, table))
 
 
 def test_a_german_table_is_aligned_with_the_english_one_by_key() -> None:
@@ -112,6 +114,48 @@ def test_a_table_keyed_by_the_english_text_gives_each_keys_first_form() -> None:
         ("Synchronise your notes", "Notizen synchronisieren"),
         ("%d note", "%d Notiz"),
         ("Encrypt the notes", "Die Notizen verschlüsseln"),
+    ]
+
+
+JS_FILES = {
+    "de/index.js": (
+        "import errors from './errors/index.js';\n"
+        "import { helper } from './helper.js';\n"
+        "const shared = { retry: 'Erneut versuchen' };\n"
+        "const de = {\n"
+        "  title: 'Willkommen zur\\u00fcck, sch\\u00f6n dich zu sehen',\n"
+        "  'sign-in': `Mit deinem Konto anmelden`,\n"
+        "  greeting: `Hallo ${name}`,\n"
+        "  computed: helper('x'),\n"
+        "  count: 3,\n"
+        "  errors,\n"
+        "  ...shared,\n"
+        "};\n"
+        "export default Object.freeze(de);\n"
+    ),
+    "de/errors/index.js": 'export default { expired: "Die Sitzung ist abgelaufen." };\n',
+    "en/index.js": (
+        "import errors from './errors/index.js';\n"
+        "const en = { title: 'Welcome back, good to see you',\n"
+        "  'sign-in': 'Sign in to your account',\n"
+        "  greeting: `Hello ${name}`, computed: 'Computed', count: 3, errors,\n"
+        "  ...{ retry: 'Try again' } };\n"
+        "export default Object.freeze(en);\n"
+    ),
+    "en/errors/index.js": "export default { expired: 'Your session has expired.' };\n",
+}
+
+
+def test_javascript_locale_modules_are_read_as_data_across_their_imports() -> None:
+    """Literals, `const` names, default imports of the archive's modules, shorthand and spread
+    properties, escapes; a template with a substitution, a call and a number have no text."""
+    table = Table("de/index.js", "en/index.js")
+    files = {name: text.encode() for name, text in JS_FILES.items()}
+    assert list(archives.table_units(files.__getitem__, table)) == [
+        ("Welcome back, good to see you", "Willkommen zurück, schön dich zu sehen"),
+        ("Sign in to your account", "Mit deinem Konto anmelden"),
+        ("Your session has expired.", "Die Sitzung ist abgelaufen."),
+        ("Try again", "Erneut versuchen"),
     ]
 
 
