@@ -19,6 +19,7 @@ is installed or run.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import json
@@ -187,12 +188,16 @@ class JsModules:
     expression) has no value here: its property is left out, as a key a table lacks."""
 
     def __init__(self, read: Callable[[str], bytes]) -> None:
+        self._read = read
+        self._exports: dict[str, object] = {}
+
+    @functools.cached_property
+    def _parser(self) -> Any:
+        """Made at the first module read (a table of JSON or .properties files needs none)."""
         import tree_sitter
         import tree_sitter_javascript
 
-        self._read = read
-        self._parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language()))
-        self._exports: dict[str, object] = {}
+        return tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language()))
 
     def default_export(self, member: str) -> object:
         if member not in self._exports:
