@@ -31,6 +31,7 @@ import tarfile
 import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -178,18 +179,21 @@ _JS_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v",
 
 
 class JsModules:
-    """The values JavaScript locale modules export by default, read without running them.
+    """The values JavaScript locale modules export, read without running them.
 
-    Compiled locale modules (Logto's, Clerk's) are data: `const de = {...}` and
-    `export default Object.freeze(de)`, objects that name other modules' exports (`import x from
-    './x.js'`, then `x` or `...x` in a literal). tree-sitter parses a module and this reads such
-    literals: objects, arrays, strings and templates without substitutions, numbers, names bound
-    by `const` or by an import of a module in the same archive. Anything else (a call, an
-    expression) has no value here: its property is left out, as a key a table lacks."""
+    Compiled locale modules are data: `const de = {...}` then `export default Object.freeze(de)`
+    (Logto), `export { deDE }` (Clerk), `export const de = {...}` (Payload), CommonJS'
+    `module.exports = {...}` or `exports.default = de` (Babel's and Rollup's output), a property
+    set after the declaration (`de.strings = {...}`, Uppy), objects that name other modules'
+    default exports (`import x from './x.js'`, then `x` or `...x` in a literal). tree-sitter
+    parses a module and this reads such literals: objects, arrays, strings and templates without
+    substitutions, names bound by `const`, `let`, `var` or a default import of a module in the
+    same archive. Anything else (a call, an expression) has no value here: its property is left
+    out, as a key a table lacks. `module.exports` is the `default` export, as Node imports it."""
 
     def __init__(self, read: Callable[[str], bytes]) -> None:
         self._read = read
-        self._exports: dict[str, object] = {}
+        self._exports: dict[str, dict[str, object]] = {}
 
     @functools.cached_property
     def _parser(self) -> Any:
@@ -199,38 +203,91 @@ class JsModules:
 
         return tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language()))
 
-    def default_export(self, member: str) -> object:
+    def exports(self, member: str) -> dict[str, object]:
+        """A module's exports by name (`default` for `export default` and `module.exports`)."""
         if member not in self._exports:
-            self._exports[member] = None  # an import cycle reads as no value
+            self._exports[member] = {}  # an import cycle reads as no value
             self._exports[member] = self._evaluate(member)
         return self._exports[member]
 
-    def _evaluate(self, member: str) -> object:
+    def _evaluate(self, member: str) -> dict[str, object]:
         root = self._parser.parse(self._read(member)).root_node
-        names: dict[str, object] = {}
-        exported: object = None
+        scope = _Scope()
         for node in root.named_children:
-            if node.type == "import_statement":  # import name from './relative.js'
+            kind = node.type
+            if kind == "import_statement":  # import name from './relative.js'
                 clause, source = node.named_children[0], node.child_by_field_name("source")
                 default = clause.named_children[0] if clause.type == "import_clause" else None
                 if default is not None and default.type == "identifier" and source is not None:
                     path = posixpath.normpath(
                         posixpath.join(posixpath.dirname(member), _js_string(source))
                     )
-                    names[_text(default)] = self.default_export(path)
-            elif node.type == "lexical_declaration":
-                for declarator in node.named_children:
-                    name, value = (
-                        declarator.child_by_field_name("name"),
-                        declarator.child_by_field_name("value"),
-                    )
-                    if name is not None and name.type == "identifier" and value is not None:
-                        names[_text(name)] = self._value(value, names)
-            elif node.type == "export_statement" and node.child_by_field_name("value") is not None:
-                exported = self._value(node.child_by_field_name("value"), names)
-        return exported
+                    scope.names[_text(default)] = self.exports(path).get("default")
+            elif kind in ("lexical_declaration", "variable_declaration"):
+                self._declare(node, scope)
+            elif kind == "expression_statement":
+                expression = node.named_children[0] if node.named_children else None
+                if expression is not None and expression.type == "assignment_expression":
+                    self._value(expression, scope)
+            elif kind == "export_statement":
+                self._export(node, scope)
+        return scope.exports
 
-    def _value(self, node: Any, names: dict[str, object]) -> object:
+    def _export(self, node: Any, scope: _Scope) -> None:
+        value, declaration = (
+            node.child_by_field_name("value"),
+            node.child_by_field_name("declaration"),
+        )
+        if value is not None:  # export default <expression>
+            scope.exports["default"] = self._value(value, scope)
+        elif declaration is not None:  # export const name = <expression>
+            if declaration.type in ("lexical_declaration", "variable_declaration"):
+                for name in self._declare(declaration, scope):
+                    scope.exports[name] = scope.names[name]
+        elif node.child_by_field_name("source") is None:  # export { name, name as alias }
+            for clause in node.named_children:
+                if clause.type != "export_clause":
+                    continue
+                for specifier in clause.named_children:
+                    name = specifier.child_by_field_name("name")
+                    alias = specifier.child_by_field_name("alias")
+                    scope.exports[_text(alias or name)] = scope.names.get(_text(name))
+
+    def _declare(self, node: Any, scope: _Scope) -> list[str]:
+        declared = []
+        for declarator in node.named_children:
+            name, value = (
+                declarator.child_by_field_name("name"),
+                declarator.child_by_field_name("value"),
+            )
+            if name is not None and name.type == "identifier":
+                scope.names[_text(name)] = None if value is None else self._value(value, scope)
+                declared.append(_text(name))
+        return declared
+
+    def _assign(self, node: Any, scope: _Scope) -> object:
+        """`name = value`, `module.exports = value`, `exports.name = value` or `name.key =
+        value` for an object bound to `name`; the value (an assignment is an expression)."""
+        target, value = node.child_by_field_name("left"), node.child_by_field_name("right")
+        assigned = self._value(value, scope)
+        if target.type == "identifier":
+            scope.names[_text(target)] = assigned
+        elif target.type == "member_expression":
+            owner, key = (
+                target.child_by_field_name("object"),
+                target.child_by_field_name("property"),
+            )
+            if _text(target) == "module.exports":
+                scope.exports["default"] = assigned
+            elif owner.type == "identifier" and _text(owner) == "exports":
+                scope.exports[_text(key)] = assigned
+            elif owner.type == "identifier" and isinstance(scope.names.get(_text(owner)), dict):
+                table = scope.names[_text(owner)]
+                assert isinstance(table, dict)
+                table[_text(key)] = assigned
+        return assigned
+
+    def _value(self, node: Any, scope: _Scope) -> object:
         kind = node.type
         if kind in ("string", "template_string"):
             if any(c.type == "template_substitution" for c in node.named_children):
@@ -239,36 +296,46 @@ class JsModules:
         if kind == "number":
             return None  # not text
         if kind == "identifier":
-            return names.get(_text(node))
+            return scope.names.get(_text(node))
         if kind == "parenthesized_expression":
-            return self._value(node.named_children[0], names)
+            return self._value(node.named_children[0], scope)
+        if kind == "assignment_expression":
+            return self._assign(node, scope)
         if (
             kind == "call_expression"
             and _text(node.child_by_field_name("function")) == "Object.freeze"
         ):
             arguments = node.child_by_field_name("arguments").named_children
-            return self._value(arguments[0], names) if len(arguments) == 1 else None
+            return self._value(arguments[0], scope) if len(arguments) == 1 else None
         if kind == "array":
-            return [self._value(item, names) for item in node.named_children]
+            return [self._value(item, scope) for item in node.named_children]
         if kind == "object":
             table: dict[str, object] = {}
             for item in node.named_children:
                 if item.type == "pair":
                     key = item.child_by_field_name("key")
                     if key.type in ("property_identifier", "number"):
-                        table[_text(key)] = self._value(item.child_by_field_name("value"), names)
+                        table[_text(key)] = self._value(item.child_by_field_name("value"), scope)
                     elif key.type == "string":
                         table[_js_string(key)] = self._value(
-                            item.child_by_field_name("value"), names
+                            item.child_by_field_name("value"), scope
                         )
                 elif item.type == "shorthand_property_identifier":
-                    table[_text(item)] = names.get(_text(item))
+                    table[_text(item)] = scope.names.get(_text(item))
                 elif item.type == "spread_element":
-                    spread = self._value(item.named_children[0], names)
+                    spread = self._value(item.named_children[0], scope)
                     if isinstance(spread, dict):
                         table.update(spread)
             return table
         return None
+
+
+@dataclass
+class _Scope:
+    """A module's names while it is read, and what it exports."""
+
+    names: dict[str, object] = field(default_factory=dict)
+    exports: dict[str, object] = field(default_factory=dict)
 
 
 def _text(node: Any) -> str:
@@ -315,13 +382,31 @@ def read_table(data: bytes, member: str) -> dict[Key, str]:
 def table_units(read: Callable[[str], bytes], table: Table) -> Iterator[tuple[str, str]]:
     """(English, German) units of one table, its files read by `read` (a member's bytes): the
     German entries aligned with the English file's by key, or (no English file) keyed by the
-    English text."""
-    modules = JsModules(read)
+    English text.
 
-    def strings(member: str) -> dict[Key, str]:
+    A file named `path#a.b` is read from the value at key path `a.b` in it: a JavaScript
+    module's export `a` (without a fragment, its default export), a JSON file's `{"a": {"b":
+    ...}}`. Strings at or below a key path in `table.skip` are left out."""
+    modules = JsModules(read)
+    skipped = [tuple(path.split(".")) for path in table.skip]
+
+    def strings(spec: str) -> dict[Key, str]:
+        member, _, fragment = spec.partition("#")
+        prefix: Key = tuple(fragment.split(".")) if fragment else ()
         if PurePosixPath(member).suffix in JS_SUFFIXES:
-            return dict(_flatten(modules.default_export(member)))
-        return read_table(read(member), member)
+            found = dict(_flatten(modules.exports(member)))
+            prefix = prefix or ("default",)
+        else:
+            found = read_table(read(member), member)
+        selected = {
+            key[len(prefix) :]: text
+            for key, text in found.items()
+            if key[: len(prefix)] == prefix
+            and not any(key[len(prefix) : len(prefix) + len(path)] == path for path in skipped)
+        }
+        if not selected:
+            raise ValueError(f"{spec}: no strings there (the package's layout changed?)")
+        return selected
 
     german = strings(table.de)
     if not table.en:

@@ -159,6 +159,85 @@ def test_javascript_locale_modules_are_read_as_data_across_their_imports() -> No
     ]
 
 
+EXPORTS = {
+    # Rollup and esbuild: a named export of a const (Clerk, Amplify)
+    "named.mjs": "const deDE = { signIn: { title: 'Anmelden' } };\nexport { deDE, deDE as de };\n",
+    # `export const` (Payload)
+    "declared.js": "export const deTranslations = { signIn: { title: 'Anmelden' } };\n",
+    # Babel's CommonJS output, an assignment inside a declaration (auth0-lock)
+    "babel.js": (
+        '"use strict";\nObject.defineProperty(exports, "__esModule", { value: true });\n'
+        "exports.default = void 0;\n"
+        "var _default = exports.default = { signIn: { title: 'Anmelden' } };\n"
+    ),
+    # Rollup's CommonJS output of JSON: names, then `exports.default` (Strapi)
+    "rollup.json.js": (
+        "'use strict';\nvar title = \"Anmelden\";\nvar signIn = { title: title };\n"
+        "var de = { signIn: signIn };\nexports.default = de;\nexports.signIn = signIn;\n"
+    ),
+    "node.js": "module.exports = { signIn: { title: 'Anmelden' } };\n",
+    # a property set after the declaration (Uppy)
+    "later.js": (
+        "const de_DE = { strings: {}, pluralize(n) { return n === 1 ? 0 : 1 } };\n"
+        "de_DE.strings = { signIn: { title: 'Anmelden' } };\nexport default de_DE;\n"
+    ),
+    # a wrapper by locale (CKEditor: English keys under {"de": {"dictionary": ...}})
+    "wrapped.js": 'export default {"de":{"dictionary":{"Sign in":"Anmelden"}}};\n',
+    "wrapped.json": '{"de": {"signIn": {"title": "Anmelden"}}}',
+    "en.json": '{"signIn": {"title": "Sign in"}}',
+}
+
+
+@pytest.mark.parametrize(
+    "german",
+    [
+        "named.mjs#deDE",
+        "named.mjs#de.signIn",
+        "declared.js#deTranslations",
+        "babel.js",
+        "rollup.json.js",
+        "rollup.json.js#default",
+        "node.js",
+        "later.js#default.strings",
+        "wrapped.json#de",
+    ],
+)
+def test_named_and_commonjs_exports_and_key_paths_select_a_table(german: str) -> None:
+    """`path#name.key` reads export `name` (or a JSON file's key) and the key path in it; a
+    module without one is read by its default export: `export default`, `module.exports`,
+    `exports.default`."""
+    files = {name: text.encode() for name, text in EXPORTS.items()}
+    english = "en.json#signIn" if german.endswith(".signIn") else "en.json"
+    units = list(archives.table_units(files.__getitem__, Table(german, english)))
+    assert units == [("Sign in", "Anmelden")]
+
+
+def test_a_table_keyed_by_english_text_under_a_key_path() -> None:
+    files = {name: text.encode() for name, text in EXPORTS.items()}
+    table = Table("wrapped.js#default.de.dictionary")
+    assert list(archives.table_units(files.__getitem__, table)) == [("Sign in", "Anmelden")]
+
+
+def test_key_paths_a_table_skips_are_left_out() -> None:
+    """A tutorial's sample street names are invented in each language, not translated."""
+    english = {"intro": {"graph": {"name": {"a": "Foster Street"}}, "done": "You are done"}}
+    german = {"intro": {"graph": {"name": {"a": "Forchheimerstraße"}}, "done": "Fertig"}}
+    files = {"en.json": json.dumps(english).encode(), "de.json": json.dumps(german).encode()}
+    table = Table("de.json", "en.json", skip=("intro.graph",))
+    assert list(archives.table_units(files.__getitem__, table)) == [("You are done", "Fertig")]
+    table = Table("de.json", "en.json", skip=("intro.graph.name.a.b", "intro.do"))
+    assert len(list(archives.table_units(files.__getitem__, table))) == 2  # whole keys only
+
+
+@pytest.mark.parametrize("german", ["named.mjs", "named.mjs#enUS", "wrapped.json#en"])
+def test_a_table_that_reads_no_strings_names_the_file(german: str) -> None:
+    """A default export a module lacks, an export it lacks, a key a JSON file lacks: an error,
+    not an empty table (the package's layout changed)."""
+    files = {name: text.encode() for name, text in EXPORTS.items()}
+    with pytest.raises(ValueError, match=f"{german}: no strings there"):
+        list(archives.table_units(files.__getitem__, Table(german, "en.json")))
+
+
 def test_a_file_without_a_reader_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"no reader for \.yaml"):
         archives.read_table(b"a: b", "locales/de.yaml")
