@@ -261,7 +261,8 @@ class JsModules:
                 declarator.child_by_field_name("value"),
             )
             if name is not None and name.type == "identifier":
-                scope.names[_text(name)] = None if value is None else self._value(value, scope)
+                if value is not None or _text(name) not in scope.names:  # `var de;` again
+                    scope.names[_text(name)] = None if value is None else self._value(value, scope)
                 declared.append(_text(name))
         return declared
 
@@ -279,8 +280,12 @@ class JsModules:
             )
             if _text(target) == "module.exports":
                 scope.exports["default"] = assigned
-            elif owner.type == "identifier" and _text(owner) == "exports":
+            elif _text(owner) in ("exports", "module.exports"):
                 scope.exports[_text(key)] = assigned
+                if _text(owner) == "module.exports" and isinstance(
+                    module := scope.exports.get("default"), dict
+                ):
+                    module[_text(key)] = assigned  # the object `module.exports` was set to
             elif owner.type == "identifier" and isinstance(scope.names.get(_text(owner)), dict):
                 table = scope.names[_text(owner)]
                 assert isinstance(table, dict)
@@ -386,37 +391,50 @@ def table_units(read: Callable[[str], bytes], table: Table) -> Iterator[tuple[st
 
     A file named `path#a.b` is read from the value at key path `a.b` in it: a JavaScript
     module's export `a` (without a fragment, its default export), a JSON file's `{"a": {"b":
-    ...}}`. Strings at or below a key path in `table.skip` are left out."""
-    modules = JsModules(read)
+    ...}}` (a `.properties` file's keys are flat: it takes none). Strings at or below a key path
+    in `table.skip`, relative to each file's own, are left out of both files. A file that gives
+    no strings, a skip that matches none, files without a key in common: each an error (the
+    package's layout changed)."""
     skipped = [tuple(path.split(".")) for path in table.skip]
+    unused = set(skipped)
 
     def strings(spec: str) -> dict[Key, str]:
         member, _, fragment = spec.partition("#")
         prefix: Key = tuple(fragment.split(".")) if fragment else ()
-        if PurePosixPath(member).suffix in JS_SUFFIXES:
-            found = dict(_flatten(modules.exports(member)))
+        suffix = PurePosixPath(member).suffix
+        if suffix in JS_SUFFIXES:  # each file its own modules: one's assignments not the other's
+            found = dict(_flatten(JsModules(read).exports(member)))
             prefix = prefix or ("default",)
+        elif fragment and suffix == ".properties":
+            raise ValueError(f"{spec}: a .properties file's keys are not key paths")
         else:
             found = read_table(read(member), member)
-        selected = {
-            key[len(prefix) :]: text
-            for key, text in found.items()
-            if key[: len(prefix)] == prefix
-            and not any(key[len(prefix) : len(prefix) + len(path)] == path for path in skipped)
-        }
+        selected = {}
+        for key, text in found.items():
+            if key[: len(prefix)] == prefix:
+                key = key[len(prefix) :]
+                hits = {path for path in skipped if key[: len(path)] == path}
+                unused.difference_update(hits)
+                if not hits:
+                    selected[key] = text
         if not selected:
             raise ValueError(f"{spec}: no strings there (the package's layout changed?)")
         return selected
 
     german = strings(table.de)
+    english = strings(table.en) if table.en else {}
+    if unused:
+        paths = ", ".join(".".join(path) for path in sorted(unused))
+        raise ValueError(f"{table.de}: nothing to skip at {paths} (the package's layout changed?)")
     if not table.en:
         for key, text in german.items():  # {"English": "German"} or {"English": [forms]}
             if len(key) == 1 or key[1:] == ("0",):
                 yield key[0], text
         return
-    for key, text in strings(table.en).items():
-        if german.get(key):
-            yield text, german[key]
+    aligned = [(text, german[key]) for key, text in english.items() if german.get(key)]
+    if not aligned:
+        raise ValueError(f"{table.de}, {table.en}: no key in both (their key paths differ?)")
+    yield from aligned
 
 
 def _tar_member(archive: tarfile.TarFile, path: str) -> bytes:

@@ -62,8 +62,9 @@ class Table:
     with by key (paths in the package; no English file: the German file is keyed by the
     English text), archives.table_units. `path#name.key` is the value at a key path in a file:
     a JavaScript module's export `name` (without one, its default export), a JSON object's key.
-    `skip`: key paths (below that) whose strings are left out: not translations of each other,
-    such as a tutorial's sample street names, which each language invents."""
+    `skip`: key paths, relative to each file's `#` key path, whose strings are left out of both
+    files: not translations of each other, such as a tutorial's sample street names, which each
+    language invents."""
 
     de: str
     en: str = ""

@@ -226,7 +226,70 @@ def test_key_paths_a_table_skips_are_left_out() -> None:
     table = Table("de.json", "en.json", skip=("intro.graph",))
     assert list(archives.table_units(files.__getitem__, table)) == [("You are done", "Fertig")]
     table = Table("de.json", "en.json", skip=("intro.graph.name.a.b", "intro.do"))
-    assert len(list(archives.table_units(files.__getitem__, table))) == 2  # whole keys only
+    with pytest.raises(ValueError, match=r"nothing to skip at intro\.do, intro\.graph"):
+        list(archives.table_units(files.__getitem__, table))  # whole keys only
+
+
+def test_skipped_key_paths_are_below_the_files_key_path() -> None:
+    english = {"en": {"intro": {"graph": {"a": "Foster Street"}, "done": "You are done"}}}
+    german = {"de": {"intro": {"graph": {"a": "Forchheimerstraße"}, "done": "Fertig"}}}
+    files = {"en.json": json.dumps(english).encode(), "de.json": json.dumps(german).encode()}
+    table = Table("de.json#de", "en.json#en", skip=("intro.graph",))
+    assert list(archives.table_units(files.__getitem__, table)) == [("You are done", "Fertig")]
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        Table("de.json", "en.json", skip=("intro.grpah",)),  # a path no key lies under
+        Table("de.properties", "en.properties", skip=("intro.graph",)),  # keys are not paths
+    ],
+)
+def test_a_key_path_to_skip_that_matches_nothing_is_an_error(table: Table) -> None:
+    files = {
+        "de.json": b'{"intro": {"graph": "Forchheimerstr.", "done": "Fertig"}}',
+        "en.json": b'{"intro": {"graph": "Foster St.", "done": "You are done"}}',
+        "de.properties": b"intro.graph=Forchheimerstr.\nintro.done=Fertig\n",
+        "en.properties": b"intro.graph=Foster St.\nintro.done=You are done\n",
+    }
+    with pytest.raises(ValueError, match="nothing to skip at intro"):
+        list(archives.table_units(files.__getitem__, table))
+
+
+def test_a_key_path_in_a_properties_file_is_an_error() -> None:
+    files = {"de.properties": b"a.b=Hallo\n", "en.properties": b"a.b=Hello\n"}
+    with pytest.raises(ValueError, match="not key paths"):
+        list(archives.table_units(files.__getitem__, Table("de.properties#a", "en.properties#a")))
+
+
+def test_tables_without_a_key_in_common_are_an_error() -> None:
+    files = {"de.json": b'{"de": {"a": "Hallo"}}', "en.json": b'{"a": "Hello"}'}
+    with pytest.raises(ValueError, match="no key in both"):
+        list(archives.table_units(files.__getitem__, Table("de.json", "en.json")))
+
+
+def test_a_german_module_does_not_change_what_the_english_one_reads() -> None:
+    """Each file is read on its own: the German module setting a property of an object it
+    imports from a module the English one imports too leaves the English strings as they are."""
+    files = {
+        "base.js": b"export default { signIn: { title: 'Sign in' } };\n",
+        "en.js": b"import base from './base.js';\nexport default base;\n",
+        "de.js": b"import base from './base.js';\nbase.signIn = { title: 'Anmelden' };\n"
+        b"export default base;\n",
+    }
+    table = Table("de.js", "en.js")
+    assert list(archives.table_units(files.__getitem__, table)) == [("Sign in", "Anmelden")]
+
+
+def test_properties_set_on_module_exports_are_read() -> None:
+    files = {
+        "de.js": "module.exports = { a: 'Hallo' };\nmodule.exports.b = 'Tschüss';\n".encode(),
+        "en.js": b"module.exports = { a: 'Hello', b: 'Bye' };\n",
+    }
+    assert list(archives.table_units(files.__getitem__, Table("de.js", "en.js"))) == [
+        ("Hello", "Hallo"),
+        ("Bye", "Tschüss"),
+    ]
 
 
 @pytest.mark.parametrize("german", ["named.mjs", "named.mjs#enUS", "wrapped.json#en"])
