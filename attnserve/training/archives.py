@@ -28,14 +28,17 @@ import hashlib
 import io
 import json
 import logging
+import lzma
 import posixpath
 import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -63,14 +66,56 @@ def archived(sources: Iterable[Source] = SOURCES) -> list[Source]:
 
 def deb_archive(source: Source, catalogs_dir: Path = PYPI_DIR) -> Path | None:
     """The .deb `fetch` downloaded for a Debian source (`debs/name_version_arch.deb`), the
-    newest when there are several, or None."""
-    found = (catalogs_dir / SUBDIRS[DEBIAN]).glob(f"{source.package}_*.deb")
-    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+    highest version (dpkg's order) when there are several, or None."""
+    found = (catalogs_dir / SUBDIRS[DEBIAN]).glob(f"{source.package}_*_*.deb")
+    key = functools.cmp_to_key(debian_version_compare)
+    return max(found, key=lambda path: key(deb_version(path)), default=None)
 
 
 def deb_version(path: Path) -> str:
     """A .deb's version from its file name as apt writes it (`name_1%3a2.0-1_all.deb`)."""
     return urllib.parse.unquote(path.name.split("_")[1])
+
+
+def _dpkg_order(c: str) -> int:
+    if c.isascii() and c.isdigit():
+        return 0
+    if c.isascii() and c.isalpha():
+        return ord(c)
+    return -1 if c == "~" else ord(c) + 256
+
+
+def _dpkg_compare_part(a: str, b: str) -> int:
+    """dpkg's verrevcmp: non-digit runs by `_dpkg_order` (`~` before anything, even the end),
+    digit runs as numbers."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ac = _dpkg_order(a[i]) if i < len(a) and not a[i].isdigit() else 0
+            bc = _dpkg_order(b[j]) if j < len(b) and not b[j].isdigit() else 0
+            if ac != bc:
+                return ac - bc
+            i, j = i + 1, j + 1
+        n = m = ""
+        while i < len(a) and a[i].isdigit():
+            n, i = n + a[i], i + 1
+        while j < len(b) and b[j].isdigit():
+            m, j = m + b[j], j + 1
+        if int(n or 0) != int(m or 0):
+            return int(n or 0) - int(m or 0)
+    return 0
+
+
+def debian_version_compare(a: str, b: str) -> int:
+    """Negative, zero or positive as Debian version `a` sorts before, with or after `b`."""
+
+    def parts(version: str) -> tuple[int, str, str]:
+        epoch, _, rest = version.rpartition(":") if ":" in version else ("0", "", version)
+        upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "")
+        return int(epoch or 0), upstream, revision
+
+    (ea, ua, ra), (eb, ub, rb) = parts(a), parts(b)
+    return (ea - eb) or _dpkg_compare_part(ua, ub) or _dpkg_compare_part(ra, rb)
 
 
 def archive_name(source: Source) -> str:
@@ -124,21 +169,6 @@ def fetch(
     paths. A download whose hash differs from the pin raises and leaves nothing behind."""
     paths = []
     debs = [s for s in archived(sources) if s.registry == DEBIAN]
-    missing = [s.package for s in debs if deb_archive(s, catalogs_dir) is None]
-    if missing:  # apt checks each file against the release's signed index
-        folder = catalogs_dir / SUBDIRS[DEBIAN]
-        folder.mkdir(parents=True, exist_ok=True)
-        log.info("apt-get download %s", " ".join(missing))
-        done = subprocess.run(
-            ["apt-get", "download", *missing], cwd=folder, capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise OSError(f"apt-get download {' '.join(missing)}: {done.stderr.strip()}")
-    for source in debs:
-        deb = deb_archive(source, catalogs_dir)
-        if deb is None:
-            raise OSError(f"{source.package}: apt-get download left no .deb in {catalogs_dir}")
-        paths.append(deb)
     for source in archived(sources):
         if source.registry == DEBIAN:
             continue
@@ -157,7 +187,62 @@ def fetch(
             partial.write_bytes(data)
             partial.replace(path)
         paths.append(path)
+    if debs:  # last: without apt, the other archives are fetched all the same
+        paths += _fetch_debs([s.package for s in debs], catalogs_dir / SUBDIRS[DEBIAN])
     return paths
+
+
+def _apt_get(args: list[str], folder: Path) -> str:
+    command = f"apt-get {' '.join(args)}"
+    try:
+        done = subprocess.run(
+            ["apt-get", *args], cwd=folder, capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError:
+        raise OSError(f"{command}: no apt-get (a .deb source needs a Debian system)") from None
+    if done.returncode != 0:
+        raise OSError(f"{command}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def _fetch_debs(packages: list[str], folder: Path) -> list[Path]:
+    """The .deb of each package's candidate version in the release, by the file name and hash
+    apt has from the release's signed index: downloaded into `folder` unless a file with that
+    hash is there; the package's other .debs there are removed (a point release replaces its
+    .deb)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as empty:  # apt lists no file its folder already has
+        listing = _apt_get(["download", "--print-uris", *packages], Path(empty))
+    hashes = {}  # file name: (algorithm, hex digest)
+    for line in listing.splitlines():  # 'URI' FILE SIZE ALGORITHM:DIGEST
+        if line.startswith("'"):
+            name, digest = line.rsplit(" ", 3)[1::2]
+            algorithm, _, value = digest.partition(":")
+            hashes[name] = (algorithm.lower().removesuffix("sum"), value.lower())
+    wanted = {}
+    for package in packages:
+        names = [name for name in hashes if name.startswith(f"{package}_")]
+        if len(names) != 1:
+            raise OSError(f"apt-get download --print-uris {package}: {names or 'no file'}")
+        wanted[package] = folder / names[0]
+
+    def intact(path: Path) -> bool:
+        algorithm, value = hashes[path.name]
+        return path.is_file() and hashlib.new(algorithm, path.read_bytes()).hexdigest() == value
+
+    missing = [package for package, path in wanted.items() if not intact(path)]
+    if missing:
+        for package in missing:
+            wanted[package].unlink(missing_ok=True)
+        log.info("apt-get download %s", " ".join(missing))
+        _apt_get(["download", *missing], folder)
+    for package, path in wanted.items():
+        if not intact(path):
+            raise OSError(f"{package}: apt-get download left no {path.name} of the release's hash")
+        for old in folder.glob(f"{package}_*_*.deb"):
+            if old != path:
+                old.unlink()
+    return list(wanted.values())
 
 
 # -- reading tables -------------------------------------------------------------------------
@@ -212,21 +297,41 @@ def read_properties(text: str) -> dict[str, str]:
 
 
 # PHP: `$labels['key'] = 'text';` (a single-quoted string reads `\'` and `\\` only; a
-# double-quoted one also `\n`, `\t`, `\"`, `\$`; one with a `$variable` in it is not a literal).
-_PHP_ENTRY = re.compile(
+# double-quoted one `\\ \" \$ \n \r \t \v \e \f`, octal and `\xHH` bytes and `\u{...}`, any other
+# `\c` as written; one with a `$variable` in it is not a literal). Comments and string literals
+# outside an assignment are read past, so an assignment commented out is not one.
+_PHP_TOKEN = re.compile(
     r"""\$(\w+)\s*\[\s*(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\$]|\\.)*)")\s*\]\s*=\s*"""
     r"""(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\$]|\\.)*)")\s*;"""
+    r"""|//[^\n]*|\#[^\n]*|/\*.*?\*/|'(?:[^'\\]|\\.)*'"""
+    r'|"(?:[^"\\]|\\.)*"',
+    re.DOTALL,
 )
 _PHP_SINGLE = re.compile(r"\\([\\'])")
-_PHP_DOUBLE = re.compile(r"\\([\\\"$nrt])")
-_PHP_CONTROL = {"n": "\n", "r": "\r", "t": "\t"}
+_PHP_DOUBLE = re.compile(
+    r"\\(?:([\\\"$nrtvef])|([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u\{([0-9A-Fa-f]+)\})"
+)
+_PHP_CONTROL = {"n": "\n", "r": "\r", "t": "\t", "v": "\v", "e": "\x1b", "f": "\f"}
 
 
 def _php_string(single: str | None, double: str | None) -> str:
     if single is not None:
         return _PHP_SINGLE.sub(r"\1", single)
     assert double is not None
-    return _PHP_DOUBLE.sub(lambda m: _PHP_CONTROL.get(m[1], m[1]), double)
+    out, position = bytearray(), 0  # a PHP string is bytes: `\xc3\xa9` is one UTF-8 character
+    for m in _PHP_DOUBLE.finditer(double):
+        out += double[position : m.start()].encode()
+        position = m.end()
+        if m[1]:
+            out += _PHP_CONTROL.get(m[1], m[1]).encode()
+        elif m[2]:
+            out.append(int(m[2], 8) & 0xFF)
+        elif m[3]:
+            out.append(int(m[3], 16))
+        else:
+            out += chr(int(m[4], 16)).encode()
+    out += double[position:].encode()
+    return out.decode("utf-8")
 
 
 def read_php_arrays(text: str) -> dict[Key, str]:
@@ -234,7 +339,9 @@ def read_php_arrays(text: str) -> dict[Key, str]:
     keyed by (array, key). An assignment that is not of two literals (a concatenation, a
     variable) is left out; PHP is parsed this far, never run."""
     return {
-        (m[1], _php_string(m[2], m[3])): _php_string(m[4], m[5]) for m in _PHP_ENTRY.finditer(text)
+        (m[1], _php_string(m[2], m[3])): _php_string(m[4], m[5])
+        for m in _PHP_TOKEN.finditer(text)
+        if m[1] is not None
     }
 
 
@@ -243,20 +350,23 @@ def read_php_arrays(text: str) -> dict[Key, str]:
 _STRINGS_TOKEN = re.compile(
     r'\s+|/\*.*?\*/|//[^\n]*|"((?:[^"\\]|\\.)*)"|([\w.:/$-]+)|([=;])', re.DOTALL
 )
-_STRINGS_ESCAPE = re.compile(r"\\(U[0-9a-fA-F]{4}|[0-7]{1,3}|.)", re.DOTALL)
+_STRINGS_ESCAPE = re.compile(r"\\([uU][0-9a-fA-F]{1,4}|[0-7]{1,3}|.)", re.DOTALL)
 _STRINGS_CONTROL = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 
 
 def _strings_unescape(text: str) -> str:
     def one(m: re.Match[str]) -> str:
         body = m[1]
-        if body[0] == "U" and len(body) == 5:
+        if body[0] in "uU" and len(body) > 1:  # GNUstep: `\u` or `\U`, one to four digits
             return chr(int(body[1:], 16))
         if body[0] in "01234567":
             return chr(int(body, 8))
         return _STRINGS_CONTROL.get(body, body)
 
-    return _STRINGS_ESCAPE.sub(one, text)
+    text = _STRINGS_ESCAPE.sub(one, text)
+    if any("\ud800" <= c <= "\udfff" for c in text):  # UTF-16 escapes: a pair is one character
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    return text
 
 
 def read_strings(text: str) -> dict[str, str]:
@@ -280,7 +390,11 @@ def read_strings(text: str) -> dict[str, str]:
                 table[tokens[0]] = tokens[2] or ""
             elif len(tokens) == 1 and tokens[0] is not None:
                 table[tokens[0]] = tokens[0]
+            elif tokens:  # GNUstep rejects the whole file: so does this
+                raise ValueError(f"a .strings file: not an entry before {text[m.start() :][:30]!r}")
             tokens = []
+    if tokens:
+        raise ValueError(f"a .strings file: an entry without `;` at the end: {tokens!r}")
     return table
 
 
@@ -484,8 +598,9 @@ def read_table(data: bytes, member: str) -> dict[Key, str]:
     suffix = PurePosixPath(member).suffix
     if suffix == ".json":
         return dict(_flatten(json.loads(data.decode("utf-8-sig"))))
-    if suffix == ".inc":
-        return read_php_arrays(data.decode("utf-8-sig"))
+    if suffix == ".inc":  # Roundcube's rcube::gettext makes a literal `\n` a line break
+        arrays = read_php_arrays(data.decode("utf-8-sig"))
+        return {key: value.replace("\\n", "\n") for key, value in arrays.items()}
     if suffix == ".strings":
         return {(key,): value for key, value in read_strings(data.decode("utf-8-sig")).items()}
     if suffix == ".properties":
@@ -575,21 +690,21 @@ def _tar_reader(archive: tarfile.TarFile, root: str) -> tuple[Callable[[str], by
 def expand(table: Table, names: Iterable[str]) -> list[Table]:
     """A table whose German path has `*` (one path segment each), as one table for each file it
     matches, the English path's `*` filled in the same; a table without `*`, itself."""
-    if "*" not in table.de:
+    de, mark, de_key = table.de.partition("#")  # `path#key`: the `*` is in the path
+    en, en_mark, en_key = table.en.partition("#")
+    if "*" not in de:
         return [table]
     pattern = re.compile(
-        "".join(
-            "([^/]+)" if part == "*" else re.escape(part) for part in re.split(r"(\*)", table.de)
-        )
+        "".join("([^/]+)" if part == "*" else re.escape(part) for part in re.split(r"(\*)", de))
     )
     found = []
     for name in sorted(names):
         match = pattern.fullmatch(name)
         if match:
-            pieces = table.en.split("*")
+            pieces = en.split("*")
             english = "".join(p + g for p, g in zip(pieces, (*match.groups(), ""), strict=False))
-            english = english if table.en else ""
-            found.append(Table(match[0], english, table.skip))
+            english = english + en_mark + en_key if table.en else ""
+            found.append(Table(match[0] + mark + de_key, english, table.skip))
     if not found:
         raise ValueError(f"{table.de}: no file matches (the package's layout changed?)")
     return found
@@ -602,6 +717,8 @@ def deb_data(data: bytes) -> tarfile.TarFile:
     offset = 8
     while offset + 60 <= len(data):
         header = data[offset : offset + 60]
+        if header[58:60] != b"`\n":
+            raise ValueError(f"not a .deb (a broken ar header at byte {offset})")
         name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
         offset += 60
         if name.startswith("data.tar"):
@@ -621,11 +738,16 @@ def archive_units(source: Source, path: Path) -> Iterator[tuple[str, str]]:
     if source.tables:
         npm = source.registry == NPM
         root = PACKAGE_ROOT if npm else ""
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") if npm else deb_data(data) as tar:
-            read, names = _tar_reader(tar, root)
-            for table in source.tables:
-                for each in expand(table, names):
-                    yield from table_units(read, each)
+        try:
+            with (
+                tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") if npm else deb_data(data)
+            ) as tar:
+                read, names = _tar_reader(tar, root)
+                for table in source.tables:
+                    for each in expand(table, names):
+                        yield from table_units(read, each)
+        except (tarfile.TarError, EOFError, lzma.LZMAError, zlib.error) as e:
+            raise ValueError(f"a broken archive: {e}") from e  # which the build reports
         return
     with zipfile.ZipFile(io.BytesIO(data)) as wheel:
         names_ = [PurePosixPath(n) for n in wheel.namelist()]

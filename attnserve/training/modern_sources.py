@@ -72,7 +72,8 @@ class Table:
     skip: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.en and self.en.count("*") != self.de.count("*"):
+        stars = [path.partition("#")[0].count("*") for path in (self.de, self.en)]
+        if self.en and stars[0] != stars[1]:  # a `*` is in the path, never in its `#` key
             raise ValueError(f"{self.de}, {self.en}: the English path fills each `*` of the German")
 
 

@@ -16,7 +16,7 @@ _QUOTES = str.maketrans({"’": "'", "‘": "'", "`": "'", "\u00ad": None})  # a
 def normalize(text: str) -> str:
     """Unicode NFC, typographic apostrophes -> ', soft hyphens (a line-break hint, invisible)
     removed, whitespace collapsed and trimmed."""
-    return _SPACES.sub(" ", unicodedata.normalize("NFC", text).translate(_QUOTES)).strip()
+    return _SPACES.sub(" ", unicodedata.normalize("NFC", text.translate(_QUOTES))).strip()
 
 
 def length_ok(en: str, de: str) -> bool:

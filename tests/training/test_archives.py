@@ -3,6 +3,7 @@ by hash, fetched from a registry (a local one here) and read in the build withou
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import io
 import json
@@ -600,26 +601,107 @@ def test_a_debian_package_is_read_from_its_deb(tmp_path: Path, compression: str)
         list(archives.archive_units(source, path))
 
 
-def test_fetch_downloads_a_debian_package_with_apt_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`make data` runs `apt-get download` (a stand-in on PATH here) in the folder for .debs."""
+def fake_apt(tmp_path: Path, version: str) -> Path:
+    """An `apt-get` on PATH whose release has webmail `version` (a .deb of WEBMAIL)."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     (tmp_path / "webmail.deb").write_bytes(deb(WEBMAIL))
+    name, sha256 = f"webmail_{version}_all.deb", hashlib.sha256(deb(WEBMAIL)).hexdigest()
     apt = bin_dir / "apt-get"
     apt.write_text(
         f'#!/bin/sh\necho "$@" >> {calls}\n'
-        f'[ "$2" = webmail ] && cp {tmp_path / "webmail.deb"} webmail_1.0-1_all.deb && exit 0\n'
-        'echo "E: Unable to locate package $2" >&2; exit 100\n'
+        f'if [ "$2" = --print-uris ] && [ "$3" = webmail ]; then\n'
+        f"  echo \"'http://deb.example/pool/{name}' {name} 1 SHA256:{sha256}\"; exit 0; fi\n"
+        f'[ "$2" = webmail ] && cp {tmp_path / "webmail.deb"} {name} && exit 0\n'
+        'for last; do :; done; echo "E: Unable to locate package $last" >&2; exit 100\n'
     )
     apt.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
+def test_fetch_downloads_a_debian_package_with_apt_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make data` runs `apt-get download` (a stand-in on PATH here) in the folder for .debs:
+    the release's version, once; a point release's .deb replaces the one there."""
+    calls = fake_apt(tmp_path, "1.0-1")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     source = webmail_source()
     path = tmp_path / "debs" / "webmail_1.0-1_all.deb"
     assert archives.fetch([source], tmp_path) == [path]
     assert archives.fetch([source], tmp_path) == [path]
-    assert calls.read_text() == "download webmail\n"  # once: a .deb that is there is read
+    assert calls.read_text().splitlines() == [
+        "download --print-uris webmail", "download webmail", "download --print-uris webmail"
+    ]  # fmt: skip
+    fake_apt(tmp_path, "1.0-1+deb12u1")
+    newer = tmp_path / "debs" / "webmail_1.0-1+deb12u1_all.deb"
+    assert archives.fetch([source], tmp_path) == [newer] and not path.exists()
+    newer.write_bytes(b"!<arch>\n")  # not the file the release's index names: fetched again
+    assert archives.fetch([source], tmp_path) == [newer]
+    assert newer.read_bytes() == deb(WEBMAIL)
     gone = Source("gone", DEBIAN, "MIT", "mail", catalogs=False, tables=source.tables)
-    with pytest.raises(OSError, match="apt-get download gone: E: Unable to locate package gone"):
+    with pytest.raises(OSError, match="E: Unable to locate package gone"):
         archives.fetch([gone], tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(OSError, match="no apt-get"):
+        archives.fetch([gone], tmp_path)
+
+
+def test_the_newest_deb_is_the_highest_debian_version(tmp_path: Path) -> None:
+    """Not the latest file time: dpkg's order (epoch, `~` before anything)."""
+    compare = archives.debian_version_compare
+    assert compare("1:0.9", "2.0") > 0 and compare("1.0~rc1", "1.0") < 0
+    assert compare("1.6.5+dfsg-1+deb12u10", "1.6.5+dfsg-1+deb12u9") > 0
+    assert compare("1.0", "1.0-0") == 0 and compare("1.0a", "1.0+") < 0
+    assert compare("1.10", "1.9") > 0 and compare("1.0-1", "1.0-1") == 0
+    (tmp_path / "debs").mkdir()
+    new = tmp_path / "debs" / "webmail_1.6.5-1+deb12u10_all.deb"
+    old = tmp_path / "debs" / "webmail_1.6.5-1+deb12u9_all.deb"
+    new.write_bytes(b""), old.write_bytes(b"")
+    os.utime(new, (1, 1))  # older by its file time
+    assert archives.deb_archive(webmail_source(), tmp_path) == new
+
+
+def test_php_comments_escapes_and_roundcube_line_breaks() -> None:
+    """An assignment commented out is none; a double-quoted string's every PHP escape;
+    Roundcube's literal `\\n` (rcube::gettext) a line break."""
+    text = (
+        "<?php\n// $labels['a'] = 'stale';\n/* $labels['b'] = 'old'; */\n# $labels['c'] = 'x';\n"
+        "$labels['d'] = 'see http://x.org/ # not a comment';\n"
+        '$labels["e"] = "\\x41\\101\\u{e9}\\xc3\\xa9\\e\\q\\\'";\n'
+        "$messages['f'] = 'One.\\nTwo.';\n"
+    )
+    assert archives.read_php_arrays(text) == {
+        ("labels", "d"): "see http://x.org/ # not a comment",
+        ("labels", "e"): "AAéé\x1b\\q\\'",
+        ("messages", "f"): "One.\\nTwo.",
+    }
+    assert archives.read_table(text.encode(), "en_US.inc")[("messages", "f")] == "One.\nTwo."
+
+
+def test_strings_escapes_as_gnustep_and_broken_entries() -> None:
+    assert archives.read_strings('"a" = "caf\\u00e9 \\UD83D\\UDE00 \\U41";') == {"a": "café 😀 A"}
+    with pytest.raises(ValueError, match="not an entry"):
+        archives.read_strings('"a" = "b"\n"c" = "d";')  # a `;` left out: GNUstep reads none
+    with pytest.raises(ValueError, match="without `;`"):
+        archives.read_strings('"a" = "b";\n"c" = "d"')
+
+
+def test_a_star_with_a_key_path() -> None:
+    table = Table("dist/*/de.json#de", "dist/*/en.json#en")
+    assert archives.expand(table, ["dist/a/de.json", "dist/a/en.json"]) == [
+        Table("dist/a/de.json#de", "dist/a/en.json#en")
+    ]
+
+
+def test_a_broken_deb_is_a_value_error(tmp_path: Path) -> None:
+    """The build names the package of a ValueError: a data.tar that is not one is one."""
+    path = tmp_path / "webmail_1.0-1_all.deb"
+    good = deb(WEBMAIL)
+    at = good.index(b"data.tar.xz") + 60
+    path.write_bytes(good[:at] + b"\0" * 64 + good[at + 64 :])
+    with pytest.raises(ValueError, match="a broken archive"):
+        list(archives.archive_units(webmail_source(), path))
+    path.write_bytes(good.replace(b"`\n", b"??", 1))
+    with pytest.raises(ValueError, match="broken ar header"):
+        list(archives.archive_units(webmail_source(), path))

@@ -142,6 +142,7 @@ def test_manifest_counts_what_was_dropped(corpus: tuple[Path, Manifest]) -> None
 def test_normalize_and_version_markup() -> None:
     assert normalize("  Gru\u0308n\u00a0 ist\tes’s ") == "Grün ist es's"
     assert normalize("Ar\u00adchi\u00advie\u00adren") == "Archivieren"  # soft hyphens
+    assert normalize("Gru\u00ad\u0308n") == "Grün"  # removed before NFC composes
     assert clean_verse("Ps (Dem Vorsänger.) Text", "e", 19, 1) == "Ps (Dem Vorsänger.) Text"
     assert clean_verse("(Dem Vorsänger.) Text", "e", 19, 1) == "Text"
     assert clean_verse("(32:1) Und Laban stand auf.", "s", 1, 31) == "Und Laban stand auf."
