@@ -14,6 +14,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 import pytest
 
@@ -556,7 +557,8 @@ def test_a_star_in_a_table_is_each_file_it_matches() -> None:
 def deb(files: dict[str, str], compression: str = "xz") -> bytes:
     """A .deb as dpkg-deb writes it: an ar archive of debian-binary, control.tar and data.tar."""
     data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode=f"w:{compression}") as archive:
+    mode: Literal["w:xz", "w:gz"] = "w:xz" if compression == "xz" else "w:gz"
+    with tarfile.open(fileobj=data, mode=mode) as archive:
         for name, text in files.items():
             raw = text.encode()
             info = tarfile.TarInfo(f"./{name}")
